@@ -1,0 +1,102 @@
+"""In-process control store: the single-host implementation of ``ControlStore``.
+
+Writers append ``(op, args)`` to a deque (one C-level append, safe from any thread);
+``flush`` -- called by the scheduler's IO loop when it is idle or the backlog is large --
+applies them to plain dicts. The task table keeps a row while its result object is alive
+(that is the lineage needed to rebuild it) and drops it with the object; the event log is
+a bounded ring.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Optional
+
+from dpool.control._interface import TaskRecord
+
+EVENT_LOG_SIZE = 200_000
+
+
+class InProcessControlStore:
+    def __init__(self, event_log_size: int = EVENT_LOG_SIZE) -> None:
+        self._ops: collections.deque = collections.deque()
+        self._apply_lock = threading.Lock()
+        self._functions: dict[int, tuple[str, bytes]] = {}
+        self._tasks: dict[int, TaskRecord] = {}
+        self._objects: dict[int, tuple[int, str]] = {}
+        self._events: collections.deque = collections.deque(maxlen=event_log_size)
+        self._push = self._ops.append
+
+    # -- writes: each is one deque append on the caller's side ---------------------------
+    def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        self._push((0, fn_id, name, payload))
+
+    def add_task(self, task_id: int, fn_id: int, args: Optional[bytes], dep_ids: tuple,
+                 group_id: int) -> None:
+        self._push((1, task_id, fn_id, args, dep_ids, group_id))
+
+    def set_task_state(self, task_id: int, state: str, attempts: int) -> None:
+        self._push((2, task_id, state, attempts))
+
+    def add_object(self, object_id: int, size: int, location: str) -> None:
+        self._push((3, object_id, size, location))
+
+    def remove_object(self, object_id: int) -> None:
+        self._push((4, object_id))
+
+    def log_event(self, task_id: int, kind: str, t: float, worker_id: int) -> None:
+        self._push((5, task_id, kind, t, worker_id))
+
+    def backlog(self) -> int:
+        return len(self._ops)
+
+    def flush(self) -> None:
+        ops = self._ops
+        tasks = self._tasks
+        events = self._events
+        with self._apply_lock:
+            while ops:
+                op = ops.popleft()
+                code = op[0]
+                if code == 5:
+                    events.append(op[1:])
+                elif code == 1:
+                    tasks[op[1]] = TaskRecord(op[1], op[2], op[3], op[4] or (), op[5],
+                                              result_ids=(op[1],))
+                elif code == 2:
+                    rec = tasks.get(op[1])
+                    if rec is not None:
+                        rec.state = op[2]
+                        rec.attempts = op[3]
+                elif code == 0:
+                    self._functions[op[1]] = (op[2], op[3])
+                elif code == 3:
+                    self._objects[op[1]] = (op[2], op[3])
+                elif code == 4:
+                    self._objects.pop(op[1], None)
+                    tasks.pop(op[1], None)  # lineage no longer needed
+                else:  # pragma: no cover - guards edits above
+                    raise ValueError(f"unknown control-store op {code}")
+
+    # -- reads ---------------------------------------------------------------------------
+    def get_task(self, task_id: int) -> Optional[TaskRecord]:
+        self.flush()
+        return self._tasks.get(task_id)
+
+    def get_function(self, fn_id: int) -> Optional[bytes]:
+        self.flush()
+        entry = self._functions.get(fn_id)
+        return entry[1] if entry else None
+
+    def get_object(self, object_id: int) -> Optional[tuple[int, str]]:
+        self.flush()
+        return self._objects.get(object_id)
+
+    def events(self) -> list[tuple[int, str, float, int]]:
+        self.flush()
+        return list(self._events)
+
+    def task_count(self) -> int:
+        self.flush()
+        return len(self._tasks)

@@ -1,0 +1,217 @@
+"""``dpool.ProcessPoolExecutor``: the ``concurrent.futures`` surface, nothing more.
+
+Every call goes through the runtime (``dpool.runtime``): the executor is a *view* onto the
+driver's runtime -- one worker group with its own ``max_workers``, initializer and limits
+-- so futures from one executor can be arguments to tasks of another.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as _cf
+import itertools
+import multiprocessing as mp
+import os
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from dpool.futures import Future
+from dpool.runtime import _current, _payload
+from dpool.scheduling import GroupConfig
+
+__all__ = ["ProcessPoolExecutor", "Executor", "get_executor"]
+
+
+class _ChunkRunner:
+    """Runs ``fn`` over one chunk of ``map`` arguments in a worker (one task per chunk)."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, chunk: list) -> list:
+        fn = self.fn
+        return [fn(*args) for args in chunk]
+
+    def __reduce__(self) -> tuple:
+        return (_ChunkRunner, (self.fn,))
+
+
+def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
+    it = iter(iterable)
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _result_or_cancel(fut: _cf.Future, timeout: Optional[float] = None) -> Any:
+    try:
+        try:
+            return fut.result(timeout)
+        finally:
+            fut.cancel()
+    finally:
+        del fut  # break the reference cycle through the traceback (as the stdlib does)
+
+
+class ProcessPoolExecutor(_cf.Executor):
+    """A drop-in ``concurrent.futures.ProcessPoolExecutor`` on dpool's runtime.
+
+    Same signature and behaviour as the stdlib's, plus keyword-only options:
+
+    - ``max_attempts`` (default 3): how many times a task runs when its worker process
+      dies under it (``os._exit``, a signal, a segfault) before its future raises
+      ``dpool.WorkerCrashedError`` (a ``BrokenProcessPool``). The executor stays usable.
+    """
+
+    def __init__(
+        self,
+        max_workers: Optional[int] = None,
+        mp_context: Any = None,
+        initializer: Optional[Callable[..., Any]] = None,
+        initargs: tuple = (),
+        *,
+        max_tasks_per_child: Optional[int] = None,
+        max_attempts: int = 3,
+    ) -> None:
+        if max_workers is None:
+            max_workers = os.cpu_count() or 1
+        elif max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if max_tasks_per_child is not None:
+            if not isinstance(max_tasks_per_child, int):
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        self._max_workers = max_workers
+        self._mp_context = mp_context if mp_context is not None else mp.get_context()
+        init_payload = None
+        if initializer is not None:
+            init_payload = _payload.dumps_function((initializer, tuple(initargs)))
+        self._runtime = _current.driver()
+        self._group = self._runtime.add_group(
+            GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
+                        max_attempts),
+            self,
+        )
+        self._shutdown_thread = False
+        self._shutdown_lock = threading.Lock()
+        self._view = False
+
+    @classmethod
+    def _worker_view(cls, client: Any, group_id: int) -> "ProcessPoolExecutor":
+        """An executor inside a task: submits to the group that runs the task."""
+        self = cls.__new__(cls)
+        self._max_workers = 0
+        self._mp_context = None
+        self._runtime = client
+        self._group = group_id
+        self._shutdown_thread = False
+        self._shutdown_lock = threading.Lock()
+        self._view = True
+        return self
+
+    # -- the concurrent.futures API ------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        group = self._group
+        if not self._view and group.broken is not None:
+            raise BrokenProcessPool(group.broken)
+        if self._shutdown_thread:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return self._runtime.submit(group, fn, args, kwargs)
+
+    submit.__doc__ = _cf.Executor.submit.__doc__
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
+        """Like the builtin ``map``, run in the pool; results are yielded in order.
+
+        All calls are submitted at once; ``timeout`` counts from this call, and a result
+        not ready by then raises ``TimeoutError`` (the remaining calls are cancelled).
+        ``chunksize`` > 1 sends that many calls per task.
+        """
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        end_time = None if timeout is None else timeout + time.monotonic()
+        if chunksize == 1:
+            fs = [self.submit(fn, *args) for args in zip(*iterables)]
+        else:
+            runner = _ChunkRunner(fn)
+            fs = [self.submit(runner, chunk) for chunk in _chunks(zip(*iterables), chunksize)]
+
+        def result_iterator() -> Iterator[Any]:
+            try:
+                fs.reverse()
+                while fs:
+                    if end_time is None:
+                        value = _result_or_cancel(fs.pop())
+                    else:
+                        value = _result_or_cancel(fs.pop(), end_time - time.monotonic())
+                    if chunksize == 1:
+                        yield value
+                    else:
+                        yield from value
+            finally:
+                for future in fs:
+                    future.cancel()
+
+        return result_iterator()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work; with ``wait``, return once every worker has exited.
+
+        ``cancel_futures=True`` cancels the calls not yet started. Tasks already running
+        finish either way (as in the stdlib).
+        """
+        with self._shutdown_lock:
+            first = not self._shutdown_thread
+            self._shutdown_thread = True
+        if self._view:
+            return  # inside a task: the group belongs to the driver's executor
+        sched = self._runtime.scheduler
+        if cancel_futures:
+            sched.cancel_queued(self._group)
+        if first:
+            sched.close_group(self._group)
+        if wait:
+            sched.wait_group_exited(self._group)
+
+    def _terminate(self, reason: str = "the pool was terminated") -> None:
+        """Kill the workers now; unfinished futures fail with ``BrokenProcessPool``."""
+        with self._shutdown_lock:
+            self._shutdown_thread = True
+        if not self._view:
+            self._runtime.scheduler.terminate_group(self._group, reason)
+
+
+Executor = ProcessPoolExecutor
+
+_default: Optional[ProcessPoolExecutor] = None
+_default_lock = threading.Lock()
+
+
+def get_executor() -> ProcessPoolExecutor:
+    """An executor of the current runtime.
+
+    In a driver: a process-wide default executor (``max_workers`` = CPU count), started on
+    first use. Inside a task: a view onto the worker group running the task, so task code
+    can submit, wait and get; waiting gives the worker's slot back, so nesting never
+    deadlocks.
+    """
+    global _default
+    if _current.in_worker():
+        client = _current.worker_client()
+        return ProcessPoolExecutor._worker_view(client, client.group_id)
+    with _default_lock:
+        if _default is None or _default._shutdown_thread or \
+                _default._runtime is not _current.driver():
+            _default = ProcessPoolExecutor()
+        return _default

@@ -1,0 +1,158 @@
+"""Future, ObjectRef and the waiting/getting functions of the paper's API.
+
+``Future`` *is* a ``concurrent.futures.Future``: the stdlib's ``wait`` and
+``as_completed`` work on it unchanged. It also names the object the task produces, so it
+can be passed to another task as an argument (a dataflow dependency: the task runs when
+its inputs are ready and receives the value, not the future).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as _cf
+import time
+from typing import Any, Iterable, Optional, Sequence, TypeVar, Union
+
+__all__ = ["Future", "ObjectRef", "wait", "get", "put"]
+
+T = TypeVar("T")
+
+
+class ObjectRef:
+    """A reference to an immutable object in the runtime (from ``put`` or a task).
+
+    Passing it to ``submit`` gives the task the value. The ref that ``put`` returned holds
+    the object alive; copies unpickled in other processes borrow it.
+    """
+
+    __slots__ = ("id", "_client", "__weakref__")
+
+    def __init__(self, object_id: int, _client: Any = None) -> None:
+        self.id = object_id
+        self._client = _client
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self.id:#x})"
+
+    def __reduce__(self) -> tuple:
+        return (ObjectRef, (self.id,))
+
+    def __del__(self) -> None:
+        client = self._client
+        if client is not None:
+            client.release(self.id)
+
+
+class Future(_cf.Future):
+    """The future of a dpool task; a ``concurrent.futures.Future`` in every respect."""
+
+    def __init__(self, _object_id: int = 0, _client: Any = None) -> None:
+        super().__init__()
+        self._oid = _object_id
+        self._client = _client
+
+    @property
+    def object_ref(self) -> ObjectRef:
+        """A reference to this task's result, usable as an argument to other tasks."""
+        return ObjectRef(self._oid)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        client = self._client
+        if client is not None and client.gives_back_slot and not self.done():
+            return client.blocking(_cf.Future.result, self, timeout)
+        return _cf.Future.result(self, timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        client = self._client
+        if client is not None and client.gives_back_slot and not self.done():
+            return client.blocking(_cf.Future.exception, self, timeout)
+        return _cf.Future.exception(self, timeout)
+
+    def __reduce__(self) -> tuple:
+        return (ObjectRef, (self._oid,))
+
+    def __del__(self) -> None:
+        client = self._client
+        if client is not None:
+            client.release(self._oid)
+
+
+Waitable = Union[Future, ObjectRef, _cf.Future]
+
+
+def _as_future(x: Any) -> _cf.Future:
+    if isinstance(x, _cf.Future):
+        return x
+    if isinstance(x, ObjectRef):
+        from dpool.runtime._current import client
+
+        return client().future_for(x)
+    raise TypeError(f"expected a Future or ObjectRef, got {type(x).__name__}")
+
+
+def wait(
+    futures: Sequence[Waitable], num_returns: int = 1, timeout: Optional[float] = None
+) -> tuple[list, list]:
+    """Wait until ``num_returns`` of ``futures`` are done or ``timeout`` seconds pass.
+
+    Returns ``(done, not_done)``: at most ``num_returns`` done items in input order, and
+    the others in input order (the paper's ``ray.wait``). ``timeout=None`` waits forever;
+    a timeout is not an error, you get what is done by then.
+    """
+    items = list(futures)
+    if num_returns < 0 or num_returns > len(items):
+        raise ValueError(
+            f"num_returns must be between 0 and len(futures) ({len(items)}), got {num_returns}")
+    fs = [_as_future(x) for x in items]
+
+    def _wait() -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pending = [f for f in fs if not f.done()]
+            if len(fs) - len(pending) >= num_returns or not pending:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            _cf.wait(pending, timeout=remaining, return_when=_cf.FIRST_COMPLETED)
+
+    from dpool.runtime._current import client
+
+    c = client()
+    if c.gives_back_slot:
+        c.blocking(_wait)
+    else:
+        _wait()
+    done, not_done = [], []
+    for x, f in zip(items, fs):
+        (done if f.done() and len(done) < num_returns else not_done).append(x)
+    return done, not_done
+
+
+def get(refs: Union[Waitable, Iterable[Waitable]], timeout: Optional[float] = None) -> Any:
+    """The value of a Future/ObjectRef, or a list of values for a list of them.
+
+    Raises the task's exception, or ``TimeoutError`` after ``timeout`` seconds (measured
+    from the call, for the whole list).
+    """
+    single = isinstance(refs, (ObjectRef, _cf.Future))
+    items = [refs] if single else list(refs)  # type: ignore[arg-type]
+    fs = [_as_future(x) for x in items]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = []
+    for f in fs:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        out.append(f.result(remaining))
+    return out[0] if single else out
+
+
+def put(value: Any) -> ObjectRef:
+    """Store ``value`` once in the runtime; pass the ref to any number of tasks."""
+    from dpool.runtime._current import client
+
+    return client().put(value)

@@ -1,0 +1,281 @@
+"""One stored object per POSIX shared-memory segment.
+
+Layout of a segment (all integers little-endian)::
+
+    header   magic "DPOS", u16 version, u16 reserved, u32 nbuffers, u64 meta_len
+    table    nbuffers x (u64 offset, u64 nbytes)
+    meta     the pickle stream (meta_len bytes), right after the table
+    buffers  each out-of-band buffer at a 64-byte-aligned offset
+
+Writing (:func:`write_object`) allocates every page up front with ``posix_fallocate``
+(failing cleanly with :class:`ObjectStoreFullError` instead of a SIGBUS later) and then
+copies each buffer once with ``pwrite``. Reading (:func:`read_object`) maps the segment
+``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``: arrays come back as writable views onto the
+mapping, nothing is copied until a page is written, and a write only ever changes this
+process's private copy of that page, never the shared object. The mapping lives as long
+as any view onto it; unlinking the segment does not invalidate it.
+
+Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
+:func:`reap_orphans` can find and unlink the segments of a store whose owner died.
+Linux-specific bits (``/dev/shm``, ``posix_fallocate``) are used where available.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+import posix_ipc
+import psutil
+
+from dpool.errors import ObjectStoreFullError
+from dpool.objects._serialization import Serialized, deserialize
+
+__all__ = [
+    "SHM_DIR",
+    "segment_name",
+    "write_object",
+    "read_object",
+    "unlink",
+    "segment_size",
+    "reap_orphans",
+    "shm_free_bytes",
+    "shm_total_bytes",
+]
+
+logger = logging.getLogger("dpool.objects")
+
+SHM_DIR = "/dev/shm"
+"""Where Linux exposes POSIX shared memory as files (used for free space and reaping)."""
+
+_PREFIX = "dpool_"
+_NAME_RE = re.compile(r"^dpool_([0-9]+)_[0-9A-Za-z]+$")
+_MAGIC = b"DPOS"
+_VERSION = 1
+_HEADER = struct.Struct("<4sHHIQ")  # magic, version, reserved, nbuffers, meta_len
+_ENTRY = struct.Struct("<QQ")  # offset, nbytes
+_ALIGN = 64
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT})
+_MAX_WRITE = 1 << 30  # bytes per pwrite call (Linux caps a single write near 2 GiB)
+
+
+def segment_name(owner_pid: int, object_id: int) -> str:
+    """The segment name of object ``object_id`` in the store owned by process ``owner_pid``.
+
+    The only place that knows the naming scheme (with ``_NAME_RE`` just above).
+    Object ids must be unique per owner process (not just per executor) for names not
+    to collide.
+    """
+    if owner_pid <= 0 or object_id < 0:
+        raise ValueError(f"bad owner pid {owner_pid} or object id {object_id}")
+    return f"/{_PREFIX}{owner_pid}_{object_id:x}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    size: int
+    header: bytes  # header + table
+    meta_offset: int
+    buffer_offsets: tuple[int, ...]
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) & ~(_ALIGN - 1)
+
+
+def _as_bytes_view(buf: object) -> memoryview:
+    view = memoryview(buf)  # type: ignore[arg-type]
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _layout(meta_len: int, buffer_sizes: list[int]) -> _Layout:
+    table_end = _HEADER.size + _ENTRY.size * len(buffer_sizes)
+    offsets: list[int] = []
+    end = table_end + meta_len
+    for nbytes in buffer_sizes:
+        offset = _align(end)
+        offsets.append(offset)
+        end = offset + nbytes
+    header = bytearray(_HEADER.pack(_MAGIC, _VERSION, 0, len(buffer_sizes), meta_len))
+    for offset, nbytes in zip(offsets, buffer_sizes, strict=True):
+        header += _ENTRY.pack(offset, nbytes)
+    return _Layout(end, bytes(header), table_end, tuple(offsets))
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes still free in ``/dev/shm`` (None where there is no such directory)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shm_total_bytes() -> int | None:
+    """Size of the ``/dev/shm`` file system (None where there is no such directory)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def _full(name: str, size: int, why: str) -> ObjectStoreFullError:
+    return ObjectStoreFullError(
+        f"no room in shared memory for object segment {name} of {size} bytes: {why}"
+    )
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    total = data.nbytes
+    while done < total:
+        done += os.pwrite(fd, data[done : done + _MAX_WRITE], offset + done)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Give the segment ``size`` bytes, every page allocated now (where the OS allows)."""
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    os.ftruncate(fd, size)
+
+
+def write_object(name: str, ser: Serialized) -> int:
+    """Create segment ``name`` holding ``ser``; return the segment's size in bytes.
+
+    Raises :class:`ObjectStoreFullError` (size in the message) when shared memory has no
+    room for it, :class:`FileExistsError` when the name is taken; on any failure nothing
+    is left behind.
+    """
+    views = [_as_bytes_view(b) for b in ser.buffers]
+    layout = _layout(len(ser.meta), [v.nbytes for v in views])
+    size = layout.size
+    free = shm_free_bytes()
+    if free is not None and size > free:
+        raise _full(name, size, f"only {free} bytes free in {SHM_DIR}")
+    try:
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
+    except posix_ipc.ExistentialError as exc:
+        raise FileExistsError(f"shared memory segment {name} already exists") from exc
+    except OSError as exc:
+        if exc.errno in _NO_SPACE_ERRNOS:
+            raise _full(name, size, str(exc)) from exc
+        raise
+    fd = shm.fd
+    try:
+        _allocate(fd, size)
+        _pwrite_all(fd, memoryview(layout.header), 0)
+        _pwrite_all(fd, memoryview(ser.meta), layout.meta_offset)
+        for view, offset in zip(views, layout.buffer_offsets, strict=True):
+            _pwrite_all(fd, view, offset)
+    except BaseException as exc:
+        unlink(name)
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+            raise _full(name, size, str(exc)) from exc
+        raise
+    finally:
+        shm.close_fd()
+    logger.debug("wrote segment %s: %d bytes, %d buffers", name, size, len(views))
+    return size
+
+
+def _open(name: str) -> posix_ipc.SharedMemory:
+    try:
+        return posix_ipc.SharedMemory(name, read_only=True)
+    except posix_ipc.ExistentialError as exc:
+        raise FileNotFoundError(f"no shared memory segment {name}") from exc
+
+
+def read_object(name: str) -> object:
+    """Rebuild the object stored in segment ``name``, zero-copy and copy-on-write.
+
+    Out-of-band buffers (numpy arrays) are views onto a private mapping of the segment:
+    writable, sharing the pages until written, never writing through to the segment.
+    Raises :class:`FileNotFoundError` when the segment does not exist (anymore),
+    :class:`ValueError` when it is not a dpool object segment, and
+    :class:`SerializationError` when unpickling fails.
+    """
+    shm = _open(name)
+    try:
+        size = shm.size
+        if size < _HEADER.size:
+            raise ValueError(f"{name} is not a dpool object segment ({size} bytes)")
+        mapping = mmap.mmap(
+            shm.fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+    finally:
+        shm.close_fd()
+    view = memoryview(mapping)
+    magic, version, _, nbuffers, meta_len = _HEADER.unpack_from(view, 0)
+    meta_offset = _HEADER.size + _ENTRY.size * nbuffers
+    if magic != _MAGIC or version != _VERSION or meta_offset + meta_len > size:
+        raise ValueError(f"{name} is not a dpool object segment (version {_VERSION})")
+    buffers = []
+    for i in range(nbuffers):
+        offset, nbytes = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
+        if offset + nbytes > size:
+            raise ValueError(f"{name}: buffer {i} runs past the end of the segment")
+        buffers.append(view[offset : offset + nbytes])
+    meta = view[meta_offset : meta_offset + meta_len]
+    try:
+        return deserialize(meta, buffers)
+    finally:
+        meta.release()  # the result keeps only the buffers (and through them the mapping)
+
+
+def unlink(name: str) -> bool:
+    """Remove segment ``name``; False if it did not exist. Existing mappings stay valid."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        return False
+    logger.debug("unlinked segment %s", name)
+    return True
+
+
+def segment_size(name: str) -> int:
+    """Size in bytes of segment ``name`` (:class:`FileNotFoundError` if missing)."""
+    shm = _open(name)
+    try:
+        return int(shm.size)
+    finally:
+        shm.close_fd()
+
+
+def reap_orphans() -> list[str]:
+    """Unlink every ``dpool_<pid>_*`` segment whose owner process is not alive.
+
+    Called when a runtime starts, so the segments of a driver that was SIGKILLed are
+    reclaimed by the next start. Returns the names unlinked. A dead owner's pid that has
+    been reused by a live process keeps its segments until that process exits too.
+    """
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    alive: dict[int, bool] = {}
+    reaped: list[str] = []
+    for entry in entries:
+        match = _NAME_RE.match(entry)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid not in alive:
+            alive[pid] = psutil.pid_exists(pid)
+        if not alive[pid] and unlink("/" + entry):
+            reaped.append("/" + entry)
+    if reaped:
+        logger.info("reaped %d orphaned shared-memory segments", len(reaped))
+    return reaped

@@ -1,0 +1,321 @@
+"""The per-host object store's bookkeeping, owned by the scheduler process.
+
+Reference counting
+------------------
+Each object id has two counts, kept even while the object is not (or no longer) in the
+store, so a handle may be counted before its value exists and across eviction/rebuild:
+
+(i)  ``refcount`` -- one per live ObjectRef/Future handle in any process. Processes batch
+     their handle creations and deletions and send them to the scheduler, which calls
+     :meth:`ObjectStore.incref` / :meth:`ObjectStore.decref`. The runtime must make sure an
+     incref for a handle passed between processes reaches the store before the sender's
+     decref can (e.g. the sender keeps its count until the receiver has counted its own).
+(ii) ``pins`` -- one per pending or running task that needs the object as an argument:
+     :meth:`ObjectStore.pin` when the task is queued, :meth:`ObjectStore.unpin` when it has
+     finished (or failed, or been cancelled). A pinned object is never evicted, so a worker
+     that is told to read it finds its segment.
+(iii) Readers currently mapping a segment are NOT counted. Once a process has mapped a
+     segment, unlinking it only removes the name; the pages stay valid in every existing
+     mapping until the last one is unmapped (POSIX semantics), so freeing or evicting an
+     object can never pull memory from under a reader. The only window is between
+     looking up a name and opening it, and pins close that window for task arguments;
+     any other reader that finds the segment gone gets FileNotFoundError and treats the
+     object as evicted (rebuild from lineage, or ObjectLostError).
+
+An object is freed (segment unlinked, no eviction callback) when a :meth:`decref` or
+:meth:`unpin` leaves both counts at zero. An object added while both are zero (no handle
+counted yet) stays until evicted or removed, so a value whose first incref is
+still in flight is never freed early; the runtime can :meth:`remove` it once it knows
+no handle will come.
+
+Capacity
+--------
+``used`` is the sum of the sizes of the stored segments. When an :meth:`add` or
+:meth:`reserve` would exceed ``capacity``, objects are evicted least-recently-used first
+(order of add/:meth:`touch`), skipping pinned ones. Eviction calls ``on_evict(oid)`` (so
+the runtime can mark the object rebuildable from lineage), then unlinks the segment;
+the counts stay. If no eviction makes room, :class:`ObjectStoreFullError` is raised.
+
+This is a plain data structure: no threads, no I/O besides unlinking segments; the
+runtime calls it under its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psutil
+
+from dpool.errors import ObjectStoreFullError
+from dpool.objects import _segment
+
+__all__ = ["ObjectStore", "default_capacity", "parse_size", "ENV_CAPACITY"]
+
+logger = logging.getLogger("dpool.objects")
+
+ENV_CAPACITY = "DPOOL_OBJECT_STORE_MEMORY"
+_MEMORY_FRACTION = 0.30
+_SHM_FRACTION = 0.90
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*([0-9][0-9_]*)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count: ``"1073741824"``, ``"1_000_000"``, ``"512M"``, ``"2GiB"``, ``"4g"``.
+
+    Suffixes K/M/G/T are powers of 1024. Raises ValueError for anything else or for zero.
+    """
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 2G)"
+        )
+    number = int(match.group(1).replace("_", ""))
+    value = number * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: the size must be positive")
+    return value
+
+
+def default_capacity() -> int:
+    """The object store's capacity in bytes.
+
+    ``$DPOOL_OBJECT_STORE_MEMORY`` when set and not empty (bytes, or with a K/M/G/T suffix;
+    a bad value raises ValueError naming the variable), else the smaller of 30% of the
+    machine's memory and 90% of the size of ``/dev/shm``.
+    """
+    raw = os.environ.get(ENV_CAPACITY, "")
+    if raw.strip():
+        try:
+            return parse_size(raw)
+        except ValueError as exc:
+            raise ValueError(f"bad ${ENV_CAPACITY}: {exc}") from None
+    capacity = int(psutil.virtual_memory().total * _MEMORY_FRACTION)
+    shm_total = _segment.shm_total_bytes()
+    if shm_total is not None:
+        capacity = min(capacity, int(shm_total * _SHM_FRACTION))
+    return capacity
+
+
+@dataclass(slots=True)
+class _Entry:
+    name: str
+    size: int
+
+
+class ObjectStore:
+    """Which objects are in this host's shared memory, their sizes, counts and LRU order."""
+
+    def __init__(
+        self,
+        capacity: int,
+        owner_pid: int,
+        *,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"object store capacity must be positive, not {capacity}")
+        self._capacity = capacity
+        self._owner_pid = owner_pid
+        self._on_evict = on_evict
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU first
+        self._used = 0
+        self._refs: dict[int, int] = {}  # only non-zero counts are kept
+        self._pins: dict[int, int] = {}
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def owner_pid(self) -> int:
+        return self._owner_pid
+
+    def segment_name(self, object_id: int) -> str:
+        """The name under which this store's owner writes object ``object_id``."""
+        return _segment.segment_name(self._owner_pid, object_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, object_id: object) -> bool:
+        return object_id in self._entries
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._entries))
+
+    def contains(self, object_id: int) -> bool:
+        return object_id in self._entries
+
+    def location(self, object_id: int) -> str:
+        """Segment name of a stored object (KeyError if it is not stored)."""
+        return self._entries[object_id].name
+
+    def size(self, object_id: int) -> int:
+        """Size in bytes of a stored object (KeyError if it is not stored)."""
+        return self._entries[object_id].size
+
+    def refcount(self, object_id: int) -> int:
+        return self._refs.get(object_id, 0)
+
+    def pincount(self, object_id: int) -> int:
+        return self._pins.get(object_id, 0)
+
+    # ------------------------------------------------------------------ contents
+    def add(self, object_id: int, name: str, size: int) -> None:
+        """Account segment ``name`` (``size`` bytes) as object ``object_id``, most recent.
+
+        Evicts unpinned objects, LRU first, when needed. If room cannot be made, raises
+        :class:`ObjectStoreFullError` and unlinks ``name``: the object was not added.
+        """
+        if object_id in self._entries:
+            raise ValueError(f"object {object_id} is already stored")
+        if size < 0:
+            raise ValueError(f"negative size {size} for object {object_id}")
+        try:
+            self.reserve(size)
+        except ObjectStoreFullError:
+            _segment.unlink(name)
+            raise
+        self._entries[object_id] = _Entry(name, size)
+        self._used += size
+
+    def reserve(self, size: int) -> None:
+        """Make sure ``size`` more bytes fit, evicting unpinned objects LRU first.
+
+        Books nothing: call it right before writing a segment and then :meth:`add` it.
+        Raises :class:`ObjectStoreFullError` when the pinned objects alone leave too little
+        room, or at once when ``size`` exceeds the whole capacity.
+        """
+        if size > self._capacity:
+            raise ObjectStoreFullError(
+                f"object of {size} bytes is larger than the object store's capacity of "
+                f"{self._capacity} bytes (set ${ENV_CAPACITY} to raise it)"
+            )
+        if self._used + size <= self._capacity:
+            return
+        victims: list[int] = []
+        freed = 0
+        for oid, entry in self._entries.items():
+            if self._used - freed + size <= self._capacity:
+                break
+            if self._pins.get(oid, 0) == 0:
+                victims.append(oid)
+                freed += entry.size
+        if self._used - freed + size > self._capacity:
+            raise ObjectStoreFullError(
+                f"no room for an object of {size} bytes: {self._used} of "
+                f"{self._capacity} bytes are used and only {freed} bytes can be evicted "
+                f"(the rest is pinned by pending tasks)"
+            )
+        for oid in victims:
+            self._evict(oid)
+
+    def touch(self, object_id: int) -> None:
+        """Mark a stored object as just used (moves it to the LRU end). No-op if absent."""
+        if object_id in self._entries:
+            self._entries.move_to_end(object_id)
+
+    def remove(self, object_id: int) -> bool:
+        """Unlink a stored object's segment and forget its value; counts are kept.
+
+        Returns False if it was not stored.
+        """
+        entry = self._entries.pop(object_id, None)
+        if entry is None:
+            return False
+        self._used -= entry.size
+        _segment.unlink(entry.name)
+        return True
+
+    def clear(self) -> None:
+        """Unlink every stored segment and forget all objects and counts (shutdown)."""
+        for entry in self._entries.values():
+            _segment.unlink(entry.name)
+        self._entries.clear()
+        self._refs.clear()
+        self._pins.clear()
+        self._used = 0
+
+    def _evict(self, object_id: int) -> None:
+        entry = self._entries.get(object_id)
+        if entry is None:  # an earlier on_evict callback removed it already
+            return
+        logger.debug("evicting object %d (%s, %d bytes)", object_id, entry.name, entry.size)
+        if self._on_evict is not None:
+            try:
+                self._on_evict(object_id)
+            except Exception:  # the store must stay consistent whatever the callback does
+                logger.exception("on_evict callback failed for object %d", object_id)
+        self.remove(object_id)
+
+    # -------------------------------------------------------------------- counts
+    def incref(self, object_id: int, n: int = 1) -> None:
+        """Count ``n`` more live handles of ``object_id`` (it need not be stored yet)."""
+        if n < 0:
+            raise ValueError(f"incref by a negative count {n}")
+        if n:
+            self._refs[object_id] = self._refs.get(object_id, 0) + n
+
+    def decref(self, object_id: int, n: int = 1) -> bool:
+        """Count ``n`` fewer handles; True if that freed the object (segment unlinked).
+
+        Raises ValueError (changing nothing) if the count would go below zero.
+        """
+        if n == 0:
+            return False
+        count = self._refs.get(object_id, 0) - n
+        if n < 0 or count < 0:
+            raise ValueError(
+                f"decref of object {object_id} by {n} but its count is "
+                f"{self._refs.get(object_id, 0)}"
+            )
+        if count:
+            self._refs[object_id] = count
+            return False
+        self._refs.pop(object_id, None)
+        return self._free_if_unused(object_id)
+
+    def pin(self, object_id: int, n: int = 1) -> None:
+        """Protect ``object_id`` from eviction for ``n`` more pending tasks."""
+        if n < 0:
+            raise ValueError(f"pin by a negative count {n}")
+        if n:
+            self._pins[object_id] = self._pins.get(object_id, 0) + n
+
+    def unpin(self, object_id: int, n: int = 1) -> bool:
+        """Release ``n`` pins; True if that freed the object (no handles left either).
+
+        Raises ValueError (changing nothing) if the pin count would go below zero.
+        """
+        if n == 0:
+            return False
+        count = self._pins.get(object_id, 0) - n
+        if n < 0 or count < 0:
+            raise ValueError(
+                f"unpin of object {object_id} by {n} but its pin count is "
+                f"{self._pins.get(object_id, 0)}"
+            )
+        if count:
+            self._pins[object_id] = count
+            return False
+        self._pins.pop(object_id, None)
+        return self._free_if_unused(object_id)
+
+    def _free_if_unused(self, object_id: int) -> bool:
+        if self._refs.get(object_id, 0) or self._pins.get(object_id, 0):
+            return False
+        if self.remove(object_id):
+            logger.debug("freed object %d (no handles, no pins)", object_id)
+            return True
+        return False

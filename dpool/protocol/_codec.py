@@ -1,0 +1,57 @@
+"""The one codec: a batch of messages <-> one frame of bytes.
+
+A frame is ``pickle((PROTOCOL_VERSION, ((code, *fields), ...)))``. Only plain tuples, ints,
+floats, bools and bytes cross the wire at this layer (payloads are pre-serialized), so the
+stdlib C pickler is both the fastest and a safe choice here. An unknown code or version
+raises ``ProtocolError`` on the receiving side (never ignored silently).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Iterable
+
+from dpool.errors import ProtocolError
+from dpool.protocol import _messages as m
+
+PROTOCOL_VERSION = 1
+
+_BY_CODE: dict[int, type] = {}
+for _cls in m.ALL_MESSAGES:
+    if _cls.CODE in _BY_CODE:  # pragma: no cover - guards edits to _messages
+        raise RuntimeError(f"duplicate message code {_cls.CODE}")
+    _BY_CODE[_cls.CODE] = _cls
+
+_FIELDS: dict[type, tuple[str, ...]] = {cls: cls.__slots__ for cls in m.ALL_MESSAGES}
+
+_dumps = pickle.dumps
+_loads = pickle.loads
+
+
+def encode_batch(msgs: Iterable[object]) -> bytes:
+    """Encode messages into one frame body."""
+    items = []
+    for msg in msgs:
+        cls = type(msg)
+        items.append((cls.CODE, *[getattr(msg, f) for f in _FIELDS[cls]]))
+    return _dumps((PROTOCOL_VERSION, items), protocol=5)
+
+
+def decode_batch(frame: bytes) -> list:
+    """Decode one frame body into message objects."""
+    try:
+        version, items = _loads(frame)
+    except Exception as exc:
+        raise ProtocolError(f"undecodable frame of {len(frame)} bytes") from exc
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"peer speaks protocol version {version}, this process speaks "
+            f"{PROTOCOL_VERSION}: run the same dpool version everywhere"
+        )
+    out = []
+    for item in items:
+        cls = _BY_CODE.get(item[0])
+        if cls is None:
+            raise ProtocolError(f"unknown message code {item[0]!r}")
+        out.append(cls(*item[1:]))
+    return out

@@ -1,0 +1,164 @@
+"""Typed messages of the dpool wire protocol (version in ``_codec.PROTOCOL_VERSION``).
+
+Direction is noted on each class: S = local scheduler, W = worker. Payloads are opaque
+``bytes`` produced by ``dpool.objects`` serialization; ids are ints (object id == id of
+the task that produces it). Keep fields positional and append-only: the codec sends them
+as a tuple in declaration order, so reordering a field is a protocol version bump.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+# A dependency value shipped with a task: (object id, ok, payload). ok=False means the
+# payload is a serialized exception the task must fail with instead of running.
+DepValue = tuple  # (int, bool, bytes)
+
+
+@dataclass(slots=True)
+class Hello:
+    """W->S first message after connecting: who the worker is."""
+
+    CODE: ClassVar[int] = 1
+    version: int
+    worker_id: int
+    pid: int
+
+
+@dataclass(slots=True)
+class InitFailed:
+    """W->S the initializer raised; the worker exits after sending this."""
+
+    CODE: ClassVar[int] = 2
+    error: bytes  # serialized (exception, traceback text)
+
+
+@dataclass(slots=True)
+class RegisterFunction:
+    """S->W (or W->S for functions first seen in a worker): function table entry."""
+
+    CODE: ClassVar[int] = 3
+    fn_id: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class ExecuteTask:
+    """S->W run a task. ``args`` is None for a call without arguments."""
+
+    CODE: ClassVar[int] = 4
+    task_id: int
+    fn_id: int
+    args: Optional[bytes]
+    deps: Optional[tuple]  # tuple[DepValue, ...] for top-level ObjectRef/Future arguments
+
+
+@dataclass(slots=True)
+class TaskDone:
+    """W->S a task finished. ok=False: payload is a serialized (exception, traceback)."""
+
+    CODE: ClassVar[int] = 5
+    task_id: int
+    ok: bool
+    payload: bytes
+    duration: float  # seconds spent in the user function
+
+
+@dataclass(slots=True)
+class SubmitTask:
+    """W->S a task submitted from inside a task (dynamic task graph)."""
+
+    CODE: ClassVar[int] = 6
+    task_id: int
+    fn_id: int
+    args: Optional[bytes]
+    dep_ids: Optional[tuple]  # object ids of top-level ref arguments
+    group_id: int
+
+
+@dataclass(slots=True)
+class Blocked:
+    """W->S the running task waits on other tasks: give its CPU slot back.
+
+    ``returned`` lists tasks the worker had received but not started; the scheduler
+    queues them again (otherwise they could wait behind the blocked task forever).
+    """
+
+    CODE: ClassVar[int] = 7
+    returned: tuple
+
+
+@dataclass(slots=True)
+class Unblocked:
+    """W->S the waiting task resumed; its slot is taken again."""
+
+    CODE: ClassVar[int] = 8
+
+
+@dataclass(slots=True)
+class ReturnTasks:
+    """W->S tasks that arrived while the worker was blocked, handed back unstarted."""
+
+    CODE: ClassVar[int] = 9
+    task_ids: tuple
+
+
+@dataclass(slots=True)
+class GetObjects:
+    """W->S send me these objects' values when they are ready."""
+
+    CODE: ClassVar[int] = 10
+    object_ids: tuple
+
+
+@dataclass(slots=True)
+class ObjectValue:
+    """S->W an object's value (result of a task the worker owns, or one it asked for)."""
+
+    CODE: ClassVar[int] = 11
+    object_id: int
+    ok: bool
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Release:
+    """W->S the worker dropped its last handle to these objects."""
+
+    CODE: ClassVar[int] = 12
+    object_ids: tuple
+
+
+@dataclass(slots=True)
+class Shutdown:
+    """S->W finish nothing more; exit now."""
+
+    CODE: ClassVar[int] = 13
+
+
+@dataclass(slots=True)
+class PutObject:
+    """W->S store this value under this id (``dpool.put`` inside a task)."""
+
+    CODE: ClassVar[int] = 14
+    object_id: int
+    payload: bytes
+
+
+ALL_MESSAGES = (
+    Hello,
+    InitFailed,
+    RegisterFunction,
+    ExecuteTask,
+    TaskDone,
+    SubmitTask,
+    Blocked,
+    Unblocked,
+    ReturnTasks,
+    GetObjects,
+    ObjectValue,
+    Release,
+    Shutdown,
+    PutObject,
+)

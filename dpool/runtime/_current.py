@@ -1,0 +1,66 @@
+"""Which runtime this process talks to: the driver runtime, or (in a worker) its client."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+_driver: Any = None
+_worker: Any = None  # the _Worker of this process when it is a dpool worker
+_worker_client: Any = None
+_inherited: list = []  # a forked worker's copy of the parent's runtime, kept unreachable
+
+
+def driver() -> Any:
+    """The driver runtime of this process, started on first use."""
+    global _driver
+    d = _driver
+    if d is not None and d.pid == os.getpid():
+        return d
+    with _lock:
+        if _driver is None or _driver.pid != os.getpid():
+            if _driver is not None:
+                # A fork of a driver (the user's own child process): the parent's threads
+                # and sockets are not ours. Keep the copy alive so its sockets are never
+                # closed from here, and start afresh.
+                _inherited.append(_driver)
+            from dpool.runtime._driver import DriverRuntime
+
+            _driver = DriverRuntime()
+        return _driver
+
+
+def in_worker() -> bool:
+    return _worker is not None
+
+
+def client() -> Any:
+    """The runtime API for this process: the worker client inside a task, else the driver."""
+    if _worker is not None:
+        return worker_client()
+    return driver()
+
+
+def worker_client() -> Any:
+    global _worker_client
+    if _worker_client is None:
+        from dpool.worker._client import WorkerClient
+
+        _worker_client = WorkerClient(_worker)
+    return _worker_client
+
+
+def enter_worker(cfg: Any) -> None:
+    """Called first thing in a worker process: forget the driver state a fork copied."""
+    global _driver, _worker_client
+    if _driver is not None:
+        _inherited.append(_driver)
+        _driver = None
+    _worker_client = None
+
+
+def set_worker(worker: Any) -> None:
+    global _worker
+    _worker = worker

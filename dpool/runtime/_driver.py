@@ -1,0 +1,91 @@
+"""The driver's runtime: local scheduler + control store, in this process.
+
+Started on first use (``_current.driver()``); one per driver process. Executors and Pools
+are views onto it (a worker group each), so futures and refs pass between them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import weakref
+from typing import Any, Callable
+
+from dpool.control import InProcessControlStore
+from dpool.futures import Future, ObjectRef
+from dpool.runtime import _calls, _payload
+from dpool.runtime._functions import FunctionTable
+from dpool.scheduling import GroupConfig, LocalScheduler
+
+log = logging.getLogger("dpool.runtime")
+
+
+class DriverRuntime:
+    gives_back_slot = False  # the driver is not a worker: waiting blocks nobody's slot
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.control = InProcessControlStore()
+        self.scheduler = LocalScheduler(self.control)
+        self._ids = itertools.count(1)
+        self.functions = FunctionTable(self.new_id, self.scheduler.register_function)
+        self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._closed = False
+        atexit.register(self.close)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    # -- groups ------------------------------------------------------------------------------
+    def add_group(self, cfg: GroupConfig, executor: Any) -> Any:
+        self._executors.add(executor)
+        return self.scheduler.add_group(cfg)
+
+    # -- the task API --------------------------------------------------------------------------
+    def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
+        oid = next(self._ids)
+        fut = Future(oid, self)
+        try:
+            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
+            fut._client = None
+            return _calls.failed_future(fut, exc)
+        self.scheduler.submit(group, oid, fn_id, payload, deps, fut)
+        return fut
+
+    def put(self, value: Any) -> ObjectRef:
+        oid = next(self._ids)
+        self.scheduler.put(oid, _payload.dumps(value))
+        return ObjectRef(oid, self)
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        fut = Future()
+
+        def deliver(ok: bool, payload: bytes) -> None:
+            if ok:
+                fut.set_result(_payload.loads(payload))
+            else:
+                fut.set_exception(_payload.loads_error(payload))
+
+        fut.set_running_or_notify_cancel()
+        self.scheduler.subscribe(ref.id, deliver)
+        return fut
+
+    def release(self, object_id: int) -> None:
+        self.scheduler.release(object_id)
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End of the driver: finish executors' work (as the stdlib does at exit), stop."""
+        if self._closed or os.getpid() != self.pid:
+            return
+        self._closed = True
+        for ex in list(self._executors):
+            try:
+                ex.shutdown(wait=True)
+            except Exception:  # noqa: BLE001 - keep closing the others
+                log.exception("dpool: error shutting down %r at exit", ex)
+        self.scheduler.shutdown()
+        self.control.flush()

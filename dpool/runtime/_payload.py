@@ -1,0 +1,106 @@
+"""Values on the wire: how arguments, results, errors and functions become bytes.
+
+Everything is pickle protocol 5. Small, plain values (top-level ints, floats, strings,
+bytes, None) go through the C pickler directly -- cloudpickle costs ~4 us more per call,
+which is most of a no-op task's budget. Anything else goes through cloudpickle, so
+lambdas, closures and classes defined in ``__main__`` travel by value.
+
+An error travels as ``(exception, traceback text)``; the receiver attaches the text as
+``__cause__`` (a ``RemoteTraceback``), as ``concurrent.futures`` does, so the user sees
+where their code failed on the other side.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any, Optional
+
+import cloudpickle
+
+from dpool.errors import SerializationError
+
+_PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
+_dumps = pickle.dumps
+_loads = pickle.loads
+_cp_dumps = cloudpickle.dumps
+
+
+class RemoteTraceback(Exception):
+    """Carries the formatted traceback of an exception raised in another process."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialize one value (a result, a put object)."""
+    if type(obj) in _PLAIN:
+        return _dumps(obj, protocol=5)
+    return _cp_dumps(obj, protocol=5)
+
+
+def dumps_call(args: tuple, kwargs: dict) -> Optional[bytes]:
+    """Serialize a call's arguments; None for a call without any."""
+    if not kwargs:
+        if not args:
+            return None
+        for a in args:
+            if type(a) not in _PLAIN:
+                return _cp_dumps((args, kwargs), protocol=5)
+        return _dumps((args, kwargs), protocol=5)
+    return _cp_dumps((args, kwargs), protocol=5)
+
+
+loads = _loads
+
+
+def dumps_function(fn: Any) -> bytes:
+    try:
+        return _cp_dumps(fn, protocol=5)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot serialize the function {fn!r} ({type(fn).__name__}): {exc}"
+        ) from exc
+
+
+def format_remote(exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f'\n"""\n{tb}"""'
+
+
+def dumps_error(exc: BaseException) -> bytes:
+    """Serialize an exception raised by user code, with its traceback text.
+
+    If the exception itself cannot be pickled, send a ``SerializationError`` that says
+    so and carries the original's type, message and traceback.
+    """
+    tb = format_remote(exc)
+    exc.__traceback__ = None  # tracebacks do not pickle; the text above carries them
+    try:
+        return _cp_dumps((exc, tb), protocol=5)
+    except Exception as pickling_exc:
+        replacement = SerializationError(
+            f"the task raised {type(exc).__qualname__}: {exc!s:.500} -- and that "
+            f"exception could not be pickled to send back ({pickling_exc})"
+        )
+        return _dumps((replacement, tb), protocol=5)
+
+
+def loads_error(payload: bytes) -> BaseException:
+    """The exception a failed task's future raises, with the remote traceback attached."""
+    try:
+        exc, tb = _loads(payload)
+    except Exception as unpickling_exc:
+        err = SerializationError(
+            f"a task failed, and its exception could not be unpickled here: {unpickling_exc}"
+        )
+        err.__cause__ = unpickling_exc
+        return err
+    if tb:
+        exc.__cause__ = RemoteTraceback(tb)
+    return exc

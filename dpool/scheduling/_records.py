@@ -1,0 +1,81 @@
+"""The scheduler's in-memory records: tasks, objects, worker handles, worker groups."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from dpool.protocol import Channel
+
+
+class Task:
+    """A task the local scheduler has accepted and not yet finished."""
+
+    __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
+                 "attempts", "started", "missing", "deps")
+
+    def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
+                 dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
+                 future: Any) -> None:
+        self.task_id = task_id
+        self.fn_id = fn_id
+        self.args = args
+        self.dep_ids = dep_ids
+        self.group = group
+        self.owner = owner  # None: the driver in this process; else the submitting worker
+        self.future = future  # driver-side Future, or None
+        self.attempts = 0
+        self.started = False  # future moved to RUNNING (done once, at first dispatch)
+        self.missing = 0  # dependencies not ready yet
+        self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
+
+
+class Obj:
+    """An object table entry (the value of a task's result or of a put)."""
+
+    __slots__ = ("ready", "ok", "payload", "refs", "waiters")
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.ok = True
+        self.payload: Optional[bytes] = None
+        self.refs = 0  # handles (owner future, worker refs) + pending tasks that need it
+        self.waiters: Optional[list] = None  # Tasks or callables waiting for readiness
+
+
+class WorkerHandle:
+    __slots__ = ("worker_id", "group", "process", "chan", "inflight", "blocked", "fns",
+                 "assigned", "retiring", "pid", "alive")
+
+    def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
+        self.worker_id = worker_id
+        self.group = group
+        self.process = process
+        self.chan = chan
+        self.inflight: dict[int, Task] = {}
+        self.blocked = False
+        self.fns: set[int] = set()
+        self.assigned = 0  # tasks ever sent (for max_tasks_per_child)
+        self.retiring = False  # will exit after its in-flight tasks (max_tasks reached)
+        self.pid = getattr(process, "pid", None)
+        self.alive = True
+
+
+@dataclass
+class Group:
+    """The workers of one executor (or Pool): its own size, initializer and limits."""
+
+    group_id: int
+    max_workers: int
+    mp_context: Any
+    initializer: Optional[bytes]
+    max_tasks: Optional[int]
+    max_attempts: int
+    workers: list = field(default_factory=list)
+    queue: deque = field(default_factory=deque)
+    outstanding: int = 0  # accepted, not yet finished
+    closed: bool = False  # no more submissions
+    broken: Optional[str] = None  # why the group cannot run tasks (initializer failed)
+    on_idle: list = field(default_factory=list)  # callables run when outstanding hits 0
+    on_broken: Optional[Callable[[str], None]] = None

@@ -1,0 +1,637 @@
+"""The local scheduler: one per host, owning that host's worker processes.
+
+    driver threads ──submit()──▶ ┌──────────────────────────────┐
+                                  │ LocalScheduler (this module) │──ExecuteTask──▶ worker
+    worker sockets ──SubmitTask─▶ │  groups: queue, workers      │◀──TaskDone──── worker
+                                  │  objects: id -> value/refs   │
+                                  │  IOLoop thread reads sockets │──▶ control store (batched)
+                                  └──────────────────────────────┘
+                                       │ completions (outside the lock)
+                                       ▼
+                                  driver Futures: set_result / set_exception
+
+Tasks from the driver (``submit``) and from workers (``SubmitTask``) take the same path,
+``_accept``: record lineage, pin dependencies, queue when ready, ``_dispatch``. A worker
+group is the set of workers of one executor; dispatch sends a group's queued tasks to its
+workers with room (``BatchPolicy``), spawning workers up to ``max_workers`` on demand.
+Sending happens on the submitting thread when a worker is idle (no hop through the IO
+thread), and in batches from the IO thread as results free workers.
+
+Lock rule: ``self._lock`` guards every record here. Methods named ``_x`` expect it held.
+Futures are completed *after* releasing it, because their done-callbacks may submit again.
+
+A worker blocked inside a task (nested ``result()``) sends ``Blocked``: it stops counting
+against ``max_workers`` and the group may start another worker, so nested tasks never
+deadlock. A worker that dies has its in-flight tasks retried up to ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from dpool.errors import ObjectLostError, ProtocolError, WorkerCrashedError
+from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+from dpool.runtime import _payload
+from dpool.scheduling._ioloop import IOLoop
+from dpool.scheduling._policy import BatchPolicy, LocalOnlySpillPolicy
+from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.worker._config import WorkerConfig
+from dpool.worker._main import worker_entry
+
+log = logging.getLogger("dpool.scheduling")
+
+# (future-or-callable, ok, payload): completions to deliver once the lock is released.
+Completion = tuple
+
+
+@dataclass
+class GroupConfig:
+    max_workers: int
+    mp_context: Any
+    initializer: Optional[bytes] = None
+    max_tasks: Optional[int] = None
+    max_attempts: int = 3
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "an unknown exit status"
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class LocalScheduler:
+    def __init__(self, control: Any) -> None:
+        self._lock = threading.Lock()
+        self._ctl = control
+        self._groups: dict[int, Group] = {}
+        self._objects: dict[int, Obj] = {}
+        self._functions: dict[int, bytes] = {}
+        self._group_ids = itertools.count(1)
+        self._worker_ids = itertools.count(1)
+        self._batch = BatchPolicy()
+        self._spill = LocalOnlySpillPolicy()
+        self._releases: deque = deque()  # object ids released from any thread
+        self._closed = False
+        self._out: list = []  # completions gathered under the lock, delivered after it
+        self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
+        self._handlers: dict[int, Callable[[WorkerHandle, Any, list], None]] = {
+            m.Hello.CODE: self._on_hello,
+            m.TaskDone.CODE: self._on_task_done,
+            m.InitFailed.CODE: self._on_init_failed,
+            m.RegisterFunction.CODE: self._on_register_function,
+            m.SubmitTask.CODE: self._on_submit,
+            m.Blocked.CODE: self._on_blocked,
+            m.Unblocked.CODE: self._on_unblocked,
+            m.ReturnTasks.CODE: self._on_return_tasks,
+            m.GetObjects.CODE: self._on_get_objects,
+            m.Release.CODE: self._on_release,
+            m.PutObject.CODE: self._on_put,
+        }
+        self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
+
+    # ================================================================ public (any thread)
+    def add_group(self, cfg: GroupConfig) -> Group:
+        with self._lock:
+            g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
+                      cfg.max_tasks, cfg.max_attempts)
+            self._groups[g.group_id] = g
+            return g
+
+    def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        with self._lock:
+            self._functions[fn_id] = payload
+        self._ctl.register_function(fn_id, name, payload)
+
+    def submit(self, group: Group, task_id: int, fn_id: int, args: Optional[bytes],
+               dep_ids: Optional[tuple], future: Any) -> None:
+        with self._lock:
+            if self._releases:
+                self._drain_releases()
+            self._accept(Task(task_id, fn_id, args, dep_ids, group, None, future))
+        self._deliver()
+
+    def put(self, object_id: int, payload: bytes) -> None:
+        """Store a value under ``object_id`` with one reference (the caller's handle)."""
+        with self._lock:
+            obj = Obj()
+            obj.ready = True
+            obj.payload = payload
+            obj.refs = 1
+            self._objects[object_id] = obj
+        self._ctl.add_object(object_id, len(payload), "inline")
+
+    def subscribe(self, object_id: int, callback: Callable[[bool, bytes], None]) -> None:
+        """Call ``callback(ok, payload)`` once the object is ready (maybe right away)."""
+        with self._lock:
+            obj = self._objects.get(object_id)
+            if obj is not None and not obj.ready:
+                if obj.waiters is None:
+                    obj.waiters = []
+                obj.waiters.append(callback)
+                return
+        if obj is None:
+            callback(False, _payload.dumps_error(ObjectLostError(
+                f"object {object_id:#x} is unknown here: its last reference was released "
+                "or it was created by another runtime")))
+        else:
+            callback(obj.ok, obj.payload)
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle's reference. Safe from ``__del__`` in any thread (no lock)."""
+        self._releases.append(object_id)
+
+    def addref(self, object_id: int) -> bool:
+        with self._lock:
+            obj = self._objects.get(object_id)
+            if obj is None:
+                return False
+            obj.refs += 1
+            return True
+
+    def cancel_queued(self, group: Group) -> None:
+        """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
+        with self._lock:
+            keep = deque()
+            for t in group.queue:
+                if t.future is not None and not t.started and t.future.cancel():
+                    self._skip_cancelled(t)
+                else:
+                    keep.append(t)
+            group.queue = keep
+        self._deliver()
+
+    def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
+        """No more submissions to ``group``; its workers stop once its work is done."""
+        with self._lock:
+            group.closed = True
+            if on_idle is not None:
+                group.on_idle.append(on_idle)
+            if group.outstanding == 0:
+                self._retire_group(group)
+
+    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+        """Block until the closed ``group`` is idle and every one of its workers exited."""
+        deadline = None
+        with self._lock:
+            while group.outstanding > 0 or any(w.process is not None for w in group.workers):
+                if group.outstanding == 0:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    elif time.monotonic() > deadline:
+                        break
+                self._exited.wait(0.1)
+            stragglers = list(group.workers)
+        for w in stragglers:  # did not exit within `timeout` of being told to
+            log.warning("worker %d did not exit when asked; killing it", w.worker_id)
+            _reap(w, kill_after=0)
+
+    def terminate_group(self, group: Group, reason: str) -> None:
+        """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
+        with self._lock:
+            group.closed = True
+            group.broken = group.broken or reason
+            self._fail_group(group, reason)
+            victims = list(group.workers)
+            for w in victims:
+                w.alive = False
+                self._send(w, [m.Shutdown()])
+        for w in victims:
+            _reap(w, kill_after=0.5)
+        self._deliver()
+
+    def is_io_thread(self) -> bool:
+        return self._io.is_io_thread()
+
+    def shutdown(self) -> None:
+        """Stop every group's workers and the IO thread (end of the runtime)."""
+        with self._lock:
+            self._closed = True
+            workers = [w for g in self._groups.values() for w in g.workers]
+            for w in workers:
+                w.alive = False
+                self._send(w, [m.Shutdown()])
+        for w in workers:
+            _reap(w, kill_after=1.0)
+        self._io.stop()
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "objects": len(self._objects),
+                "groups": {gid: {"workers": len(g.workers), "queued": len(g.queue),
+                                 "outstanding": g.outstanding}
+                           for gid, g in self._groups.items()},
+            }
+
+    # ================================================================ accept / finish
+    def _accept(self, t: Task) -> None:
+        g = t.group
+        obj = Obj()
+        obj.refs = 1  # the submitter's handle (driver Future or worker future)
+        self._objects[t.task_id] = obj
+        if g.broken is not None:
+            self._finish(t, False, _payload.dumps_error(_broken_error(g.broken)),
+                         counted=False)
+            return
+        g.outstanding += 1
+        self._ctl.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id)
+        if t.dep_ids:
+            objects = self._objects
+            for oid in t.dep_ids:
+                d = objects.get(oid)
+                if d is None:
+                    self._finish(t, False, _payload.dumps_error(ObjectLostError(
+                        f"argument object {oid:#x} was released before this task used it")))
+                    return
+            for oid in t.dep_ids:
+                d = objects[oid]
+                d.refs += 1
+                if not d.ready:
+                    t.missing += 1
+                    if d.waiters is None:
+                        d.waiters = []
+                    d.waiters.append(t)
+            if t.missing:
+                return
+            t.deps = tuple((oid, objects[oid].ok, objects[oid].payload) for oid in t.dep_ids)
+        g.queue.append(t)
+        self._dispatch(g)
+
+    def _finish(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
+        """Record a task's outcome and wake whatever waits on its result."""
+        g = t.group
+        if counted:
+            g.outstanding -= 1
+        if t.dep_ids:
+            for oid in t.dep_ids:
+                self._decref(oid)
+        self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts)
+        obj = self._objects.get(t.task_id)
+        if t.future is not None:
+            self._out.append((t.future, ok, payload))
+        elif t.owner is not None and t.owner.alive:
+            self._send(t.owner, [m.ObjectValue(t.task_id, ok, payload)])
+        if obj is not None:
+            obj.ready = True
+            obj.ok = ok
+            obj.payload = payload
+            if obj.waiters:
+                self._wake_waiters(obj, t.task_id)
+            if obj.refs <= 0:
+                self._drop_object(t.task_id)
+        if counted and g.outstanding == 0 and g.closed:
+            self._retire_group(g)
+
+    def _wake_waiters(self, obj: Obj, oid: int) -> None:
+        waiters, obj.waiters = obj.waiters, None
+        touched = set()
+        for w in waiters:
+            if isinstance(w, Task):
+                w.missing -= 1
+                if w.missing == 0:
+                    objects = self._objects
+                    w.deps = tuple((d, objects[d].ok, objects[d].payload) for d in w.dep_ids)
+                    w.group.queue.append(w)
+                    touched.add(w.group.group_id)
+            elif isinstance(w, WorkerHandle):
+                if w.alive:
+                    self._send(w, [m.ObjectValue(oid, obj.ok, obj.payload)])
+            else:
+                self._out.append((w, obj.ok, obj.payload))
+        for gid in touched:
+            self._dispatch(self._groups[gid])
+
+    def _skip_cancelled(self, t: Task) -> None:
+        from concurrent.futures import CancelledError
+
+        t.future = None  # already CANCELLED; dependents fail instead
+        self._finish(t, False, _payload.dumps_error(CancelledError()))
+
+    def _decref(self, oid: int, n: int = 1) -> None:
+        obj = self._objects.get(oid)
+        if obj is None:
+            return
+        obj.refs -= n
+        if obj.refs <= 0 and obj.ready:
+            self._drop_object(oid)
+
+    def _drop_object(self, oid: int) -> None:
+        del self._objects[oid]
+        self._ctl.remove_object(oid)
+
+    def _drain_releases(self) -> None:
+        rel = self._releases
+        while rel:
+            self._decref(rel.popleft())
+
+    # ================================================================ dispatch
+    def _dispatch(self, g: Group) -> None:
+        q = g.queue
+        if g.broken is not None:
+            self._fail_group(g, g.broken)
+            return
+        while q:
+            w = self._pick_worker(g)
+            if w is None:
+                if not self._maybe_spawn(g):
+                    return
+                continue
+            room = self._batch.capacity(q[0].fn_id) - len(w.inflight)
+            if g.max_tasks is not None:
+                room = min(room, g.max_tasks - w.assigned)
+            if room <= 0:  # pragma: no cover - _pick_worker only returns workers with room
+                return
+            msgs: list = []
+            sent = 0
+            while q and room > 0:
+                t = q.popleft()
+                if not t.started:
+                    if t.future is not None and not t.future.set_running_or_notify_cancel():
+                        self._skip_cancelled(t)
+                        continue
+                    t.started = True
+                t.attempts += 1
+                if t.fn_id not in w.fns:
+                    w.fns.add(t.fn_id)
+                    msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
+                msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
+                w.inflight[t.task_id] = t
+                room -= 1
+                sent += 1
+            if not msgs:
+                continue
+            w.assigned += sent
+            if g.max_tasks is not None and w.assigned >= g.max_tasks:
+                w.retiring = True
+            self._send(w, msgs)
+
+    def _pick_worker(self, g: Group) -> Optional[WorkerHandle]:
+        """The worker of ``g`` with the most room, respecting ``max_workers`` slots."""
+        busy = 0
+        best = None
+        best_load = None
+        head_cap = self._batch.capacity(g.queue[0].fn_id)
+        for w in g.workers:
+            if not w.alive or w.blocked:
+                continue
+            n = len(w.inflight)
+            if n:
+                busy += 1
+            if w.retiring or n >= head_cap:
+                continue
+            if best is None or n < best_load:
+                best, best_load = w, n
+        if best is None:
+            return None
+        if best_load == 0 and busy >= g.max_workers:
+            return None  # an extra worker (started while others were blocked) stays idle
+        return best
+
+    def _maybe_spawn(self, g: Group) -> bool:
+        if self._closed or g.broken is not None:
+            return False
+        active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
+        if active >= g.max_workers:
+            return False
+        self._spawn(g)
+        return True
+
+    def _spawn(self, g: Group) -> WorkerHandle:
+        parent_sock, child_sock = socket.socketpair()
+        wid = next(self._worker_ids)
+        cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
+                           os.getcwd(), list(sys.path))
+        proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
+                                    name=f"dpool-worker-{wid}")
+        try:
+            proc.start()
+        finally:
+            child_sock.close()
+        w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
+        g.workers.append(w)
+        self._io.add(w)
+        log.debug("started worker %d (pid %s) for group %d", wid, w.pid, g.group_id)
+        return w
+
+    def _send(self, w: WorkerHandle, msgs: list) -> None:
+        try:
+            if not w.chan.send(encode_batch(msgs)):
+                self._io.want_write(w)
+        except ChannelClosed:
+            pass  # the IO loop sees the EOF and handles the death
+
+    # ================================================================ worker messages
+    def _on_frames(self, w: WorkerHandle, frames: list) -> None:
+        with self._lock:
+            if self._releases:
+                self._drain_releases()
+            handlers = self._handlers
+            for frame in frames:
+                for msg in decode_batch(frame):
+                    h = handlers.get(msg.CODE)
+                    if h is None:
+                        raise ProtocolError(f"scheduler got unexpected {type(msg).__name__}")
+                    h(w, msg)
+        self._deliver()
+
+    def _on_hello(self, w: WorkerHandle, msg: m.Hello) -> None:
+        w.pid = msg.pid
+
+    def _on_task_done(self, w: WorkerHandle, msg: m.TaskDone) -> None:
+        t = w.inflight.pop(msg.task_id, None)
+        if t is None:
+            return  # handed back or already failed over; its outcome is decided elsewhere
+        self._batch.observe(t.fn_id, msg.duration)
+        self._finish(t, msg.ok, msg.payload)
+        if w.group.queue:
+            self._dispatch(w.group)
+
+    def _on_init_failed(self, w: WorkerHandle, msg: m.InitFailed) -> None:
+        g = w.group
+        err = _payload.loads_error(msg.error)
+        g.broken = ("A child process terminated abruptly, the process pool is not usable "
+                    f"anymore (the initializer raised {type(err).__name__}: {err})")
+        self._fail_group(g, g.broken)
+
+    def _on_register_function(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
+        self._functions[msg.fn_id] = msg.payload
+        w.fns.add(msg.fn_id)
+        self._ctl.register_function(msg.fn_id, "", msg.payload)
+
+    def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
+        g = self._groups.get(msg.group_id, w.group)
+        self._accept(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
+
+    def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
+        w.blocked = True
+        self._requeue(w, msg.returned)
+        self._dispatch(w.group)
+
+    def _on_unblocked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
+        w.blocked = False
+
+    def _on_return_tasks(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
+        self._requeue(w, msg.task_ids)
+        self._dispatch(w.group)
+
+    def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None:
+        for tid in reversed(task_ids):
+            t = w.inflight.pop(tid, None)
+            if t is not None:
+                t.attempts -= 1  # it never ran
+                t.group.queue.appendleft(t)
+
+    def _on_get_objects(self, w: WorkerHandle, msg: m.GetObjects) -> None:
+        for oid in msg.object_ids:
+            obj = self._objects.get(oid)
+            if obj is None:
+                self._send(w, [m.ObjectValue(oid, False, _payload.dumps_error(ObjectLostError(
+                    f"object {oid:#x} is unknown: its last reference was released")))])
+            elif obj.ready:
+                self._send(w, [m.ObjectValue(oid, obj.ok, obj.payload)])
+            else:
+                if obj.waiters is None:
+                    obj.waiters = []
+                obj.waiters.append(w)
+
+    def _on_release(self, w: WorkerHandle, msg: m.Release) -> None:
+        for oid in msg.object_ids:
+            self._decref(oid)
+
+    def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
+        obj = Obj()
+        obj.ready = True
+        obj.payload = msg.payload
+        obj.refs = 1  # the putting worker's ref
+        self._objects[msg.object_id] = obj
+        self._ctl.add_object(msg.object_id, len(msg.payload), "inline")
+
+    # ================================================================ failures
+    def _on_closed(self, w: WorkerHandle) -> None:
+        """The IO loop saw a worker's socket close: it exited or died."""
+        exitcode = _reap(w, kill_after=0.2)
+        with self._lock:
+            was_alive = w.alive
+            w.alive = False
+            g = w.group
+            if w in g.workers:
+                g.workers.remove(w)
+            lost = list(w.inflight.values())
+            w.inflight.clear()
+            if was_alive and lost:
+                log.warning("worker %d (pid %s) died with %s holding %d task(s)",
+                            w.worker_id, w.pid, _describe_exit(exitcode), len(lost))
+            for t in lost:
+                if t.attempts < g.max_attempts and g.broken is None and was_alive:
+                    g.queue.appendleft(t)
+                else:
+                    err = WorkerCrashedError(
+                        f"the worker running this task (pid {w.pid}) died with "
+                        f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
+                        f"{g.max_attempts}",
+                        exitcode=exitcode, attempts=t.attempts)
+                    self._finish(t, False, _payload.dumps_error(err))
+            # Objects this worker owned (nested futures) lose their handle.
+            for obj_id, obj in list(self._objects.items()):
+                if obj.waiters and w in obj.waiters:
+                    obj.waiters = [x for x in obj.waiters if x is not w] or None
+            if g.queue:
+                self._dispatch(g)
+            self._exited.notify_all()
+        w.chan.close()
+        self._deliver()
+
+    def _fail_group(self, g: Group, reason: str) -> None:
+        err = _payload.dumps_error(_broken_error(reason))
+        while g.queue:
+            t = g.queue.popleft()
+            if t.future is not None and not t.started:
+                t.future.set_running_or_notify_cancel()
+                t.started = True
+            self._finish(t, False, err)
+        for w in g.workers:
+            for t in list(w.inflight.values()):
+                w.inflight.pop(t.task_id)
+                self._finish(t, False, err)
+
+    def _retire_group(self, g: Group) -> None:
+        """All of a closed group's work is done: stop its workers, run on_idle hooks."""
+        for w in g.workers:
+            if w.alive:
+                w.alive = False
+                self._send(w, [m.Shutdown()])
+        self._exited.notify_all()
+        hooks, g.on_idle = g.on_idle, []
+        for hook in hooks:
+            hook()  # trivial by contract (Event.set): runs under the lock
+
+    # ================================================================ delivery
+    def _deliver(self) -> None:
+        """Complete the gathered futures / call callbacks. Call *without* the lock."""
+        if not self._out:
+            return
+        with self._lock:
+            out, self._out = self._out, []
+        loads = _payload.loads
+        for target, ok, payload in out:
+            if callable(target) and not hasattr(target, "set_result"):
+                target(ok, payload)
+                continue
+            try:
+                if ok:
+                    try:
+                        value = loads(payload)
+                    except BaseException as exc:  # noqa: BLE001 - report on the future
+                        from dpool.errors import SerializationError
+
+                        err = SerializationError(f"could not unpickle the task's result: {exc}")
+                        err.__cause__ = exc
+                        target.set_exception(err)
+                        continue
+                    target.set_result(value)
+                else:
+                    target.set_exception(_payload.loads_error(payload))
+            except Exception:  # InvalidStateError: cancelled meanwhile
+                pass
+
+    def _on_tick(self) -> None:
+        if self._releases:
+            with self._lock:
+                self._drain_releases()
+        self._ctl.flush()
+
+
+def _broken_error(reason: str) -> BaseException:
+    from concurrent.futures.process import BrokenProcessPool
+
+    return BrokenProcessPool(reason)
+
+
+def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:
+    """Wait for a worker process to exit (killing it after ``kill_after`` s)."""
+    proc = w.process
+    try:
+        proc.join(kill_after)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(2.0)
+        return proc.exitcode
+    except (AssertionError, ValueError, OSError):  # not our child / already closed
+        return None

@@ -1,0 +1,208 @@
+"""The runtime API inside a worker: tasks that submit tasks, wait and get.
+
+    task code ──submit──▶ WorkerClient ──SubmitTask──▶ scheduler
+        ▲                    ▲ receiver thread ◀──ObjectValue── scheduler
+        └── Future.result ───┘ (sets the future)
+
+The first nested call starts a receiver thread that owns reading the socket from then on
+(the main loop takes its next tasks from it), so results arrive while the task runs and
+stdlib ``wait``/``as_completed`` on nested futures work too.
+
+Waiting (``result()``, ``exception()``, ``dpool.wait``, ``dpool.get``) gives the worker's
+CPU slot back: the worker hands its unstarted tasks back and tells the scheduler it is
+blocked, so the scheduler can run other tasks -- including the ones this task waits on --
+even with ``max_workers=1``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections import deque
+from typing import Any, Callable, TypeVar
+
+from dpool.futures import Future, ObjectRef
+from dpool.protocol import ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+from dpool.runtime import _calls, _payload
+from dpool.runtime._functions import FunctionTable
+
+T = TypeVar("T")
+
+_CLOSED = object()
+
+
+class WorkerClient:
+    gives_back_slot = True
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.group_id = worker.cfg.group_id
+        base = worker.cfg.worker_id << 32
+        self._ids = itertools.count(base + 1)
+        self.functions = FunctionTable(self.new_id, self._register_function)
+        self._futures: dict[int, Future] = {}
+        self._releases: deque = deque()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._block_lock = threading.Lock()
+        self._depth = 0
+        self._blocked = False
+        self._thread: threading.Thread | None = None
+        worker.client = self
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    # -- sending ---------------------------------------------------------------------------
+    def _send(self, msgs: list) -> None:
+        if self._releases:
+            rel = []
+            while self._releases:
+                rel.append(self._releases.popleft())
+            msgs = [*msgs, m.Release(tuple(rel))]
+        self.worker.chan.send(encode_batch(msgs))
+
+    def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        self._send([m.RegisterFunction(fn_id, payload)])
+
+    def _ensure_receiver(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                            name="dpool-worker-receiver")
+            self._thread.start()
+
+    # -- the task API ----------------------------------------------------------------------
+    def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
+        self._ensure_receiver()
+        oid = self.new_id()
+        fut = Future(oid, self)
+        try:
+            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+        except Exception as exc:  # noqa: BLE001
+            fut._client = None
+            return _calls.failed_future(fut, exc)
+        # A nested task cannot be recalled once sent, so its future is RUNNING at once and
+        # cancel() says False rather than promising what the scheduler cannot keep.
+        fut.set_running_or_notify_cancel()
+        self._futures[oid] = fut
+        self._send([m.SubmitTask(oid, fn_id, payload, deps, group_id)])
+        return fut
+
+    def put(self, value: Any) -> ObjectRef:
+        oid = self.new_id()
+        self._send([m.PutObject(oid, _payload.dumps(value))])
+        return ObjectRef(oid, self)
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        self._ensure_receiver()
+        fut = Future(0, self)
+        fut._client = self  # result() gives the slot back
+        fut.set_running_or_notify_cancel()
+        self._futures[ref.id] = fut
+        self._send([m.GetObjects((ref.id,))])
+        return fut
+
+    def release(self, object_id: int) -> None:
+        if object_id:
+            self._releases.append(object_id)
+
+    # -- blocking --------------------------------------------------------------------------
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` (a wait) with this worker's slot given back to the scheduler."""
+        self._ensure_receiver()
+        w = self.worker
+        with self._block_lock:
+            self._depth += 1
+            first = self._depth == 1
+            returned: list = []
+            if first:
+                self._blocked = True
+                returned = [t.task_id for t in w.pending]
+                w.pending.clear()
+                keep = []
+                while True:
+                    try:
+                        msg = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if msg is not _CLOSED and msg.CODE == m.ExecuteTask.CODE:
+                        returned.append(msg.task_id)
+                    else:
+                        keep.append(msg)
+                for msg in keep:
+                    self._inbox.put(msg)
+        if first:
+            w.flush()
+            self._send([m.Blocked(tuple(returned))])
+        try:
+            return fn(*args)
+        finally:
+            with self._block_lock:
+                self._depth -= 1
+                last = self._depth == 0
+                if last:
+                    self._blocked = False
+            if last:
+                self._send([m.Unblocked()])
+
+    # -- receiving -------------------------------------------------------------------------
+    def handle(self, msg: Any) -> bool:
+        """Messages the main loop got before the receiver started (none expected)."""
+        if msg.CODE == m.ObjectValue.CODE:
+            self._deliver(msg)
+            return True
+        return False
+
+    def _deliver(self, msg: m.ObjectValue) -> None:
+        fut = self._futures.pop(msg.object_id, None)
+        if fut is None:
+            return
+        try:
+            if msg.ok:
+                fut.set_result(_payload.loads(msg.payload))
+            else:
+                fut.set_exception(_payload.loads_error(msg.payload))
+        except Exception as exc:  # noqa: BLE001 - unpicklable value: report it on the future
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _receive_loop(self) -> None:
+        chan = self.worker.chan
+        fn_payloads = self.worker.fn_payloads
+        try:
+            while True:
+                bounced = []
+                for frame in chan.recv_frames():
+                    for msg in decode_batch(frame):
+                        code = msg.CODE
+                        if code == m.ObjectValue.CODE:
+                            self._deliver(msg)
+                        elif code == m.RegisterFunction.CODE:
+                            fn_payloads[msg.fn_id] = msg.payload
+                        elif code == m.ExecuteTask.CODE:
+                            with self._block_lock:
+                                if self._blocked:
+                                    bounced.append(msg.task_id)
+                                else:
+                                    self._inbox.put(msg)
+                        else:
+                            self._inbox.put(msg)
+                if bounced:
+                    self._send([m.ReturnTasks(tuple(bounced))])
+        except (ChannelClosed, OSError):
+            pass
+        finally:
+            self._inbox.put(_CLOSED)
+
+    def next_messages(self) -> list:
+        """Main loop: block for the next messages the receiver queued."""
+        msgs = [self._inbox.get()]
+        while True:
+            try:
+                msgs.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        if _CLOSED in msgs:
+            raise ChannelClosed("scheduler closed the connection")
+        return msgs

@@ -1,0 +1,18 @@
+"""What a worker process is told when it starts (picklable, for spawn-style starts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    worker_id: int
+    group_id: int
+    parent_pid: int
+    initializer: Optional[bytes] = None  # cloudpickled (initializer, initargs)
+    max_tasks: Optional[int] = None
+    cwd: str = ""
+    sys_path: list = field(default_factory=list)
+    close_fds: tuple = ()  # the parent's other sockets a forked child must not keep open

@@ -1,0 +1,211 @@
+"""The worker process's main loop.
+
+    scheduler ──ExecuteTask/RegisterFunction──▶ socket ──▶ _Worker.run (main thread)
+         ▲                                                   │ runs the user function
+         └───────────── TaskDone (batched) ◀─────────────────┘
+
+One task runs at a time, on the main thread. Messages are read on the main thread too,
+between tasks (no thread hop on the fast path). Results are sent at once when the task
+was long or nothing else is waiting, and batched while short tasks are queued locally.
+
+A task that submits tasks switches the worker to *threaded receive*: a receiver thread
+(see ``_client``) starts reading the socket, so results of nested tasks arrive while the
+task runs, and the main loop takes its tasks from that thread from then on.
+
+A watchdog thread exits the process when its parent dies, so killing the driver never
+leaves orphans (a forked sibling may hold our socket's other end open, so EOF alone is not
+a reliable signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+from dpool.runtime import _payload
+from dpool.worker._config import WorkerConfig
+
+log = logging.getLogger("dpool.worker")
+
+_FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
+_FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this
+_FLUSH_COUNT = 256
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(0.25)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+class _Worker:
+    def __init__(self, chan: Channel, cfg: WorkerConfig) -> None:
+        self.chan = chan
+        self.cfg = cfg
+        self.fns: dict[int, Callable[..., Any]] = {}
+        self.fn_payloads: dict[int, bytes] = {}
+        self.pending: deque = deque()
+        self.results: list = []
+        self.first_result_t = 0.0
+        self.done_count = 0
+        self.client = None  # set by _client when the first nested call happens
+
+    # -- messages ------------------------------------------------------------------------
+    def send(self, msgs: list) -> None:
+        self.chan.send(encode_batch(msgs))
+
+    def handle(self, msg: Any) -> None:
+        code = msg.CODE
+        if code == m.ExecuteTask.CODE:
+            self.pending.append(msg)
+        elif code == m.RegisterFunction.CODE:
+            self.fn_payloads[msg.fn_id] = msg.payload
+        elif code == m.Shutdown.CODE:
+            self.flush()
+            raise SystemExit(0)
+        elif self.client is not None and self.client.handle(msg):
+            pass
+        else:
+            from dpool.errors import ProtocolError
+
+            raise ProtocolError(f"worker got unexpected message {type(msg).__name__}")
+
+    def receive(self) -> None:
+        """Block until at least one message arrives; handle what came."""
+        if self.client is not None:
+            for msg in self.client.next_messages():
+                self.handle(msg)
+            return
+        for frame in self.chan.recv_frames():
+            for msg in decode_batch(frame):
+                self.handle(msg)
+
+    def flush(self) -> None:
+        if self.results:
+            batch, self.results = self.results, []
+            self.send(batch)
+
+    # -- tasks ---------------------------------------------------------------------------
+    def function(self, fn_id: int) -> Callable[..., Any]:
+        fn = self.fns.get(fn_id)
+        if fn is None:
+            fn = _payload.loads(self.fn_payloads.pop(fn_id))
+            self.fns[fn_id] = fn
+        return fn
+
+    def execute(self, task: m.ExecuteTask) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn = self.function(task.fn_id)
+            if task.args is None:
+                args, kwargs = (), {}
+            else:
+                args, kwargs = _payload.loads(task.args)
+            if task.deps:
+                args, kwargs = _resolve_deps(args, kwargs, task.deps)
+            t0 = time.perf_counter()
+            value = fn(*args, **kwargs)
+            dt = time.perf_counter() - t0
+            try:
+                done = m.TaskDone(task.task_id, True, _payload.dumps(value), dt)
+            except BaseException as exc:  # the result does not pickle: the stdlib reports it
+                done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc), dt)
+            del value
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything, as in the stdlib
+            done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc),
+                              time.perf_counter() - t0)
+        if not self.results:
+            self.first_result_t = t0
+        self.results.append(done)
+        self.done_count += 1
+
+    def run(self) -> None:
+        self.send([m.Hello(PROTOCOL_VERSION, self.cfg.worker_id, os.getpid())])
+        if self.cfg.initializer is not None:
+            try:
+                init, initargs = _payload.loads(self.cfg.initializer)
+                init(*initargs)
+            except BaseException as exc:  # noqa: BLE001
+                log.error("worker %d: initializer failed", self.cfg.worker_id, exc_info=True)
+                self.send([m.InitFailed(_payload.dumps_error(exc))])
+                return
+        max_tasks = self.cfg.max_tasks
+        pending = self.pending
+        while True:
+            if not pending:
+                self.flush()
+                self.receive()
+                continue
+            self.execute(pending.popleft())
+            if max_tasks is not None and self.done_count >= max_tasks:
+                self.flush()
+                return
+            results = self.results
+            if (
+                not pending
+                or results[-1].duration > _FLUSH_AFTER_TASK_S
+                or len(results) >= _FLUSH_COUNT
+                or time.perf_counter() - self.first_result_t > _FLUSH_AGE_S
+            ):
+                self.flush()
+
+
+def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
+    """Replace top-level ObjectRef arguments by their values (or raise their error)."""
+    from dpool.futures import ObjectRef
+
+    values = {}
+    for oid, ok, payload in deps:
+        if not ok:
+            raise _payload.loads_error(payload)
+        values[oid] = payload
+
+    def resolve(a: Any) -> Any:
+        if isinstance(a, ObjectRef) and a.id in values:
+            return _payload.loads(values[a.id])
+        return a
+
+    return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
+
+
+def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
+    """Process target: set up like the driver, connect, serve until told to stop."""
+    for fd in cfg.close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if cfg.cwd:
+        try:
+            os.chdir(cfg.cwd)
+        except OSError:
+            pass
+    for p in reversed(cfg.sys_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from dpool.runtime import _current
+
+    _current.enter_worker(cfg)
+    threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True,
+                     name="dpool-parent-watch").start()
+    chan = Channel(sock, blocking=True)
+    worker = _Worker(chan, cfg)
+    _current.set_worker(worker)
+    try:
+        worker.run()
+    except (ChannelClosed, SystemExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            worker.flush()
+        except Exception:  # noqa: BLE001 - the scheduler may be gone already
+            pass
+        chan.close()
