@@ -28,7 +28,14 @@ class LocalOnlySpillPolicy:
 
 
 class BatchPolicy:
-    """Per-function moving average of run time -> how many tasks a worker may hold."""
+    """Per-function moving average of run time -> how much work a worker may hold.
+
+    A worker may hold more tasks while the estimated run time of what it holds stays
+    within ``target_s``; a worker holding nothing always takes one. A function never seen
+    is estimated at ``target_s``, so it goes one at a time until it is measured -- and a
+    long task never has others queued behind it on its worker (they stay cancellable in
+    the scheduler's queue, as in the stdlib, and free workers can take them).
+    """
 
     __slots__ = ("target_s", "max_batch", "alpha", "_avg")
 
@@ -42,11 +49,10 @@ class BatchPolicy:
         avg = self._avg.get(fn_id)
         self._avg[fn_id] = duration if avg is None else avg + self.alpha * (duration - avg)
 
-    def capacity(self, fn_id: int) -> int:
-        """Tasks of ``fn_id`` one worker may hold (unknown functions: one at a time)."""
-        avg = self._avg.get(fn_id)
-        if avg is None:
-            return 1
-        if avg <= 0:
-            return self.max_batch
-        return max(1, min(self.max_batch, int(self.target_s / avg)))
+    def estimate(self, fn_id: int) -> float:
+        """Expected run time of one task of ``fn_id`` (``target_s`` when unknown)."""
+        return self._avg.get(fn_id, self.target_s)
+
+    def fits(self, held_tasks: int, held_s: float, est: float) -> bool:
+        """May a worker holding ``held_tasks`` (``held_s`` of work) take one more?"""
+        return held_tasks == 0 or (held_tasks < self.max_batch and held_s + est <= self.target_s)

@@ -13,7 +13,7 @@ class Task:
     """A task the local scheduler has accepted and not yet finished."""
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
-                 "attempts", "started", "missing", "deps")
+                 "attempts", "started", "missing", "deps", "est")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
@@ -29,6 +29,7 @@ class Task:
         self.started = False  # future moved to RUNNING (done once, at first dispatch)
         self.missing = 0  # dependencies not ready yet
         self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
+        self.est = 0.0  # estimated run time, set when dispatched
 
 
 class Obj:
@@ -45,8 +46,8 @@ class Obj:
 
 
 class WorkerHandle:
-    __slots__ = ("worker_id", "group", "process", "chan", "inflight", "blocked", "fns",
-                 "assigned", "retiring", "pid", "alive")
+    __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
+                 "fns", "assigned", "retiring", "pid", "alive")
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
         self.worker_id = worker_id
@@ -54,6 +55,7 @@ class WorkerHandle:
         self.process = process
         self.chan = chan
         self.inflight: dict[int, Task] = {}
+        self.load = 0.0  # estimated seconds of work in `inflight`
         self.blocked = False
         self.fns: set[int] = set()
         self.assigned = 0  # tasks ever sent (for max_tasks_per_child)

@@ -347,60 +347,60 @@ class LocalScheduler:
         if g.broken is not None:
             self._fail_group(g, g.broken)
             return
+        batch = self._batch
         while q:
             w = self._pick_worker(g)
             if w is None:
                 if not self._maybe_spawn(g):
                     return
                 continue
-            room = self._batch.capacity(q[0].fn_id) - len(w.inflight)
-            if g.max_tasks is not None:
-                room = min(room, g.max_tasks - w.assigned)
-            if room <= 0:  # pragma: no cover - _pick_worker only returns workers with room
-                return
+            quota = None if g.max_tasks is None else g.max_tasks - w.assigned
             msgs: list = []
-            sent = 0
-            while q and room > 0:
-                t = q.popleft()
+            inflight = w.inflight
+            while q and (quota is None or quota > 0):
+                t = q[0]
+                est = batch.estimate(t.fn_id)
+                if not batch.fits(len(inflight), w.load, est):
+                    break
+                q.popleft()
                 if not t.started:
                     if t.future is not None and not t.future.set_running_or_notify_cancel():
                         self._skip_cancelled(t)
                         continue
                     t.started = True
                 t.attempts += 1
+                t.est = est
                 if t.fn_id not in w.fns:
                     w.fns.add(t.fn_id)
                     msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
                 msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
-                w.inflight[t.task_id] = t
-                room -= 1
-                sent += 1
-            if not msgs:
-                continue
-            w.assigned += sent
+                inflight[t.task_id] = t
+                w.load += est
+                w.assigned += 1
+                if quota is not None:
+                    quota -= 1
             if g.max_tasks is not None and w.assigned >= g.max_tasks:
                 w.retiring = True
-            self._send(w, msgs)
+            if msgs:
+                self._send(w, msgs)
 
     def _pick_worker(self, g: Group) -> Optional[WorkerHandle]:
-        """The worker of ``g`` with the most room, respecting ``max_workers`` slots."""
+        """The least-loaded worker of ``g`` that can take the head task, within slots."""
         busy = 0
         best = None
-        best_load = None
-        head_cap = self._batch.capacity(g.queue[0].fn_id)
+        est = self._batch.estimate(g.queue[0].fn_id)
+        fits = self._batch.fits
         for w in g.workers:
             if not w.alive or w.blocked:
                 continue
             n = len(w.inflight)
             if n:
                 busy += 1
-            if w.retiring or n >= head_cap:
+            if w.retiring or not fits(n, w.load, est):
                 continue
-            if best is None or n < best_load:
-                best, best_load = w, n
-        if best is None:
-            return None
-        if best_load == 0 and busy >= g.max_workers:
+            if best is None or w.load < best.load:
+                best = w
+        if best is not None and not best.inflight and busy >= g.max_workers:
             return None  # an extra worker (started while others were blocked) stays idle
         return best
 
@@ -458,6 +458,7 @@ class LocalScheduler:
         t = w.inflight.pop(msg.task_id, None)
         if t is None:
             return  # handed back or already failed over; its outcome is decided elsewhere
+        w.load = w.load - t.est if w.inflight else 0.0
         self._batch.observe(t.fn_id, msg.duration)
         self._finish(t, msg.ok, msg.payload)
         if w.group.queue:
@@ -495,6 +496,7 @@ class LocalScheduler:
         for tid in reversed(task_ids):
             t = w.inflight.pop(tid, None)
             if t is not None:
+                w.load = w.load - t.est if w.inflight else 0.0
                 t.attempts -= 1  # it never ran
                 t.group.queue.appendleft(t)
 
@@ -535,6 +537,7 @@ class LocalScheduler:
                 g.workers.remove(w)
             lost = list(w.inflight.values())
             w.inflight.clear()
+            w.load = 0.0
             if was_alive and lost:
                 log.warning("worker %d (pid %s) died with %s holding %d task(s)",
                             w.worker_id, w.pid, _describe_exit(exitcode), len(lost))

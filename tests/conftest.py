@@ -1,0 +1,51 @@
+"""Shared fixtures: every test must leave no worker process and no shm segment behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+
+def _dpool_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("dpool")}
+    except FileNotFoundError:  # pragma: no cover - non-Linux
+        return set()
+
+
+def _live_children() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            # multiprocessing's own resource tracker lives as long as the test process
+            # once any spawn-context process started (stdlib behaviour, not a leak).
+            if any("resource_tracker" in part for part in p.cmdline()):
+                continue
+            out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves worker processes or /dev/shm segments behind."""
+    segments_before = _dpool_segments()
+    children_before = {p.pid for p in _live_children()}
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra = [p for p in _live_children() if p.pid not in children_before]
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    leaked_segments = _dpool_segments() - segments_before
+    for p in extra:
+        p.kill()
+    assert not extra, f"test left processes behind: {[p.pid for p in extra]}"
+    assert not leaked_segments, f"test left /dev/shm segments behind: {leaked_segments}"
