@@ -1,0 +1,122 @@
+"""Beyond the stdlib: futures as arguments, tasks that submit tasks, dpool.wait/get/put."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import dpool
+from dpool import ProcessPoolExecutor
+
+
+def add(a, b):
+    return a + b
+
+
+def inc(x):
+    return x + 1
+
+
+def fail(msg):
+    raise KeyError(msg)
+
+
+def slow(t, v):
+    time.sleep(t)
+    return v
+
+
+def fib(n):
+    if n < 2:
+        return n
+    ex = dpool.get_executor()
+    a = ex.submit(fib, n - 1)
+    b = ex.submit(fib, n - 2)
+    return a.result() + b.result()
+
+
+def fan_out(n):
+    ex = dpool.get_executor()
+    fs = [ex.submit(inc, i) for i in range(n)]
+    done, not_done = dpool.wait(fs, num_returns=n, timeout=30)
+    assert not not_done
+    return sum(dpool.get(fs))
+
+
+def nested_chain(depth):
+    if depth == 0:
+        return 0
+    return dpool.get_executor().submit(nested_chain, depth - 1).result() + 1
+
+
+def test_future_as_argument_is_a_dependency():
+    with ProcessPoolExecutor(2) as ex:
+        a = ex.submit(slow, 0.3, 1)
+        b = ex.submit(inc, a)  # waits for a, receives its value
+        c = ex.submit(add, a, b)
+        assert c.result(10) == 3 and b.result(10) == 2
+
+
+def test_long_chain_of_dependencies():
+    with ProcessPoolExecutor(2) as ex:
+        f = ex.submit(inc, 0)
+        for _ in range(50):
+            f = ex.submit(inc, f)
+        assert f.result(30) == 51
+
+
+def test_failed_dependency_propagates_its_exception():
+    with ProcessPoolExecutor(2) as ex:
+        bad = ex.submit(fail, "missing")
+        child = ex.submit(inc, bad)
+        with pytest.raises(KeyError, match="missing"):
+            child.result(10)
+
+
+def test_futures_pass_between_executors():
+    with ProcessPoolExecutor(1) as ex1, ProcessPoolExecutor(1) as ex2:
+        a = ex1.submit(inc, 10)
+        b = ex2.submit(inc, a)
+        assert b.result(10) == 12
+
+
+def test_put_get_and_refs_as_arguments():
+    ref = dpool.put({"k": [1, 2, 3]})
+    assert dpool.get(ref) == {"k": [1, 2, 3]}
+    with ProcessPoolExecutor(2) as ex:
+        f = ex.submit(len, ref)
+        assert f.result(10) == 1
+        assert dpool.get([f, ref]) == [1, {"k": [1, 2, 3]}]
+
+
+def test_tasks_submit_tasks_with_one_worker():
+    # every level blocks on its child: only works if blocked workers give their slot back
+    with ProcessPoolExecutor(1) as ex:
+        assert ex.submit(nested_chain, 4).result(60) == 4
+
+
+def test_recursive_fib():
+    with ProcessPoolExecutor(2) as ex:
+        assert ex.submit(fib, 6).result(120) == 8
+
+
+def test_wait_inside_task():
+    with ProcessPoolExecutor(2) as ex:
+        assert ex.submit(fan_out, 20).result(60) == sum(range(1, 21))
+
+
+def test_dpool_wait_num_returns_and_timeout():
+    with ProcessPoolExecutor(2) as ex:
+        fs = [ex.submit(slow, 0.05, 1), ex.submit(slow, 3, 2), ex.submit(slow, 0.05, 3)]
+        t0 = time.monotonic()
+        done, not_done = dpool.wait(fs, num_returns=2, timeout=2)
+        assert done == [fs[0], fs[2]] and not_done == [fs[1]]
+        assert time.monotonic() - t0 < 1.5
+        done, not_done = dpool.wait(fs, num_returns=3, timeout=0.1)
+        assert fs[1] in not_done
+        with pytest.raises(ValueError):
+            dpool.wait(fs, num_returns=4)
+        with pytest.raises(TimeoutError):
+            dpool.get(fs[1], timeout=0.1)
+        ex.shutdown(cancel_futures=True)

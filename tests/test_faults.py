@@ -1,0 +1,128 @@
+"""Dead workers, retries, and a killed driver: nothing hangs, nothing is orphaned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import dpool
+from dpool import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+
+def die_once(marker, value):
+    """Exit hard the first time (marker file absent), succeed on the retry."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return value
+
+
+def always_exit(code):
+    os._exit(code)
+
+
+def kill_self(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(5)
+
+
+def square(x):
+    return x * x
+
+
+def test_task_retried_after_worker_exit(tmp_path):
+    with ProcessPoolExecutor(1) as ex:
+        f = ex.submit(die_once, str(tmp_path / "m"), "survived")
+        assert f.result(30) == "survived"
+        assert ex.submit(square, 3).result(10) == 9
+
+
+def test_attempts_exhausted_names_exit_code_and_pool_survives():
+    with ProcessPoolExecutor(2, max_attempts=2) as ex:
+        bad = ex.submit(always_exit, 7)
+        good = [ex.submit(square, i) for i in range(20)]
+        with pytest.raises(BrokenProcessPool, match="exit code 7") as info:
+            bad.result(30)
+        assert isinstance(info.value, dpool.WorkerCrashedError)
+        assert info.value.exitcode == 7 and info.value.attempts == 2
+        assert [f.result(30) for f in good] == [i * i for i in range(20)]
+        assert ex.submit(square, 5).result(10) == 25
+
+
+def test_signal_death_is_named():
+    with ProcessPoolExecutor(1, max_attempts=1) as ex:
+        with pytest.raises(dpool.WorkerCrashedError, match="SIGKILL"):
+            ex.submit(kill_self, signal.SIGKILL).result(30)
+        with pytest.raises(dpool.WorkerCrashedError, match="SIGSEGV"):
+            ex.submit(kill_self, signal.SIGSEGV).result(30)
+        assert ex.submit(square, 2).result(10) == 4
+
+
+def test_worker_killed_from_outside_while_running(tmp_path):
+    with ProcessPoolExecutor(1) as ex:
+        f = ex.submit(time.sleep, 2)
+        time.sleep(0.5)
+        [child] = [p for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
+        child.kill()
+        assert f.result(30) is None  # retried on a fresh worker
+
+
+_DRIVER = textwrap.dedent("""
+    import os, sys, time
+    from dpool import ProcessPoolExecutor
+    def sleeper(t):
+        time.sleep(t)
+    if __name__ == "__main__":
+        ex = ProcessPoolExecutor(2)
+        fs = [ex.submit(sleeper, 60) for _ in range(2)]
+        time.sleep(1.0)
+        print(" ".join(str(c) for c in __import__("psutil").Process().children()
+                       and [p.pid for p in __import__("psutil").Process().children()]),
+              flush=True)
+        time.sleep(60)
+""")
+
+
+def test_killed_driver_leaves_no_orphans(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()
+        proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and
+                                              psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                              for p in pids):
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"workers outlived their killed driver: {alive}"
+
+
+def test_normal_exit_without_shutdown_finishes_work(tmp_path):
+    script = tmp_path / "noshutdown.py"
+    script.write_text(textwrap.dedent("""
+        from dpool import ProcessPoolExecutor
+        def f(x):
+            return x + 1
+        if __name__ == "__main__":
+            ex = ProcessPoolExecutor(2)
+            fs = [ex.submit(f, i) for i in range(100)]
+            fs[-1].add_done_callback(lambda fut: print("last", fut.result(), flush=True))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "last 100" in out.stdout
