@@ -33,10 +33,10 @@ def dependency_ids(args: tuple, kwargs: dict) -> Optional[tuple]:
     return deps
 
 
-def serialize_args(args: tuple, kwargs: dict) -> Optional[bytes]:
+def serialize_args(client: Any, args: tuple, kwargs: dict) -> Optional[bytes]:
     """The call's arguments as bytes; pickling errors propagate with a note saying where."""
     try:
-        return _payload.dumps_call(args, kwargs)
+        return _payload.dumps_call(args, kwargs, client.new_id, client.owner_pid)
     except Exception as exc:
         if hasattr(exc, "add_note"):
             exc.add_note("dpool: this happened while pickling the task's arguments")
@@ -51,4 +51,4 @@ def failed_future(future: Future, exc: BaseException) -> Future:
 def submit_prepared(client: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, ...]:
     """(fn_id, payload, dep_ids) or raises what serializing raised."""
     fn_id = client.functions.fn_id(fn)
-    return fn_id, serialize_args(args, kwargs), dependency_ids(args, kwargs)
+    return fn_id, serialize_args(client, args, kwargs), dependency_ids(args, kwargs)

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 from dpool.control import InProcessControlStore
 from dpool.futures import Future, ObjectRef
+from dpool.objects import _segment
 from dpool.runtime import _calls, _payload
+from dpool.runtime._argcache import ArgumentCache
 from dpool.runtime._functions import FunctionTable
 from dpool.scheduling import GroupConfig, LocalScheduler
 
@@ -26,11 +28,13 @@ class DriverRuntime:
     gives_back_slot = False  # the driver is not a worker: waiting blocks nobody's slot
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = self.owner_pid = os.getpid()
+        _segment.reap_orphans()  # segments of drivers that died without cleaning up
         self.control = InProcessControlStore()
         self.scheduler = LocalScheduler(self.control)
         self._ids = itertools.count(1)
         self.functions = FunctionTable(self.new_id, self.scheduler.register_function)
+        self.arg_cache = ArgumentCache(self._put)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closed = False
         atexit.register(self.close)
@@ -48,6 +52,8 @@ class DriverRuntime:
         oid = next(self._ids)
         fut = Future(oid, self)
         try:
+            if args or kwargs:
+                args, kwargs = self.arg_cache.substitute(args, kwargs)
             fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
@@ -56,9 +62,13 @@ class DriverRuntime:
         return fut
 
     def put(self, value: Any) -> ObjectRef:
+        return self._put(value)[0]
+
+    def _put(self, value: Any) -> tuple[ObjectRef, bytes]:
         oid = next(self._ids)
-        self.scheduler.put(oid, _payload.dumps(value))
-        return ObjectRef(oid, self)
+        payload = _payload.dumps_value(value, oid, self.pid)
+        self.scheduler.put(oid, payload)
+        return ObjectRef(oid, self), payload
 
     def future_for(self, ref: ObjectRef) -> Future:
         fut = Future()
@@ -87,5 +97,6 @@ class DriverRuntime:
                 ex.shutdown(wait=True)
             except Exception:  # noqa: BLE001 - keep closing the others
                 log.exception("dpool: error shutting down %r at exit", ex)
+        self.arg_cache.clear()
         self.scheduler.shutdown()
         self.control.flush()

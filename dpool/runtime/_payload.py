@@ -3,7 +3,8 @@
 Everything is pickle protocol 5. Small, plain values (top-level ints, floats, strings,
 bytes, None) go through the C pickler directly -- cloudpickle costs ~4 us more per call,
 which is most of a no-op task's budget. Anything else goes through cloudpickle, so
-lambdas, closures and classes defined in ``__main__`` travel by value.
+lambdas, closures and classes defined in ``__main__`` travel by value, and values with
+large buffers (numpy arrays) go through the shared-memory store (``objects._values``).
 
 An error travels as ``(exception, traceback text)``; the receiver attaches the text as
 ``__cause__`` (a ``RemoteTraceback``), as ``concurrent.futures`` does, so the user sees
@@ -19,6 +20,7 @@ from typing import Any, Optional
 import cloudpickle
 
 from dpool.errors import SerializationError
+from dpool.objects import _values
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 _dumps = pickle.dumps
@@ -38,25 +40,39 @@ class RemoteTraceback(Exception):
 
 
 def dumps(obj: Any) -> bytes:
-    """Serialize one value (a result, a put object)."""
+    """Serialize a small value inline (errors, control values)."""
     if type(obj) in _PLAIN:
         return _dumps(obj, protocol=5)
     return _cp_dumps(obj, protocol=5)
 
 
-def dumps_call(args: tuple, kwargs: dict) -> Optional[bytes]:
+def dumps_value(obj: Any, object_id: int, owner_pid: int) -> bytes:
+    """Serialize a result or put value; large buffers go to shared memory as ``object_id``.
+
+    Errors keep the type pickle gave them (what the stdlib reports).
+    """
+    if type(obj) in _PLAIN:
+        return _dumps(obj, protocol=5)
+    try:
+        return _values.encode(obj, object_id, owner_pid)[0]
+    except SerializationError as exc:
+        raise (exc.__cause__ or exc) from None
+
+
+def dumps_call(args: tuple, kwargs: dict, new_id: Any, owner_pid: int) -> Optional[bytes]:
     """Serialize a call's arguments; None for a call without any."""
     if not kwargs:
         if not args:
             return None
         for a in args:
             if type(a) not in _PLAIN:
-                return _cp_dumps((args, kwargs), protocol=5)
-        return _dumps((args, kwargs), protocol=5)
-    return _cp_dumps((args, kwargs), protocol=5)
+                break
+        else:
+            return _dumps((args, kwargs), protocol=5)
+    return dumps_value((args, kwargs), new_id(), owner_pid)
 
 
-loads = _loads
+loads = _values.decode
 
 
 def dumps_function(fn: Any) -> bytes:

@@ -38,7 +38,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dpool.errors import ObjectLostError, ProtocolError, WorkerCrashedError
+from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
+from dpool.objects import _segment
+from dpool.objects._host import HostStore
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -91,6 +93,7 @@ class LocalScheduler:
         self._closed = False
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
+        self.store = HostStore(os.getpid())
         self._handlers: dict[int, Callable[[WorkerHandle, Any, list], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,
@@ -124,34 +127,49 @@ class LocalScheduler:
         with self._lock:
             if self._releases:
                 self._drain_releases()
-            self._accept(Task(task_id, fn_id, args, dep_ids, group, None, future))
+            t = Task(task_id, fn_id, args, dep_ids, group, None, future)
+            try:
+                self.store.adopt(args)
+            except ObjectStoreFullError as exc:
+                t.args = None
+                self._objects[task_id] = Obj()
+                self._finish(t, False, _payload.dumps_error(exc), counted=False)
+            else:
+                self._accept(t)
         self._deliver()
 
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
         with self._lock:
+            self.store.adopt(payload)  # raises ObjectStoreFullError at the put() call
             obj = Obj()
             obj.ready = True
             obj.payload = payload
             obj.refs = 1
             self._objects[object_id] = obj
-        self._ctl.add_object(object_id, len(payload), "inline")
+        self._ctl.add_object(object_id, len(payload), "host")
 
     def subscribe(self, object_id: int, callback: Callable[[bool, bytes], None]) -> None:
         """Call ``callback(ok, payload)`` once the object is ready (maybe right away)."""
         with self._lock:
             obj = self._objects.get(object_id)
-            if obj is not None and not obj.ready:
+            if obj is None:
+                ok, payload = False, _payload.dumps_error(ObjectLostError(
+                    f"object {object_id:#x} is unknown here: its last reference was "
+                    "released or it was created by another runtime"))
+            elif not obj.ready:
                 if obj.waiters is None:
                     obj.waiters = []
                 obj.waiters.append(callback)
                 return
-        if obj is None:
-            callback(False, _payload.dumps_error(ObjectLostError(
-                f"object {object_id:#x} is unknown here: its last reference was released "
-                "or it was created by another runtime")))
-        else:
-            callback(obj.ok, obj.payload)
+            else:
+                ok, payload = obj.ok, obj.payload
+                if ok:
+                    try:
+                        self.store.restore_payload(payload)
+                    except ObjectStoreFullError as exc:
+                        ok, payload = False, _payload.dumps_error(exc)
+        callback(ok, payload)
 
     def release(self, object_id: int) -> None:
         """Drop one handle's reference. Safe from ``__del__`` in any thread (no lock)."""
@@ -230,6 +248,9 @@ class LocalScheduler:
         for w in workers:
             _reap(w, kill_after=1.0)
         self._io.stop()
+        with self._lock:
+            self._objects.clear()
+            self.store.clear()
 
     def stats(self) -> dict:
         with self._lock:
@@ -270,18 +291,42 @@ class LocalScheduler:
                     d.waiters.append(t)
             if t.missing:
                 return
-            t.deps = tuple((oid, objects[oid].ok, objects[oid].payload) for oid in t.dep_ids)
+            if not self._build_deps(t):
+                return
         g.queue.append(t)
         self._dispatch(g)
+
+    def _build_deps(self, t: Task) -> bool:
+        """Attach ready dependency values to ``t``, pinning stored ones; False if it failed."""
+        objects = self._objects
+        deps = []
+        try:
+            for oid in t.dep_ids:
+                d = objects[oid]
+                self.store.pin(d.payload if d.ok else None)
+                deps.append((oid, d.ok, d.payload))
+        except ObjectStoreFullError as exc:
+            for oid, ok, payload in deps:
+                self.store.unpin(payload if ok else None)
+            self._finish(t, False, _payload.dumps_error(exc))
+            return False
+        t.deps = tuple(deps)
+        return True
 
     def _finish(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
         """Record a task's outcome and wake whatever waits on its result."""
         g = t.group
         if counted:
             g.outstanding -= 1
+        if t.deps:
+            for _oid, dep_ok, dep_payload in t.deps:
+                self.store.unpin(dep_payload if dep_ok else None)
+            t.deps = None
         if t.dep_ids:
             for oid in t.dep_ids:
                 self._decref(oid)
+        if t.args is not None:
+            self.store.drop(t.args)  # a stored argument block lives as long as its task
         self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts)
         obj = self._objects.get(t.task_id)
         if t.future is not None:
@@ -305,14 +350,12 @@ class LocalScheduler:
         for w in waiters:
             if isinstance(w, Task):
                 w.missing -= 1
-                if w.missing == 0:
-                    objects = self._objects
-                    w.deps = tuple((d, objects[d].ok, objects[d].payload) for d in w.dep_ids)
+                if w.missing == 0 and self._build_deps(w):
                     w.group.queue.append(w)
                     touched.add(w.group.group_id)
             elif isinstance(w, WorkerHandle):
                 if w.alive:
-                    self._send(w, [m.ObjectValue(oid, obj.ok, obj.payload)])
+                    self._send_object(w, oid, obj)
             else:
                 self._out.append((w, obj.ok, obj.payload))
         for gid in touched:
@@ -333,8 +376,19 @@ class LocalScheduler:
             self._drop_object(oid)
 
     def _drop_object(self, oid: int) -> None:
-        del self._objects[oid]
+        obj = self._objects.pop(oid)
+        if obj.ok:
+            self.store.drop(obj.payload)
         self._ctl.remove_object(oid)
+
+    def _send_object(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+        ok, payload = obj.ok, obj.payload
+        if ok:
+            try:
+                self.store.restore_payload(payload)
+            except ObjectStoreFullError as exc:
+                ok, payload = False, _payload.dumps_error(exc)
+        self._send(w, [m.ObjectValue(oid, ok, payload)])
 
     def _drain_releases(self) -> None:
         rel = self._releases
@@ -460,7 +514,13 @@ class LocalScheduler:
             return  # handed back or already failed over; its outcome is decided elsewhere
         w.load = w.load - t.est if w.inflight else 0.0
         self._batch.observe(t.fn_id, msg.duration)
-        self._finish(t, msg.ok, msg.payload)
+        ok, payload = msg.ok, msg.payload
+        if ok:
+            try:
+                self.store.adopt(payload)
+            except ObjectStoreFullError as exc:
+                ok, payload = False, _payload.dumps_error(exc)
+        self._finish(t, ok, payload)
         if w.group.queue:
             self._dispatch(w.group)
 
@@ -507,7 +567,7 @@ class LocalScheduler:
                 self._send(w, [m.ObjectValue(oid, False, _payload.dumps_error(ObjectLostError(
                     f"object {oid:#x} is unknown: its last reference was released")))])
             elif obj.ready:
-                self._send(w, [m.ObjectValue(oid, obj.ok, obj.payload)])
+                self._send_object(w, oid, obj)
             else:
                 if obj.waiters is None:
                     obj.waiters = []
@@ -522,8 +582,12 @@ class LocalScheduler:
         obj.ready = True
         obj.payload = msg.payload
         obj.refs = 1  # the putting worker's ref
+        try:
+            self.store.adopt(msg.payload)
+        except ObjectStoreFullError as exc:
+            obj.ok, obj.payload = False, _payload.dumps_error(exc)
         self._objects[msg.object_id] = obj
-        self._ctl.add_object(msg.object_id, len(msg.payload), "inline")
+        self._ctl.add_object(msg.object_id, len(msg.payload), "host")
 
     # ================================================================ failures
     def _on_closed(self, w: WorkerHandle) -> None:
@@ -542,6 +606,8 @@ class LocalScheduler:
                 log.warning("worker %d (pid %s) died with %s holding %d task(s)",
                             w.worker_id, w.pid, _describe_exit(exitcode), len(lost))
             for t in lost:
+                # a result segment the dead worker may have half written
+                _segment.unlink(_segment.segment_name(self.store.owner_pid, t.task_id))
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     g.queue.appendleft(t)
                 else:

@@ -39,6 +39,7 @@ class WorkerClient:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.group_id = worker.cfg.group_id
+        self.owner_pid = worker.cfg.parent_pid  # the store's owner names every segment
         base = worker.cfg.worker_id << 32
         self._ids = itertools.count(base + 1)
         self.functions = FunctionTable(self.new_id, self._register_function)
@@ -91,7 +92,7 @@ class WorkerClient:
 
     def put(self, value: Any) -> ObjectRef:
         oid = self.new_id()
-        self._send([m.PutObject(oid, _payload.dumps(value))])
+        self._send([m.PutObject(oid, _payload.dumps_value(value, oid, self.owner_pid))])
         return ObjectRef(oid, self)
 
     def future_for(self, ref: ObjectRef) -> Future:

@@ -115,7 +115,8 @@ class _Worker:
             value = fn(*args, **kwargs)
             dt = time.perf_counter() - t0
             try:
-                done = m.TaskDone(task.task_id, True, _payload.dumps(value), dt)
+                done = m.TaskDone(task.task_id, True, _payload.dumps_value(
+                    value, task.task_id, self.cfg.parent_pid), dt)
             except BaseException as exc:  # the result does not pickle: the stdlib reports it
                 done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc), dt)
             del value

@@ -1,0 +1,120 @@
+"""The host's object store as the scheduler uses it: adopt, pin, drop, spill, restore.
+
+``ObjectStore`` (``_store``) does the accounting; this layer speaks in *payloads*
+(``_values``), so the scheduler never parses one itself, and it implements eviction as
+spilling: an evicted object's segment is copied to a spill directory on disk and brought
+back into shared memory when a task or a reader needs it again. Nothing is lost to
+eviction; ``ObjectStoreFullError`` comes only when the pinned objects (inputs of pending
+tasks) alone leave no room, or an object is bigger than the whole store.
+
+Counts: one store reference per object table entry (``adopt`` .. ``drop``) and one pin
+per pending task that reads the object (``pin`` .. ``unpin``). Called under the
+scheduler's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from dpool.objects import _segment, _values
+from dpool.objects._store import ObjectStore, default_capacity
+
+log = logging.getLogger("dpool.objects")
+
+
+class HostStore:
+    def __init__(self, owner_pid: int, capacity: Optional[int] = None) -> None:
+        self.owner_pid = owner_pid
+        self.store = ObjectStore(capacity or default_capacity(), owner_pid,
+                                 on_evict=self._spill)
+        self._spill_dir: Optional[str] = None
+        self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
+
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity
+
+    def set_capacity(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")
+        self.store._capacity = capacity  # noqa: SLF001 - the store's own field, resized here
+
+    # -- lifetime --------------------------------------------------------------------------
+    def adopt(self, payload: Optional[bytes]) -> None:
+        """Account a stored value that a process just wrote (may evict; may raise full)."""
+        info = _values.stored(payload)
+        if info is not None:
+            oid, name, size = info
+            self.store.add(oid, name, size)
+            self.store.incref(oid)
+
+    def drop(self, payload: Optional[bytes]) -> None:
+        """The object table let go of this value: free its segment (or spill file)."""
+        info = _values.stored(payload)
+        if info is None:
+            return
+        oid = info[0]
+        spilled = self._spilled.pop(oid, None)
+        if spilled is not None:
+            _remove(spilled[0])
+        if self.store.refcount(oid):
+            self.store.decref(oid)
+        else:
+            self.store.remove(oid)
+
+    def pin(self, payload: Optional[bytes]) -> None:
+        """A pending task will read this value: bring it back if spilled, keep it mapped."""
+        info = _values.stored(payload)
+        if info is not None:
+            self.restore(info[0])
+            self.store.pin(info[0])
+            self.store.touch(info[0])
+
+    def unpin(self, payload: Optional[bytes]) -> None:
+        info = _values.stored(payload)
+        if info is not None and self.store.pincount(info[0]):
+            self.store.unpin(info[0])
+
+    def restore(self, oid: int) -> None:
+        spilled = self._spilled.get(oid)
+        if spilled is None:
+            return
+        path, name, size = spilled
+        self.store.reserve(size)  # may evict (spill) others; raises when it cannot
+        shutil.copyfile(path, _segment.SHM_DIR + name)
+        self.store.add(oid, name, size)
+        del self._spilled[oid]
+        _remove(path)
+        log.debug("restored object %d from disk", oid)
+
+    def restore_payload(self, payload: Optional[bytes]) -> None:
+        info = _values.stored(payload)
+        if info is not None:
+            self.restore(info[0])
+
+    def _spill(self, oid: int) -> None:
+        name = self.store.location(oid)
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
+        path = os.path.join(self._spill_dir, name.lstrip("/"))
+        shutil.copyfile(_segment.SHM_DIR + name, path)
+        self._spilled[oid] = (path, name, self.store.size(oid))
+        log.debug("spilled object %d (%d bytes) to %s", oid, self.store.size(oid), path)
+
+    def clear(self) -> None:
+        self.store.clear()
+        self._spilled.clear()
+        if self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
