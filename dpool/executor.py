@@ -66,6 +66,9 @@ class ProcessPoolExecutor(_cf.Executor):
     - ``max_attempts`` (default 3): how many times a task runs when its worker process
       dies under it (``os._exit``, a signal, a segfault) before its future raises
       ``dpool.WorkerCrashedError`` (a ``BrokenProcessPool``). The executor stays usable.
+    - ``object_store_memory``: bytes of shared memory the host's object store may hold
+      (default: ``$DPOOL_OBJECT_STORE_MEMORY``, else 30% of RAM capped by /dev/shm). The
+      store is shared by every executor of the process; the last value given applies.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class ProcessPoolExecutor(_cf.Executor):
         *,
         max_tasks_per_child: Optional[int] = None,
         max_attempts: int = 3,
+        object_store_memory: Optional[int] = None,
     ) -> None:
         if max_workers is None:
             max_workers = os.cpu_count() or 1
@@ -96,7 +100,14 @@ class ProcessPoolExecutor(_cf.Executor):
         init_payload = None
         if initializer is not None:
             init_payload = _payload.dumps_function((initializer, tuple(initargs)))
+        if object_store_memory is not None and (
+                not isinstance(object_store_memory, int) or object_store_memory <= 0):
+            raise ValueError(
+                f"object_store_memory must be a positive number of bytes, got "
+                f"{object_store_memory!r}")
         self._runtime = _current.driver()
+        if object_store_memory is not None:
+            self._runtime.scheduler.set_store_capacity(object_store_memory)
         self._group = self._runtime.add_group(
             GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
                         max_attempts),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -44,7 +45,12 @@ def no_leaks():
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    leaked_segments = _dpool_segments() - segments_before
+    gc.collect()  # futures/refs of the test release their objects asynchronously
+    while True:
+        leaked_segments = _dpool_segments() - segments_before
+        if not leaked_segments or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     for p in extra:
         p.kill()
     assert not extra, f"test left processes behind: {[p.pid for p in extra]}"

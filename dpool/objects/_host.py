@@ -31,6 +31,7 @@ class HostStore:
         self.owner_pid = owner_pid
         self.store = ObjectStore(capacity or default_capacity(), owner_pid,
                                  on_evict=self._spill)
+        _values.set_capacity_limit(self.store.capacity)
         self._spill_dir: Optional[str] = None
         self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
 
@@ -42,6 +43,7 @@ class HostStore:
         if capacity <= 0:
             raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")
         self.store._capacity = capacity  # noqa: SLF001 - the store's own field, resized here
+        _values.set_capacity_limit(capacity)
 
     # -- lifetime --------------------------------------------------------------------------
     def adopt(self, payload: Optional[bytes]) -> None:

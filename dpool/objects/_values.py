@@ -18,6 +18,7 @@ import os
 import struct
 from typing import Any, Optional
 
+from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 from dpool.objects._serialization import Serialized, deserialize, serialize
 
@@ -43,6 +44,14 @@ def store_threshold_bytes() -> int:
     return _THRESHOLD
 
 
+_limit: Optional[int] = None  # this host's store capacity, checked before any copy
+
+
+def set_capacity_limit(capacity: Optional[int]) -> None:
+    global _limit
+    _limit = capacity
+
+
 def encode(obj: Any, object_id: int, owner_pid: int) -> tuple[bytes, int]:
     """(payload, bytes put in shared memory). Raises SerializationError/ObjectStoreFullError."""
     ser = serialize(obj, oob_threshold=min(64 * 1024, _THRESHOLD))
@@ -51,6 +60,10 @@ def encode(obj: Any, object_id: int, owner_pid: int) -> tuple[bytes, int]:
     total = sum(b.nbytes for b in ser.buffers)
     if total < _THRESHOLD:
         return _inline(ser), 0
+    if _limit is not None and total > _limit:
+        raise ObjectStoreFullError(
+            f"object of {total} bytes is larger than the object store's capacity of "
+            f"{_limit} bytes (raise object_store_memory= or $DPOOL_OBJECT_STORE_MEMORY)")
     name = _segment.segment_name(owner_pid, object_id)
     size = _segment.write_object(name, ser)
     return _STORED_HEAD.pack(TAG_STORED, object_id, size) + name.encode(), size

@@ -117,6 +117,10 @@ class LocalScheduler:
             self._groups[g.group_id] = g
             return g
 
+    def set_store_capacity(self, capacity: int) -> None:
+        with self._lock:
+            self.store.set_capacity(capacity)
+
     def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         with self._lock:
             self._functions[fn_id] = payload
@@ -471,7 +475,7 @@ class LocalScheduler:
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
-                           os.getcwd(), list(sys.path))
+                           os.getcwd(), list(sys.path), self.store.capacity)
         proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
                                     name=f"dpool-worker-{wid}")
         try:

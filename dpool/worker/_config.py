@@ -15,4 +15,4 @@ class WorkerConfig:
     max_tasks: Optional[int] = None
     cwd: str = ""
     sys_path: list = field(default_factory=list)
-    close_fds: tuple = ()  # the parent's other sockets a forked child must not keep open
+    store_capacity: Optional[int] = None

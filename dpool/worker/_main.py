@@ -179,11 +179,10 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
 
 def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     """Process target: set up like the driver, connect, serve until told to stop."""
-    for fd in cfg.close_fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    # A forked worker inherits the driver's other sockets. They are not closed here: the
+    # inherited Python objects still own those fd numbers, and closing them by number
+    # would let a later close() of a reused fd hit the wrong file. Orphan-safety comes
+    # from the parent watchdog instead.
     if cfg.cwd:
         try:
             os.chdir(cfg.cwd)
@@ -195,6 +194,9 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     from dpool.runtime import _current
 
     _current.enter_worker(cfg)
+    from dpool.objects import _values
+
+    _values.set_capacity_limit(cfg.store_capacity)
     threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True,
                      name="dpool-parent-watch").start()
     chan = Channel(sock, blocking=True)

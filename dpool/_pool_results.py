@@ -1,0 +1,327 @@
+"""The result objects of ``dpool.Pool``: ``ApplyResult``/``MapResult`` and the ``imap`` iterators.
+
+They behave as ``multiprocessing.pool``'s do. Outcomes reach them through one call,
+``_set(index, ok, value, run_callbacks)``, made only by the pool's result-handler thread
+(``dpool._pool_core``), so user callbacks always run on that one thread, in the order the
+outcomes were handled -- never on the caller's thread. For map-like jobs ``value`` is the
+list of a chunk's results (or the exception that failed the chunk).
+
+The ``imap`` iterators also own the *feeder*: a thread that reads the input iterable a
+chunk at a time and submits it, keeping at most ``max_inflight`` chunks running and at
+most ``max_buffered`` results waiting for the consumer. So a generator is consumed
+lazily, in step with the consumer, instead of being read to the end at once (as the
+stdlib does). ``join()`` switches a feeder to *drain* mode: it feeds the rest of the
+input whether or not anyone reads the results, because ``join`` promises that all the
+work submitted to the pool has run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+from collections import deque
+from multiprocessing import TimeoutError as _MpTimeoutError
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+
+if TYPE_CHECKING:
+    from dpool._pool_core import PoolCore
+
+__all__ = ["ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
+
+log = logging.getLogger("dpool.pool")
+
+T = TypeVar("T")
+
+Callback = Optional[Callable[[Any], object]]
+
+
+def _call_user(fn: Callable[[Any], object], arg: Any, what: str) -> None:
+    """Run a user callback; log what it raises instead of losing the pool over it.
+
+    The stdlib lets the exception kill its result-handler thread, after which every
+    pending result of the pool hangs forever (see compat/DIFFERENCES.md).
+    """
+    try:
+        fn(arg)
+    except Exception:  # noqa: BLE001 - a user callback may raise anything
+        log.exception("dpool.Pool: the %s %r raised; the result is still delivered", what, fn)
+
+
+class ApplyResult(Generic[T]):
+    """The outcome of ``apply_async``: ``get``, ``wait``, ``ready``, ``successful``."""
+
+    def __init__(self, core: Optional["PoolCore"], callback: Callback = None,
+                 error_callback: Callback = None) -> None:
+        self._core = core  # dropped once ready (as the stdlib drops its pool)
+        self._event = threading.Event()
+        self._callback = callback
+        self._error_callback = error_callback
+        self._success: Optional[bool] = None
+        self._value: Any = None
+
+    def ready(self) -> bool:
+        """Whether the call has completed (successfully or not)."""
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        """Whether the call completed without raising; ``ValueError`` if not ready yet."""
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return bool(self._success)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Wait until the result is ready or ``timeout`` seconds have passed."""
+        self._event.wait(timeout)
+
+    def get(self, timeout: Optional[float] = None) -> T:
+        """The result, or raise the call's exception.
+
+        Raises ``multiprocessing.TimeoutError`` if it is not ready within ``timeout`` s.
+        """
+        self.wait(timeout)
+        if not self.ready():
+            raise _MpTimeoutError
+        if self._success:
+            return self._value
+        raise self._value
+
+    def _set(self, index: int, ok: bool, value: Any, run_callbacks: bool) -> None:
+        self._success, self._value = ok, value
+        if run_callbacks:
+            if ok and self._callback is not None:
+                _call_user(self._callback, value, "callback")
+            elif not ok and self._error_callback is not None:
+                _call_user(self._error_callback, value, "error_callback")
+        self._event.set()
+        self._core = None
+
+    __class_getitem__ = classmethod(types.GenericAlias)
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult[list]):
+    """The outcome of ``map_async``/``starmap_async``: ready once every chunk is done.
+
+    As in the stdlib, a failure does not make it ready early: it becomes ready (with the
+    first exception to arrive) when the last chunk has finished, so nothing is still
+    running when ``map`` raises.
+    """
+
+    def __init__(self, core: Optional["PoolCore"], chunksize: int, length: int,
+                 callback: Callback = None, error_callback: Callback = None) -> None:
+        super().__init__(core, callback, error_callback)
+        self._success = True
+        self._value = [None] * length
+        self._chunksize = chunksize
+        if length == 0:
+            # Ready at once, and -- as in the stdlib -- without calling the callback.
+            self._number_left = 0
+            self._event.set()
+            self._core = None
+        else:
+            self._number_left = length // chunksize + bool(length % chunksize)
+
+    def _set(self, index: int, ok: bool, value: Any, run_callbacks: bool) -> None:
+        self._number_left -= 1
+        if ok and self._success:
+            size = self._chunksize
+            self._value[index * size:(index + 1) * size] = value
+        elif not ok and self._success:
+            self._success = False
+            self._value = value  # only the first exception is kept
+        if self._number_left > 0:
+            return
+        if run_callbacks:
+            if self._success and self._callback is not None:
+                _call_user(self._callback, self._value, "callback")
+            elif not self._success and self._error_callback is not None:
+                _call_user(self._error_callback, self._value, "error_callback")
+        self._event.set()
+        self._core = None
+
+
+class IMapIterator(Iterator[T]):
+    """The iterator ``imap`` returns: results in input order; ``next(timeout)``.
+
+    An exception is raised at its item's position. With ``chunksize=1`` iteration can go
+    on past it; with a larger chunksize the failed chunk's exception ends the iteration
+    (the stdlib behaves the same way).
+    """
+
+    _ordered = True
+
+    def __init__(self, core: "PoolCore", fn: Callable[..., Any], iterable: Iterable[Any],
+                 chunksize: int) -> None:
+        self._core: Optional["PoolCore"] = core
+        self._fn = fn
+        self._iterable: Optional[Iterable[Any]] = iterable
+        self._chunksize = chunksize
+        self._cond = threading.Condition(threading.Lock())
+        self._items: deque = deque()  # (ok, value) ready for the consumer, in order
+        self._unsorted: dict[int, tuple[bool, Any]] = {}  # chunks that arrived early
+        self._next_index = 0  # the chunk whose results go to the consumer next
+        self._submitted = 0  # chunks handed to the pool (or failed before it)
+        self._arrived = 0  # chunks whose outcome the result handler delivered
+        self._reading = 0  # 1 while the feeder reads the next chunk from the input
+        self._exhausted = False  # the feeder has read all the input it ever will
+        self._buffered = 0  # items arrived and not yet taken by the consumer
+        self._finished = False  # a chunked iteration raised: nothing more is yielded
+        self._stopped = False  # the pool was terminated: feed nothing more
+        self._drain = False  # join(): feed the rest even if nobody reads
+        self._max_inflight = core.max_inflight
+        self._max_buffered = core.max_buffered * chunksize
+
+    # -- the consumer's side -----------------------------------------------------------
+    def __iter__(self) -> "IMapIterator[T]":
+        return self
+
+    def next(self, timeout: Optional[float] = None) -> T:
+        """The next result; ``multiprocessing.TimeoutError`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._items:
+                if self._done():
+                    self._core = None
+                    raise StopIteration
+                if deadline is None:
+                    self._cond.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _MpTimeoutError from None
+                self._cond.wait(remaining)
+            ok, value = self._items.popleft()
+            self._buffered -= 1
+            if not ok and self._chunksize > 1:
+                self._finish()  # the stdlib's chunked generator ends at its first error
+            self._cond.notify_all()  # room for the feeder
+        if ok:
+            return value
+        raise value
+
+    __next__ = next
+
+    def _done(self) -> bool:
+        if self._finished:
+            return True
+        return (self._arrived == self._submitted and not self._unsorted
+                and (self._exhausted or self._stopped))
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._items.clear()
+        self._unsorted.clear()
+        self._buffered = 0
+
+    # -- the result handler's side -----------------------------------------------------
+    def _set(self, index: int, ok: bool, value: Any, run_callbacks: bool) -> None:
+        with self._cond:
+            self._arrived += 1
+            if not self._finished:
+                self._buffered += len(value) if ok else 1
+                if not self._ordered or index == self._next_index:
+                    self._push(ok, value)
+                    if self._ordered:
+                        self._next_index += 1
+                        while self._next_index in self._unsorted:
+                            self._push(*self._unsorted.pop(self._next_index))
+                            self._next_index += 1
+                else:
+                    self._unsorted[index] = (ok, value)
+            self._cond.notify_all()
+
+    def _push(self, ok: bool, value: Any) -> None:
+        if ok:
+            self._items.extend([(True, v) for v in value])
+        else:
+            self._items.append((False, value))
+
+    # -- the feeder ----------------------------------------------------------------------
+    def _has_room(self) -> bool:
+        if self._submitted + self._reading - self._arrived >= self._max_inflight:
+            return False
+        return self._drain or self._finished or self._buffered < self._max_buffered
+
+    def _start_feeder(self) -> None:
+        threading.Thread(target=self._feed, args=(self._core,), name="dpool-pool-feeder",
+                         daemon=True).start()
+
+    def _stop(self) -> None:
+        """The pool is terminated: submit nothing more, end the iteration after what is out."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _start_draining(self) -> None:
+        with self._cond:
+            self._drain = True
+            self._cond.notify_all()
+
+    def _feed(self, core: "PoolCore") -> None:
+        try:
+            self._feed_all(core)
+        finally:
+            with self._cond:
+                self._exhausted = True
+                self._cond.notify_all()
+            core.feeder_finished(self)
+
+    def _feed_all(self, core: "PoolCore") -> None:
+        index = 0
+        size = self._chunksize
+        try:
+            it = iter(self._iterable)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the stdlib reports it as the first item
+            self._post_error(core, index, exc)
+            return
+        finally:
+            self._iterable = None
+        while True:
+            with self._cond:
+                while not self._stopped and not self._has_room():
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                self._reading = 1
+            chunk: list = []
+            error: Optional[BaseException] = None
+            try:
+                for _ in range(size):
+                    chunk.append(next(it))
+            except StopIteration:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - delivered as the next item
+                error = exc
+            with self._cond:
+                self._reading = 0
+                if chunk:
+                    self._submitted += 1
+            if chunk:
+                if not core.submit_chunk(self, index, self._fn, chunk, single=size == 1):
+                    with self._cond:
+                        self._submitted -= 1
+                        self._cond.notify_all()
+                    return  # terminated meanwhile
+                index += 1
+            if error is not None:
+                # As in the stdlib: the error is raised at the position after the last
+                # item read; the items read before it are still processed.
+                self._post_error(core, index, error)
+                return
+            if len(chunk) < size:
+                return
+
+    def _post_error(self, core: "PoolCore", index: int, error: BaseException) -> None:
+        with self._cond:
+            self._submitted += 1
+        core.post_error(self, index, error)
+
+
+class IMapUnorderedIterator(IMapIterator[T]):
+    """The iterator ``imap_unordered`` returns: results in the order they complete."""
+
+    _ordered = False
