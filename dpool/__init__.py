@@ -19,11 +19,14 @@ from dpool.errors import (
 )
 from dpool.executor import Executor, ProcessPoolExecutor, get_executor
 from dpool.futures import Future, ObjectRef, get, put, wait
+from dpool.pool import Pool, cpu_count
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ProcessPoolExecutor",
+    "Pool",
+    "cpu_count",
     "Executor",
     "Future",
     "ObjectRef",

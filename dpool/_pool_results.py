@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Op
 if TYPE_CHECKING:
     from dpool._pool_core import PoolCore
 
+# How a submitted task's value maps onto a job's results (see PoolCore.submit).
+APPLY, SINGLE, CHUNK = 0, 1, 2
+
 __all__ = ["ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
 log = logging.getLogger("dpool.pool")
@@ -155,9 +158,10 @@ class IMapIterator(Iterator[T]):
     _ordered = True
 
     def __init__(self, core: "PoolCore", fn: Callable[..., Any], iterable: Iterable[Any],
-                 chunksize: int) -> None:
+                 chunksize: int, runner: Optional[Callable[[list], list]] = None) -> None:
         self._core: Optional["PoolCore"] = core
         self._fn = fn
+        self._runner = runner  # runs a whole chunk in one task (chunksize > 1)
         self._iterable: Optional[Iterable[Any]] = iterable
         self._chunksize = chunksize
         self._cond = threading.Condition(threading.Lock())
@@ -301,7 +305,11 @@ class IMapIterator(Iterator[T]):
                 if chunk:
                     self._submitted += 1
             if chunk:
-                if not core.submit_chunk(self, index, self._fn, chunk, single=size == 1):
+                if size == 1:
+                    accepted = core.submit(self, index, SINGLE, self._fn, (chunk[0],))
+                else:
+                    accepted = core.submit(self, index, CHUNK, self._runner, (chunk,))
+                if not accepted:
                     with self._cond:
                         self._submitted -= 1
                         self._cond.notify_all()
@@ -318,7 +326,10 @@ class IMapIterator(Iterator[T]):
     def _post_error(self, core: "PoolCore", index: int, error: BaseException) -> None:
         with self._cond:
             self._submitted += 1
-        core.post_error(self, index, error)
+        if not core.post_error(self, index, error):
+            with self._cond:
+                self._submitted -= 1
+                self._cond.notify_all()
 
 
 class IMapUnorderedIterator(IMapIterator[T]):

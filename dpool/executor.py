@@ -17,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from dpool.futures import Future
-from dpool.runtime import _current, _payload
+from dpool.runtime import _current, _driver, _payload  # noqa: F401 - _driver: import cost at import time, as the stdlib
 from dpool.scheduling import GroupConfig
 
 __all__ = ["ProcessPoolExecutor", "Executor", "get_executor"]

@@ -276,7 +276,9 @@ class LocalScheduler:
                          counted=False)
             return
         g.outstanding += 1
-        self._ctl.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id)
+        ctl = self._ctl
+        ctl.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id)
+        ctl.log_event(t.task_id, "submit", _now(), t.owner.worker_id if t.owner else 0)
         if t.dep_ids:
             objects = self._objects
             for oid in t.dep_ids:
@@ -332,6 +334,7 @@ class LocalScheduler:
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
         self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts)
+        self._ctl.log_event(t.task_id, "end" if ok else "error", _now(), 0)
         obj = self._objects.get(t.task_id)
         if t.future is not None:
             self._out.append((t.future, ok, payload))
@@ -406,6 +409,7 @@ class LocalScheduler:
             self._fail_group(g, g.broken)
             return
         batch = self._batch
+        log_event = self._ctl.log_event
         while q:
             w = self._pick_worker(g)
             if w is None:
@@ -433,6 +437,7 @@ class LocalScheduler:
                     msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
                 msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
                 inflight[t.task_id] = t
+                log_event(t.task_id, "start", _now(), w.worker_id)
                 w.load += est
                 w.assigned += 1
                 if quota is not None:
@@ -689,6 +694,9 @@ class LocalScheduler:
             with self._lock:
                 self._drain_releases()
         self._ctl.flush()
+
+
+_now = time.time
 
 
 def _broken_error(reason: str) -> BaseException:

@@ -1,0 +1,305 @@
+"""What ``dpool.Pool`` runs on: one executor, one result-handler thread, the pool's state.
+
+    Pool.apply_async / map_async ──submit──▶ ProcessPoolExecutor (own worker group)
+    IMapIterator feeder thread ───submit──▶        │ futures complete on any thread
+                                                   ▼
+                     done-callback: queue.put((job, index, kind, future))
+                                                   │
+                     result-handler thread ◀───────┘  job._set(...) -> user callbacks
+
+Tasks go straight to the executor from the thread that submits them. Outcomes come back
+through one ``SimpleQueue`` to one result-handler thread per pool, which applies them to
+their job (``ApplyResult``/``MapResult``/imap iterator). This hop is what the stdlib's
+``_handle_results`` thread is for: user callbacks run on that single thread, in the order
+outcomes are handled, never on a thread of the caller or of the runtime (where a
+callback taking the caller's lock could deadlock).
+
+``PoolCore`` holds no reference to its ``Pool``, so an unreferenced pool is collected
+(and terminated) as the stdlib's is, even while its threads run.
+
+Lock rule: ``self._cond`` guards ``state``, ``_accepting``, ``_pending`` and ``_feeders``.
+It is never held while calling the executor or user code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as _cf
+import logging
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from functools import partial
+from typing import Any, Callable, Iterable, Optional
+
+from dpool._pool_results import APPLY, CHUNK, SINGLE, IMapIterator
+from dpool.executor import ProcessPoolExecutor, _ChunkRunner
+
+log = logging.getLogger("dpool.pool")
+
+RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"  # the stdlib's state names
+
+_RUNNER_CACHE = 32  # chunk runners kept per pool, so repeated maps reuse their function id
+_INFLIGHT_PER_PROCESS = 4  # imap: chunks running or queued per worker process
+_MIN_INFLIGHT = 16
+_BUFFER_FACTOR = 4  # imap: results waiting for the consumer, in units of max_inflight
+
+
+class _MapChunk:
+    """Runs ``fn(x)`` for each ``x`` of one chunk of ``map``/``imap`` input, in a worker."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, chunk: list) -> list:
+        fn = self.fn
+        return [fn(x) for x in chunk]
+
+    def __reduce__(self) -> tuple:
+        return (_MapChunk, (self.fn,))
+
+
+class PoolCore:
+    """The executor, the state and the threads of one ``Pool`` (see the module docstring)."""
+
+    def __init__(self, executor: ProcessPoolExecutor, processes: int) -> None:
+        self.executor = executor
+        self.processes = processes
+        self.max_inflight = max(_INFLIGHT_PER_PROCESS * processes, _MIN_INFLIGHT)
+        self.max_buffered = _BUFFER_FACTOR * self.max_inflight
+        self.state = RUN
+        self._cond = threading.Condition(threading.Lock())
+        self._accepting = True  # False once terminated or joined: nothing more is submitted
+        self._terminated = False
+        self._joined = False
+        self._pending = 0  # outcomes submitted and not yet applied by the handler
+        self._feeders: set[IMapIterator] = set()
+        self._stop_requested = False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._runners: OrderedDict[tuple[int, bool], Any] = OrderedDict()
+        self._runners_lock = threading.Lock()
+        self._handler = threading.Thread(target=self._handle_results,
+                                         name="dpool-pool-results", daemon=True)
+        self._handler.start()
+        _track(self)
+
+    # -- submitting ----------------------------------------------------------------------
+    def submit(self, job: Any, index: int, kind: int, fn: Callable[..., Any], args: Iterable[Any],
+               kwargs: Optional[dict] = None) -> bool:
+        """Run ``fn(*args, **kwargs)`` for ``job``'s ``index``; False once not accepting.
+
+        ``kind`` says how the task's value maps to the job: APPLY (the value), SINGLE (one
+        item of a map) or CHUNK (a list of items).
+        """
+        with self._cond:
+            if not self._accepting:
+                return False
+            self._pending += 1
+        try:
+            fut = self.executor.submit(fn, *args, **(kwargs or {}))
+        except BaseException as exc:  # noqa: BLE001 - broken pool, bad *args: fail this task
+            self._queue.put((job, index, kind, None, exc))
+            return True
+        fut.add_done_callback(partial(self._on_done, job, index, kind))
+        return True
+
+    def post_error(self, job: Any, index: int, error: BaseException) -> bool:
+        """Fail ``job``'s ``index`` with ``error`` (via the handler thread, like any outcome)."""
+        with self._cond:
+            if not self._accepting:
+                return False
+            self._pending += 1
+        self._queue.put((job, index, APPLY, None, error))
+        return True
+
+    def submit_map(self, job: Any, fn: Callable[..., Any], items: Iterable[Any], chunksize: int,
+                   star: bool) -> bool:
+        """Submit every chunk of a ``map``/``starmap`` job; False if refused on the way."""
+        if chunksize == 1:
+            for index, item in enumerate(items):
+                if star:
+                    try:
+                        args = tuple(item)
+                    except TypeError as exc:  # the stdlib fails this item in the worker
+                        if not self.post_error(job, index, exc):
+                            return False
+                        continue
+                else:
+                    args = (item,)
+                if not self.submit(job, index, SINGLE, fn, args):
+                    return False
+            return True
+        runner = self.runner(fn, star)
+        chunk: list = []
+        index = 0
+        for item in items:
+            chunk.append(item)
+            if len(chunk) == chunksize:
+                if not self.submit(job, index, CHUNK, runner, (chunk,)):
+                    return False
+                chunk = []
+                index += 1
+        if chunk:
+            return self.submit(job, index, CHUNK, runner, (chunk,))
+        return True
+
+    def runner(self, fn: Callable[..., Any], star: bool) -> Callable[[list], list]:
+        """A chunk runner for ``fn``, reused while recently used (its function id stays)."""
+        key = (id(fn), star)
+        with self._runners_lock:
+            runner = self._runners.get(key)
+            if runner is not None and runner.fn is fn:
+                self._runners.move_to_end(key)
+                return runner
+            runner = _ChunkRunner(fn) if star else _MapChunk(fn)
+            self._runners[key] = runner
+            if len(self._runners) > _RUNNER_CACHE:
+                self._runners.popitem(last=False)
+            return runner
+
+    def add_feeder(self, it: IMapIterator) -> bool:
+        with self._cond:
+            if not self._accepting or self.state != RUN:
+                return False
+            self._feeders.add(it)
+        it._start_feeder()
+        return True
+
+    def feeder_finished(self, it: IMapIterator) -> None:
+        with self._cond:
+            self._feeders.discard(it)
+            last_after_close = not self._feeders and self.state == CLOSE
+            self._cond.notify_all()
+        if last_after_close:
+            self.executor.shutdown(wait=False)
+
+    # -- outcomes ------------------------------------------------------------------------
+    def _on_done(self, job: Any, index: int, kind: int, fut: _cf.Future) -> None:
+        self._queue.put((job, index, kind, fut, None))
+
+    def _handle_results(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                with self._cond:
+                    if self._pending == 0:
+                        return
+                continue
+            job, index, kind, fut, exc = item
+            item = None
+            value: Any = None
+            if fut is not None:
+                if fut.cancelled():
+                    exc = _cf.CancelledError()
+                else:
+                    exc = fut.exception()
+                    if exc is None:
+                        value = fut.result()
+                fut = None
+            if exc is None:
+                if kind == SINGLE:
+                    value = [value]
+                ok = True
+            else:
+                value, exc, ok = exc, None, False
+            try:
+                job._set(index, ok, value, not self._terminated)
+            except Exception:  # noqa: BLE001 - keep handling the pool's other results
+                log.exception("dpool.Pool: internal error while delivering a result")
+            job = value = None
+            with self._cond:
+                self._pending -= 1
+                if self._pending == 0:
+                    self._cond.notify_all()
+                    if self._stop_requested:
+                        return
+
+    def _in_handler(self) -> bool:
+        return threading.current_thread() is self._handler
+
+    def _wait_outcomes_and_stop_handler(self) -> None:
+        """Once every outcome is applied (callbacks run), end the handler thread."""
+        with self._cond:
+            self._accepting = False
+            self._stop_requested = True
+        self._queue.put(None)
+        if not self._in_handler():
+            self._handler.join()
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._cond:
+            if self.state != RUN:
+                return
+            self.state = CLOSE
+            idle = not self._feeders
+        if idle:
+            self.executor.shutdown(wait=False)
+
+    def join(self) -> None:
+        """Wait for all the work to finish, the workers to exit and the callbacks to run."""
+        if self._in_handler():
+            raise RuntimeError("cannot join a dpool.Pool from its own callback (the "
+                               "callbacks' thread would wait for itself)")
+        with self._cond:
+            feeders = list(self._feeders)
+        for it in feeders:
+            it._start_draining()  # join() means all the submitted input is processed
+        with self._cond:
+            while self._feeders and not self._terminated:
+                self._cond.wait()
+        self.executor.shutdown(wait=True)
+        self._wait_outcomes_and_stop_handler()
+        self._joined = True
+
+    def terminate(self, reason: str = "the pool was terminated") -> None:
+        """Stop now: kill the workers, fail what has not finished, without callbacks."""
+        with self._cond:
+            first = not self._terminated
+            self._terminated = True
+            self.state = TERMINATE
+            feeders = list(self._feeders)
+        if not first:
+            return
+        for it in feeders:
+            it._stop()  # a feeder blocked in the user's generator is left behind (daemon)
+        self.executor._terminate(reason)
+        self.executor.shutdown(wait=True)
+        self._wait_outcomes_and_stop_handler()
+
+    def terminate_soon(self) -> None:
+        """Terminate from a finalizer: on another thread, since the collector may run
+        anywhere, including a thread that holds a lock ``terminate`` needs."""
+        if not self._terminated and not self._joined:
+            threading.Thread(target=self.terminate, name="dpool-pool-finalize",
+                             daemon=True).start()
+
+
+# -- interpreter exit: terminate the pools still alive, as the stdlib's finalizers do --------
+_live: "weakref.WeakSet[PoolCore]" = weakref.WeakSet()
+_exit_hook_installed = False
+_exit_lock = threading.Lock()
+
+
+def _track(core: PoolCore) -> None:
+    global _exit_hook_installed
+    with _exit_lock:
+        _live.add(core)
+        if not _exit_hook_installed:
+            # Registered after the runtime's own exit hook (the executor started it), so it
+            # runs first: pools are terminated before the runtime waits for executors.
+            atexit.register(_terminate_all_at_exit)
+            _exit_hook_installed = True
+
+
+def _terminate_all_at_exit() -> None:
+    for core in list(_live):
+        if not core._joined:
+            try:
+                core.terminate("the interpreter is exiting")
+            except Exception:  # noqa: BLE001 - keep terminating the others
+                log.exception("dpool.Pool: error terminating a pool at exit")

@@ -1,0 +1,140 @@
+"""``python -m dpool run script.py [args...]``: run an unmodified program on dpool.
+
+Before the program starts, the stdlib's process pools are bound to dpool's:
+
+- ``concurrent.futures.ProcessPoolExecutor`` (and ``concurrent.futures.process``'s),
+- ``multiprocessing.pool.Pool`` -- which ``multiprocessing.Pool`` and every context's
+  ``ctx.Pool(...)`` create (they import it on each call), so those give a ``dpool.Pool``
+  bound to that context.
+
+``ThreadPool`` and ``multiprocessing.dummy`` keep the stdlib's classes (their base class
+was bound when ``multiprocessing.pool`` was imported).
+
+The program then runs as ``python script.py`` would run it: as module ``__main__`` with
+``__file__`` set, ``sys.argv == [script, *args]``, ``sys.path[0]`` the script's directory,
+the same exit code, and tracebacks that start at the script's first frame (dpool's own
+frames are hidden, as the interpreter hides its own). ``run -m module [args...]`` runs a
+module as ``python -m module`` would.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import importlib.util
+import io
+import logging
+import os
+import runpy
+import sys
+import types
+from typing import Any, Optional
+
+log = logging.getLogger("dpool.run")
+
+USAGE = "usage: python -m dpool run (script.py | -m module) [args...]"
+
+
+def bind_stdlib() -> None:
+    """Make the stdlib's process-pool names create dpool's classes (in this process)."""
+    import concurrent.futures
+    import concurrent.futures.process
+    import multiprocessing.pool
+
+    import dpool
+
+    concurrent.futures.ProcessPoolExecutor = dpool.ProcessPoolExecutor  # type: ignore[misc]
+    concurrent.futures.process.ProcessPoolExecutor = (  # type: ignore[misc]
+        dpool.ProcessPoolExecutor)
+    multiprocessing.pool.Pool = dpool.Pool  # type: ignore[misc,assignment]
+    log.debug("bound concurrent.futures.ProcessPoolExecutor and multiprocessing.pool.Pool "
+              "to dpool's")
+
+
+class _HideRunnerFrames:
+    """``sys.excepthook`` that drops the frames above the program's first one."""
+
+    def __init__(self, filename: str, previous: Any) -> None:
+        self.filename = filename
+        self.previous = previous
+
+    def __call__(self, etype: type, value: BaseException, tb: Any) -> None:
+        t = tb
+        while t is not None and t.tb_frame.f_code.co_filename != self.filename:
+            t = t.tb_next
+        if t is not None:
+            tb = t
+        elif isinstance(value, SyntaxError) and value.filename == self.filename:
+            tb = None  # the program did not compile: python shows no traceback either
+        self.previous(etype, value, tb)
+
+
+def _program_name() -> str:
+    orig = getattr(sys, "orig_argv", None)
+    return orig[0] if orig else os.path.basename(sys.executable)
+
+
+def run_path(path: str, args: list[str]) -> int:
+    """Run the file ``path`` as ``__main__``; returns an exit status for a setup error.
+
+    What the program raises (``SystemExit`` included) propagates to the caller.
+    """
+    abspath = os.path.abspath(path)
+    if os.path.isdir(abspath) or _is_zip(abspath):
+        # A directory or zip with a __main__.py: the interpreter's own rules apply.
+        sys.argv[:] = [path, *args]
+        sys.path[0] = abspath
+        sys.excepthook = _HideRunnerFrames(os.path.join(abspath, "__main__.py"),
+                                           sys.excepthook)
+        runpy.run_path(abspath, run_name="__main__")
+        return 0
+    try:
+        with io.open_code(abspath) as f:
+            source = f.read()
+    except OSError as exc:
+        print(f"{_program_name()}: can't open file {abspath!r}: [Errno {exc.errno}] "
+              f"{exc.strerror}", file=sys.stderr)
+        return 2
+    sys.excepthook = _HideRunnerFrames(abspath, sys.excepthook)
+    sys.argv[:] = [path, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(abspath))
+    main = types.ModuleType("__main__")
+    main.__file__ = abspath
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", abspath)
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    code = compile(source, abspath, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+    return 0
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
+
+
+def run_module(name: str, args: list[str]) -> int:
+    """Run module ``name`` as ``python -m name`` would."""
+    spec = importlib.util.find_spec(name) if name else None
+    origin: Optional[str] = getattr(spec, "origin", None)
+    if origin:
+        sys.excepthook = _HideRunnerFrames(origin, sys.excepthook)
+    sys.argv[:] = [name, *args]  # run_module replaces argv[0] with the file's path
+    sys.path[0] = os.getcwd()
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``run`` with ``argv`` = what follows ``run`` on the command line."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    bind_stdlib()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(f"{USAGE}\n-m needs a module name", file=sys.stderr)
+            return 2
+        return run_module(argv[1], argv[2:])
+    return run_path(argv[0], argv[1:])
