@@ -107,7 +107,9 @@ class Channel:
             chunk = self.sock.recv(_RECV_CHUNK)
         except BlockingIOError:
             return True
-        except (ConnectionResetError, OSError) as exc:
+        except TimeoutError:
+            raise  # recv_frames(timeout=...) ran out: not a closed connection
+        except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
         if not chunk:
             raise ChannelClosed("peer closed the connection")
@@ -133,7 +135,7 @@ class Channel:
             while True:
                 try:
                     self._read_once()
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:  # socket.timeout is TimeoutError since 3.10
                     return []
                 frames = self._frames()
                 if frames:
