@@ -66,6 +66,8 @@ class _HideRunnerFrames:
             tb = t
         elif isinstance(value, SyntaxError) and value.filename == self.filename:
             tb = None  # the program did not compile: python shows no traceback either
+        # The default hook prints value.__traceback__ when the exception has one.
+        value.__traceback__ = tb
         self.previous(etype, value, tb)
 
 

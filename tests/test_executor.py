@@ -240,3 +240,19 @@ def test_executor_alias_and_get_executor():
     assert ex.submit(square, 6).result(10) == 36
     assert dpool.get_executor() is ex
     ex.shutdown()
+
+
+class _LockedCallable:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        return 1
+
+
+def test_unpicklable_function_fails_that_future_only():
+    with ProcessPoolExecutor(1) as ex:
+        f = ex.submit(_LockedCallable())
+        with pytest.raises(TypeError, match="pickle"):
+            f.result(10)
+        assert ex.submit(square, 2).result(10) == 4

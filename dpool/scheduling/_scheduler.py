@@ -299,6 +299,13 @@ class LocalScheduler:
                 return
             if not self._build_deps(t):
                 return
+        self._enqueue(t)
+
+    def _enqueue(self, t: Task) -> None:
+        """A ready task: run it here, unless the spill policy sends it elsewhere."""
+        g = t.group
+        if self._spill.should_spill(len(g.queue), {}, {}):  # pragma: no cover - cluster only
+            raise NotImplementedError("spilling to a global scheduler needs a cluster")
         g.queue.append(t)
         self._dispatch(g)
 

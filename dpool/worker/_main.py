@@ -124,7 +124,7 @@ class _Worker:
             done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc),
                               time.perf_counter() - t0)
         if not self.results:
-            self.first_result_t = t0
+            self.first_result_t = time.perf_counter()
         self.results.append(done)
         self.done_count += 1
 
