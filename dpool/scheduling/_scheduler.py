@@ -14,8 +14,10 @@ Tasks from the driver (``submit``) and from workers (``SubmitTask``) take the sa
 ``_accept``: record lineage, pin dependencies, queue when ready, ``_dispatch``. A worker
 group is the set of workers of one executor; dispatch sends a group's queued tasks to its
 workers with room (``BatchPolicy``), spawning workers up to ``max_workers`` on demand.
-Sending happens on the submitting thread when a worker is idle (no hop through the IO
-thread), and in batches from the IO thread as results free workers.
+A submission goes out at once, on the submitting thread, only to an *idle* worker (no
+hop through the IO thread: that is the latency path). While workers are busy it waits in
+the queue, and the IO thread sends queued tasks in batches as results come back and free
+room (the throughput path: one frame and one system call for many tasks).
 
 Lock rule: ``self._lock`` guards every record here. Methods named ``_x`` expect it held.
 Futures are completed *after* releasing it, because their done-callbacks may submit again.
@@ -307,7 +309,7 @@ class LocalScheduler:
         if self._spill.should_spill(len(g.queue), {}, {}):  # pragma: no cover - cluster only
             raise NotImplementedError("spilling to a global scheduler needs a cluster")
         g.queue.append(t)
-        self._dispatch(g)
+        self._dispatch(g, idle_only=not self._io.is_io_thread())
 
     def _build_deps(self, t: Task) -> bool:
         """Attach ready dependency values to ``t``, pinning stored ones; False if it failed."""
@@ -410,7 +412,9 @@ class LocalScheduler:
             self._decref(rel.popleft())
 
     # ================================================================ dispatch
-    def _dispatch(self, g: Group) -> None:
+    def _dispatch(self, g: Group, idle_only: bool = False) -> None:
+        """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
+        busy workers get theirs in batches when their results come back)."""
         q = g.queue
         if g.broken is not None:
             self._fail_group(g, g.broken)
@@ -418,7 +422,7 @@ class LocalScheduler:
         batch = self._batch
         log_event = self._ctl.log_event
         while q:
-            w = self._pick_worker(g)
+            w = self._pick_worker(g, idle_only)
             if w is None:
                 if not self._maybe_spawn(g):
                     return
@@ -454,7 +458,7 @@ class LocalScheduler:
             if msgs:
                 self._send(w, msgs)
 
-    def _pick_worker(self, g: Group) -> Optional[WorkerHandle]:
+    def _pick_worker(self, g: Group, idle_only: bool = False) -> Optional[WorkerHandle]:
         """The least-loaded worker of ``g`` that can take the head task, within slots."""
         busy = 0
         best = None
@@ -466,7 +470,7 @@ class LocalScheduler:
             n = len(w.inflight)
             if n:
                 busy += 1
-            if w.retiring or not fits(n, w.load, est):
+            if w.retiring or (n and idle_only) or not fits(n, w.load, est):
                 continue
             if best is None or w.load < best.load:
                 best = w
