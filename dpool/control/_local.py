@@ -23,7 +23,7 @@ class InProcessControlStore:
         self._ops: collections.deque = collections.deque()
         self._apply_lock = threading.Lock()
         self._functions: dict[int, tuple[str, bytes]] = {}
-        self._tasks: dict[int, TaskRecord] = {}
+        self._tasks: dict[int, list] = {}  # task id -> [add_task op, state, attempts]
         self._objects: dict[int, tuple[int, str]] = {}
         self._events: collections.deque = collections.deque(maxlen=event_log_size)
         self._push = self._ops.append
@@ -60,15 +60,14 @@ class InProcessControlStore:
                 op = ops.popleft()
                 code = op[0]
                 if code == 5:
-                    events.append(op[1:])
+                    events.append(op)
                 elif code == 1:
-                    tasks[op[1]] = TaskRecord(op[1], op[2], op[3], op[4] or (), op[5],
-                                              result_ids=(op[1],))
+                    tasks[op[1]] = [op, "PENDING", 0]  # a TaskRecord is built on read
                 elif code == 2:
                     rec = tasks.get(op[1])
                     if rec is not None:
-                        rec.state = op[2]
-                        rec.attempts = op[3]
+                        rec[1] = op[2]
+                        rec[2] = op[3]
                 elif code == 0:
                     self._functions[op[1]] = (op[2], op[3])
                 elif code == 3:
@@ -82,7 +81,11 @@ class InProcessControlStore:
     # -- reads ---------------------------------------------------------------------------
     def get_task(self, task_id: int) -> Optional[TaskRecord]:
         self.flush()
-        return self._tasks.get(task_id)
+        rec = self._tasks.get(task_id)
+        if rec is None:
+            return None
+        (_, tid, fn_id, args, dep_ids, group_id), state, attempts = rec
+        return TaskRecord(tid, fn_id, args, dep_ids or (), group_id, state, attempts, (tid,))
 
     def get_function(self, fn_id: int) -> Optional[bytes]:
         self.flush()
@@ -95,7 +98,7 @@ class InProcessControlStore:
 
     def events(self) -> list[tuple[int, str, float, int]]:
         self.flush()
-        return list(self._events)
+        return [op[1:] for op in self._events]
 
     def task_count(self) -> int:
         self.flush()

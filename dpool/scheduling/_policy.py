@@ -53,6 +53,16 @@ class BatchPolicy:
         """Expected run time of one task of ``fn_id`` (``target_s`` when unknown)."""
         return self._avg.get(fn_id, self.target_s)
 
-    def fits(self, held_tasks: int, held_s: float, est: float) -> bool:
-        """May a worker holding ``held_tasks`` (``held_s`` of work) take one more?"""
-        return held_tasks == 0 or (held_tasks < self.max_batch and held_s + est <= self.target_s)
+    def fits(self, held_tasks: int, held_s: float, est: float, prefetch: bool = False) -> bool:
+        """May a worker holding ``held_tasks`` (``held_s`` of work) take one more?
+
+        ``prefetch``: the queue is long enough that every worker will stay busy; then a
+        worker running a long task may hold one more, so it starts the next one without
+        waiting a round trip through the scheduler (as the stdlib's call queue does).
+        Near the end of a queue no prefetching happens, so the tail stays balanced.
+        """
+        if held_tasks == 0:
+            return True
+        if held_tasks < self.max_batch and held_s + est <= self.target_s:
+            return True
+        return prefetch and held_tasks == 1

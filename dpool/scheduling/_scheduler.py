@@ -422,7 +422,8 @@ class LocalScheduler:
         batch = self._batch
         log_event = self._ctl.log_event
         while q:
-            w = self._pick_worker(g, idle_only)
+            prefetch = len(q) >= 2 * g.max_workers
+            w = self._pick_worker(g, idle_only, prefetch)
             if w is None:
                 if not self._maybe_spawn(g):
                     return
@@ -433,7 +434,7 @@ class LocalScheduler:
             while q and (quota is None or quota > 0):
                 t = q[0]
                 est = batch.estimate(t.fn_id)
-                if not batch.fits(len(inflight), w.load, est):
+                if not batch.fits(len(inflight), w.load, est, prefetch):
                     break
                 q.popleft()
                 if not t.started:
@@ -458,7 +459,8 @@ class LocalScheduler:
             if msgs:
                 self._send(w, msgs)
 
-    def _pick_worker(self, g: Group, idle_only: bool = False) -> Optional[WorkerHandle]:
+    def _pick_worker(self, g: Group, idle_only: bool = False,
+                     prefetch: bool = False) -> Optional[WorkerHandle]:
         """The least-loaded worker of ``g`` that can take the head task, within slots."""
         busy = 0
         best = None
@@ -470,7 +472,7 @@ class LocalScheduler:
             n = len(w.inflight)
             if n:
                 busy += 1
-            if w.retiring or (n and idle_only) or not fits(n, w.load, est):
+            if w.retiring or (n and idle_only) or not fits(n, w.load, est, prefetch):
                 continue
             if best is None or w.load < best.load:
                 best = w
@@ -481,6 +483,9 @@ class LocalScheduler:
     def _maybe_spawn(self, g: Group) -> bool:
         if self._closed or g.broken is not None:
             return False
+        if len(g.workers) < g.max_workers:
+            self._spawn(g)
+            return True
         active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
         if active >= g.max_workers:
             return False
