@@ -192,7 +192,9 @@ class ProcessPoolExecutor(_cf.Executor):
             sched.cancel_queued(self._group)
         if first:
             sched.close_group(self._group)
-        if wait:
+        if wait and not sched.is_io_thread():
+            # (from a done-callback, which runs on the scheduler's IO thread, waiting for
+            # the workers to exit would wait on ourselves: they stop once idle instead)
             sched.wait_group_exited(self._group)
 
     def _terminate(self, reason: str = "the pool was terminated") -> None:

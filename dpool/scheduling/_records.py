@@ -47,7 +47,7 @@ class Obj:
 
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "alive")
+                 "fns", "assigned", "retiring", "pid", "alive", "owned")
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
         self.worker_id = worker_id
@@ -62,6 +62,7 @@ class WorkerHandle:
         self.retiring = False  # will exit after its in-flight tasks (max_tasks reached)
         self.pid = getattr(process, "pid", None)
         self.alive = True
+        self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
 
 
 @dataclass

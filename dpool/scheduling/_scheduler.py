@@ -199,6 +199,13 @@ class LocalScheduler:
                 else:
                     keep.append(t)
             group.queue = keep
+            # Tasks still waiting for their inputs: cancel their futures now; dispatch
+            # skips them once their inputs are ready.
+            for obj in self._objects.values():
+                for x in obj.waiters or ():
+                    if isinstance(x, Task) and x.group is group and x.future is not None \
+                            and not x.started:
+                        x.future.cancel()
         self._deliver()
 
     def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
@@ -563,6 +570,7 @@ class LocalScheduler:
 
     def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id, w.group)
+        w.owned.add(msg.task_id)
         self._accept(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
 
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
@@ -600,7 +608,9 @@ class LocalScheduler:
 
     def _on_release(self, w: WorkerHandle, msg: m.Release) -> None:
         for oid in msg.object_ids:
-            self._decref(oid)
+            if oid in w.owned:
+                w.owned.discard(oid)
+                self._decref(oid)
 
     def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
         obj = Obj()
@@ -612,6 +622,7 @@ class LocalScheduler:
         except ObjectStoreFullError as exc:
             obj.ok, obj.payload = False, _payload.dumps_error(exc)
         self._objects[msg.object_id] = obj
+        w.owned.add(msg.object_id)
         self._ctl.add_object(msg.object_id, len(msg.payload), "host")
 
     # ================================================================ failures
@@ -642,8 +653,11 @@ class LocalScheduler:
                         f"{g.max_attempts}",
                         exitcode=exitcode, attempts=t.attempts)
                     self._finish(t, False, _payload.dumps_error(err))
-            # Objects this worker owned (nested futures) lose their handle.
-            for obj_id, obj in list(self._objects.items()):
+            # Its handles die with it: nested futures' and puts' objects lose a reference.
+            for oid in w.owned:
+                self._decref(oid)
+            w.owned.clear()
+            for obj in self._objects.values():
                 if obj.waiters and w in obj.waiters:
                     obj.waiters = [x for x in obj.waiters if x is not w] or None
             if g.queue:
