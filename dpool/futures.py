@@ -128,7 +128,8 @@ def wait(
         c.blocking(_wait)
     else:
         _wait()
-    done, not_done = [], []
+    done: list = []
+    not_done: list = []
     for x, f in zip(items, fs):
         (done if f.done() and len(done) < num_returns else not_done).append(x)
     return done, not_done

@@ -70,7 +70,7 @@ def encode(obj: Any, object_id: int, owner_pid: int) -> tuple[bytes, int]:
 
 
 def _inline(ser: Serialized) -> bytes:
-    parts = [_INLINE_HEAD.pack(TAG_INLINE, len(ser.buffers), len(ser.meta))]
+    parts: list = [_INLINE_HEAD.pack(TAG_INLINE, len(ser.buffers), len(ser.meta))]
     parts += [_SIZE.pack(b.nbytes) for b in ser.buffers]
     parts.append(ser.meta)
     parts += ser.buffers

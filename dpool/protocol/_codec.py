@@ -33,7 +33,7 @@ def encode_batch(msgs: Iterable[object]) -> bytes:
     items = []
     for msg in msgs:
         cls = type(msg)
-        items.append((cls.CODE, *[getattr(msg, f) for f in _FIELDS[cls]]))
+        items.append((cls.CODE, *[getattr(msg, f) for f in _FIELDS[cls]]))  # type: ignore[attr-defined]
     return _dumps((PROTOCOL_VERSION, items), protocol=5)
 
 

@@ -16,7 +16,7 @@ _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 
 def dependency_ids(args: tuple, kwargs: dict) -> Optional[tuple]:
     """Object ids of the top-level Future/ObjectRef arguments (None if there are none)."""
-    deps = None
+    deps: Optional[tuple] = None
     for a in args:
         if type(a) in _PLAIN:
             continue

@@ -96,7 +96,7 @@ class LocalScheduler:
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
-        self._handlers: dict[int, Callable[[WorkerHandle, Any, list], None]] = {
+        self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,
             m.InitFailed.CODE: self._on_init_failed,
@@ -192,7 +192,7 @@ class LocalScheduler:
     def cancel_queued(self, group: Group) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
         with self._lock:
-            keep = deque()
+            keep: deque = deque()
             for t in group.queue:
                 if t.future is not None and not t.started and t.future.cancel():
                     self._skip_cancelled(t)
@@ -328,7 +328,7 @@ class LocalScheduler:
                 self.store.pin(d.payload if d.ok else None)
                 deps.append((oid, d.ok, d.payload))
         except ObjectStoreFullError as exc:
-            for oid, ok, payload in deps:
+            for _oid, ok, payload in deps:
                 self.store.unpin(payload if ok else None)
             self._finish(t, False, _payload.dumps_error(exc))
             return False
