@@ -208,7 +208,7 @@ class PoolCore:
                 value, exc, ok = exc, None, False
             try:
                 job._set(index, ok, value, not self._terminated)
-            except Exception:  # noqa: BLE001 - keep handling the pool's other results
+            except Exception:  # keep handling the pool's other results
                 log.exception("dpool.Pool: internal error while delivering a result")
             job = value = None
             with self._cond:
@@ -301,5 +301,5 @@ def _terminate_all_at_exit() -> None:
         if not core._joined:
             try:
                 core.terminate("the interpreter is exiting")
-            except Exception:  # noqa: BLE001 - keep terminating the others
+            except Exception:  # keep terminating the others
                 log.exception("dpool.Pool: error terminating a pool at exit")

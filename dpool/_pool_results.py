@@ -20,10 +20,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import types
 from collections import deque
 from multiprocessing import TimeoutError as _MpTimeoutError
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Generic,
+    Iterable,
+    Iterator,
+    Optional,
+    TypeVar,
+)
 
 if TYPE_CHECKING:
     from dpool._pool_core import PoolCore
@@ -48,16 +56,18 @@ def _call_user(fn: Callable[[Any], object], arg: Any, what: str) -> None:
     """
     try:
         fn(arg)
-    except Exception:  # noqa: BLE001 - a user callback may raise anything
+    except BaseException:  # even SystemExit must not end the result thread
         log.exception("dpool.Pool: the %s %r raised; the result is still delivered", what, fn)
 
 
 class ApplyResult(Generic[T]):
     """The outcome of ``apply_async``: ``get``, ``wait``, ``ready``, ``successful``."""
 
-    def __init__(self, core: Optional["PoolCore"], callback: Callback = None,
+    def __init__(self, pool: Any, callback: Callback = None,
                  error_callback: Callback = None) -> None:
-        self._core = core  # dropped once ready (as the stdlib drops its pool)
+        # The Pool stays alive while its results are pending, as in the stdlib, so
+        # ``Pool(2).apply_async(f).get()`` works; dropped once ready.
+        self._pool = pool
         self._event = threading.Event()
         self._callback = callback
         self._error_callback = error_callback
@@ -98,15 +108,13 @@ class ApplyResult(Generic[T]):
             elif not ok and self._error_callback is not None:
                 _call_user(self._error_callback, value, "error_callback")
         self._event.set()
-        self._core = None
-
-    __class_getitem__ = classmethod(types.GenericAlias)
+        self._pool = None
 
 
 AsyncResult = ApplyResult
 
 
-class MapResult(ApplyResult[list]):
+class MapResult(ApplyResult[list[T]]):
     """The outcome of ``map_async``/``starmap_async``: ready once every chunk is done.
 
     As in the stdlib, a failure does not make it ready early: it becomes ready (with the
@@ -114,9 +122,9 @@ class MapResult(ApplyResult[list]):
     running when ``map`` raises.
     """
 
-    def __init__(self, core: Optional["PoolCore"], chunksize: int, length: int,
+    def __init__(self, pool: Any, chunksize: int, length: int,
                  callback: Callback = None, error_callback: Callback = None) -> None:
-        super().__init__(core, callback, error_callback)
+        super().__init__(pool, callback, error_callback)
         self._success = True
         self._value = [None] * length
         self._chunksize = chunksize
@@ -124,7 +132,7 @@ class MapResult(ApplyResult[list]):
             # Ready at once, and -- as in the stdlib -- without calling the callback.
             self._number_left = 0
             self._event.set()
-            self._core = None
+            self._pool = None
         else:
             self._number_left = length // chunksize + bool(length % chunksize)
 
@@ -144,7 +152,7 @@ class MapResult(ApplyResult[list]):
             elif not self._success and self._error_callback is not None:
                 _call_user(self._error_callback, self._value, "error_callback")
         self._event.set()
-        self._core = None
+        self._pool = None
 
 
 class IMapIterator(Iterator[T]):
@@ -157,11 +165,13 @@ class IMapIterator(Iterator[T]):
 
     _ordered = True
 
-    def __init__(self, core: "PoolCore", fn: Callable[..., Any], iterable: Iterable[Any],
-                 chunksize: int, runner: Optional[Callable[[list], list]] = None) -> None:
-        self._core: Optional["PoolCore"] = core
+    def __init__(self, core: "PoolCore", pool: Any, fn: Callable[..., Any],
+                 iterable: Iterable[Any], chunksize: int,
+                 runner: Callable[[list], list]) -> None:
+        self._core = core
+        self._pool = pool  # kept alive until every result is in (as the stdlib does)
         self._fn = fn
-        self._runner = runner  # runs a whole chunk in one task (chunksize > 1)
+        self._runner = runner  # runs a whole chunk in one task (used when chunksize > 1)
         self._iterable: Optional[Iterable[Any]] = iterable
         self._chunksize = chunksize
         self._cond = threading.Condition(threading.Lock())
@@ -189,7 +199,7 @@ class IMapIterator(Iterator[T]):
         with self._cond:
             while not self._items:
                 if self._done():
-                    self._core = None
+                    self._pool = None
                     raise StopIteration
                 if deadline is None:
                     self._cond.wait()
@@ -236,6 +246,8 @@ class IMapIterator(Iterator[T]):
                             self._next_index += 1
                 else:
                     self._unsorted[index] = (ok, value)
+            if self._exhausted and self._arrived == self._submitted:
+                self._pool = None
             self._cond.notify_all()
 
     def _push(self, ok: bool, value: Any) -> None:

@@ -7,8 +7,12 @@ Before the program starts, the stdlib's process pools are bound to dpool's:
   ``ctx.Pool(...)`` create (they import it on each call), so those give a ``dpool.Pool``
   bound to that context.
 
-``ThreadPool`` and ``multiprocessing.dummy`` keep the stdlib's classes (their base class
-was bound when ``multiprocessing.pool`` was imported).
+The stdlib's own pool code refers to its ``Pool`` by that global name (``ThreadPool``
+calls ``Pool.__init__``, the handler threads are ``Pool._handle_*``), so the name is not
+simply replaced: it is bound to a subclass of the stdlib's ``Pool`` whose constructor
+returns a ``dpool.Pool`` and which counts ``dpool.Pool`` instances as its own in
+``isinstance``. ``ThreadPool``, ``multiprocessing.dummy`` and programs' own subclasses of
+``Pool`` (which may override its internals) keep the stdlib's implementation.
 
 The program then runs as ``python script.py`` would run it: as module ``__main__`` with
 ``__file__`` set, ``sys.argv == [script, *args]``, ``sys.path[0]`` the script's directory,
@@ -43,12 +47,39 @@ def bind_stdlib() -> None:
 
     import dpool
 
-    concurrent.futures.ProcessPoolExecutor = dpool.ProcessPoolExecutor  # type: ignore[misc]
-    concurrent.futures.process.ProcessPoolExecutor = (  # type: ignore[misc]
-        dpool.ProcessPoolExecutor)
-    multiprocessing.pool.Pool = dpool.Pool  # type: ignore[misc,assignment]
+    ours: Any = dpool.ProcessPoolExecutor
+    concurrent.futures.ProcessPoolExecutor = ours  # type: ignore[misc]
+    concurrent.futures.process.ProcessPoolExecutor = ours  # type: ignore[misc]
+    std_pool = multiprocessing.pool.Pool
+    if not getattr(std_pool, "_dpool_bound", False):
+        multiprocessing.pool.Pool = _bound_pool_class(std_pool, dpool.Pool)  # type: ignore[misc,assignment]
     log.debug("bound concurrent.futures.ProcessPoolExecutor and multiprocessing.pool.Pool "
               "to dpool's")
+
+
+def _bound_pool_class(std_pool: type, dpool_pool: type) -> type:
+    """The class ``multiprocessing.pool.Pool`` is bound to (see the module docstring)."""
+    both = (std_pool, dpool_pool)
+
+    class _PoolType(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, both)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return type.__subclasscheck__(cls, sub) or issubclass(sub, both)
+
+    class Pool(std_pool, metaclass=_PoolType):  # type: ignore[valid-type,misc]
+        __doc__ = std_pool.__doc__
+        _dpool_bound = True
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if cls is Pool:
+                return dpool_pool(*args, **kwargs)
+            return super().__new__(cls)  # a program's own subclass: the stdlib's pool
+
+    Pool.__module__ = std_pool.__module__
+    Pool.__qualname__ = std_pool.__qualname__
+    return Pool
 
 
 class _HideRunnerFrames:
@@ -106,7 +137,7 @@ def run_path(path: str, args: list[str]) -> int:
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     code = compile(source, abspath, "exec", dont_inherit=True)
-    exec(code, main.__dict__)
+    exec(code, main.__dict__)  # noqa: S102 - running the user's program is the point
     return 0
 
 

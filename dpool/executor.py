@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import weakref
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -116,6 +117,11 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
         self._view = False
+        # An executor dropped without shutdown() stops its workers once they are idle,
+        # as the stdlib's does (its manager thread watches a weakref to the executor).
+        self._finalizer = weakref.finalize(self, self._runtime.scheduler.close_group,
+                                           self._group)
+        self._finalizer.atexit = False
 
     @classmethod
     def _worker_view(cls, client: Any, group_id: int) -> "ProcessPoolExecutor":

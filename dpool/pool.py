@@ -57,7 +57,7 @@ class Pool:
     """
 
     @staticmethod
-    def Process(ctx: Any, *args: Any, **kwds: Any) -> Any:  # noqa: N802 - the stdlib's name
+    def Process(ctx: Any, *args: Any, **kwds: Any) -> Any:  # the stdlib's name
         """Make a process of context ``ctx`` (the stdlib's hook; dpool's workers are its own)."""
         return ctx.Process(*args, **kwds)
 
@@ -75,9 +75,9 @@ class Pool:
         processes = operator.index(processes)
         if processes < 1:
             raise ValueError("Number of processes must be at least 1")
-        if maxtasksperchild is not None:
-            if not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0:
-                raise ValueError("maxtasksperchild must be a positive int or None")
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         self._processes = processes  # the stdlib's attribute; some programs read it
@@ -123,7 +123,7 @@ class Pool:
         thread when the call completes, before ``get()`` returns.
         """
         core = self._check_running()
-        result: ApplyResult = ApplyResult(core, callback, error_callback)
+        result: ApplyResult = ApplyResult(self, callback, error_callback)
         try:
             call_args = tuple(args)
             call_kwds = dict(kwds)
@@ -185,8 +185,8 @@ class Pool:
                 # The stdlib silently returns [None] * len(iterable) here.
                 raise ValueError(f"Chunksize must be 1+, not {chunksize!r}")
         if length == 0:
-            return MapResult(core, 0, 0, callback, error_callback)
-        result = MapResult(core, chunksize, length, callback, error_callback)
+            return MapResult(None, 0, 0, callback, error_callback)
+        result: MapResult = MapResult(self, chunksize, length, callback, error_callback)
         if not core.submit_map(result, func, iterable, chunksize, star):
             raise ValueError("Pool not running")
         return result
@@ -202,7 +202,7 @@ class Pool:
         core = self._check_running()
         chunksize = operator.index(chunksize)
         if chunksize < 1:
-            raise ValueError("Chunksize must be 1+, not {0:n}".format(chunksize))
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
         return self._start_imap(core, IMapIterator, func, iterable, chunksize)
 
     def imap_unordered(self, func: Callable[[Any], Any], iterable: Iterable[Any],
@@ -211,14 +211,14 @@ class Pool:
         core = self._check_running()
         chunksize = operator.index(chunksize)
         if chunksize < 1:
-            raise ValueError("Chunksize must be 1+, not {0!r}".format(chunksize))
+            raise ValueError(f"Chunksize must be 1+, not {chunksize!r}")
         it = self._start_imap(core, IMapUnorderedIterator, func, iterable, chunksize)
         return it  # type: ignore[return-value]
 
     def _start_imap(self, core: PoolCore, cls: type, func: Callable[[Any], Any],
                     iterable: Iterable[Any], chunksize: int) -> IMapIterator:
-        runner = core.runner(func, False) if chunksize > 1 else None
-        it = cls(core, func, iterable, chunksize, runner)
+        runner = core.runner(func, False)
+        it = cls(core, self, func, iterable, chunksize, runner)
         if not core.add_feeder(it):
             raise ValueError("Pool not running")
         return it
@@ -247,7 +247,9 @@ class Pool:
         self._check_running()
         return self
 
-    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+    def __exit__(self, exc_type: Optional[type[BaseException]],
+                 exc_val: Optional[BaseException],
+                 exc_tb: Optional[types.TracebackType]) -> None:
         self.terminate()
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:

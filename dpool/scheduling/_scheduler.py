@@ -20,7 +20,9 @@ the queue, and the IO thread sends queued tasks in batches as results come back 
 room (the throughput path: one frame and one system call for many tasks).
 
 Lock rule: ``self._lock`` guards every record here. Methods named ``_x`` expect it held.
-Futures are completed *after* releasing it, because their done-callbacks may submit again.
+Futures are completed *after* releasing it, because their done-callbacks may submit again,
+and by the thread whose locked region produced them (``_take_out`` before unlocking): so
+done-callbacks of results run on the IO thread, never inside a caller's ``submit()``.
 
 A worker blocked inside a task (nested ``result()``) sends ``Blocked``: it stops counting
 against ``max_workers`` and the group may start another worker, so nested tasks never
@@ -142,7 +144,8 @@ class LocalScheduler:
                 self._finish(t, False, _payload.dumps_error(exc), counted=False)
             else:
                 self._accept(t)
-        self._deliver()
+            out = self._take_out()
+        self._deliver(out)
 
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
@@ -206,7 +209,8 @@ class LocalScheduler:
                     if isinstance(x, Task) and x.group is group and x.future is not None \
                             and not x.started:
                         x.future.cancel()
-        self._deliver()
+            out = self._take_out()
+        self._deliver(out)
 
     def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
         """No more submissions to ``group``; its workers stop once its work is done."""
@@ -243,9 +247,10 @@ class LocalScheduler:
             for w in victims:
                 w.alive = False
                 self._send(w, [m.Shutdown()])
+            out = self._take_out()
         for w in victims:
             _reap(w, kill_after=0.5)
-        self._deliver()
+        self._deliver(out)
 
     def is_io_thread(self) -> bool:
         return self._io.is_io_thread()
@@ -535,7 +540,8 @@ class LocalScheduler:
                     if h is None:
                         raise ProtocolError(f"scheduler got unexpected {type(msg).__name__}")
                     h(w, msg)
-        self._deliver()
+            out = self._take_out()
+        self._deliver(out)
 
     def _on_hello(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
@@ -662,9 +668,12 @@ class LocalScheduler:
                     obj.waiters = [x for x in obj.waiters if x is not w] or None
             if g.queue:
                 self._dispatch(g)
+            elif g.closed and not g.workers and g.outstanding == 0:
+                self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
             self._exited.notify_all()
+            out = self._take_out()
         w.chan.close()
-        self._deliver()
+        self._deliver(out)
 
     def _fail_group(self, g: Group, reason: str) -> None:
         err = _payload.dumps_error(_broken_error(reason))
@@ -686,17 +695,24 @@ class LocalScheduler:
                 w.alive = False
                 self._send(w, [m.Shutdown()])
         self._exited.notify_all()
+        if not g.workers:
+            self._groups.pop(g.group_id, None)
         hooks, g.on_idle = g.on_idle, []
         for hook in hooks:
             hook()  # trivial by contract (Event.set): runs under the lock
 
     # ================================================================ delivery
-    def _deliver(self) -> None:
-        """Complete the gathered futures / call callbacks. Call *without* the lock."""
-        if not self._out:
+    def _take_out(self) -> list:
+        """The completions gathered in this locked region (lock held)."""
+        out = self._out
+        if out:
+            self._out = []
+        return out
+
+    def _deliver(self, out: list) -> None:
+        """Complete futures / call callbacks gathered by ``_take_out``. Call *without* the lock."""
+        if not out:
             return
-        with self._lock:
-            out, self._out = self._out, []
         loads = _payload.loads
         for target, ok, payload in out:
             if callable(target) and not hasattr(target, "set_result"):
