@@ -29,11 +29,14 @@ class ChannelClosed(ConnectionError):
 
 
 class Channel:
-    __slots__ = ("sock", "_buf", "_out", "_send_lock", "_blocking", "fileno")
+    __slots__ = ("sock", "_buf", "_out", "_send_lock", "_blocking", "fileno", "_chunk")
 
     def __init__(self, sock: socket.socket, *, blocking: bool = True) -> None:
         self.sock = sock
         self._buf = bytearray()
+        # recv_into a buffer kept for the channel's life: sock.recv(256 KiB) would
+        # allocate (and with glibc, mmap and fault in) 256 KiB per call -- ~50 us here.
+        self._chunk = memoryview(bytearray(_RECV_CHUNK))
         self._out = bytearray()
         self._send_lock = threading.Lock()
         self._blocking = blocking
@@ -104,16 +107,16 @@ class Channel:
 
     def _read_once(self) -> bool:
         try:
-            chunk = self.sock.recv(_RECV_CHUNK)
+            n = self.sock.recv_into(self._chunk)
         except BlockingIOError:
             return True
         except TimeoutError:
             raise  # recv_frames(timeout=...) ran out: not a closed connection
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
-        if not chunk:
+        if not n:
             raise ChannelClosed("peer closed the connection")
-        self._buf += chunk
+        self._buf += self._chunk[:n]
         return True
 
     def recv_ready(self) -> list[bytes]:
