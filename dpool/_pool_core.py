@@ -33,7 +33,8 @@ from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable, Iterable, Optional
 
-from dpool._pool_results import APPLY, CHUNK, SINGLE, IMapIterator
+from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
+from dpool.runtime import _payload
 from dpool.executor import ProcessPoolExecutor, _ChunkRunner
 
 log = logging.getLogger("dpool.pool")
@@ -41,9 +42,41 @@ log = logging.getLogger("dpool.pool")
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"  # the stdlib's state names
 
 _RUNNER_CACHE = 32  # chunk runners kept per pool, so repeated maps reuse their function id
-_INFLIGHT_PER_PROCESS = 4  # imap: chunks running or queued per worker process
-_MIN_INFLIGHT = 16
+_INFLIGHT_PER_PROCESS = 64  # imap: chunks running or queued per worker process (tiny
+# tasks need many in flight so the scheduler can batch them; still a bound for generators)
+_MIN_INFLIGHT = 128
 _BUFFER_FACTOR = 4  # imap: results waiting for the consumer, in units of max_inflight
+_BATCH_TARGET_S = 200e-6  # imap(chunksize=1): group calls shorter than this into one task
+_MAX_BATCH = 64
+
+
+class _BatchRunner:
+    """Runs ``fn(x)`` for each ``x`` of an automatic batch; each item fails on its own.
+
+    Returns ``[(True, value) | (False, exception, traceback text), ...]`` so that the
+    batch behaves like separate ``chunksize=1`` tasks: one item's exception does not
+    cost the others their results.
+    """
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, chunk: list) -> list:
+        fn = self.fn
+        out: list = []
+        for x in chunk:
+            try:
+                out.append((True, fn(x)))
+            except BaseException as exc:  # noqa: BLE001 - reported per item, as the stdlib does
+                tb = _payload.format_remote(exc)
+                exc.__traceback__ = None
+                out.append((False, exc, tb))
+        return out
+
+    def __reduce__(self) -> tuple:
+        return (_BatchRunner, (self.fn,))
 
 
 class _MapChunk:
@@ -103,7 +136,13 @@ class PoolCore:
         except BaseException as exc:  # noqa: BLE001 - broken pool, bad *args: fail this task
             self._queue.put((job, index, kind, None, exc))
             return True
-        fut.add_done_callback(partial(self._on_done, job, index, kind))
+        if getattr(job, "_callback", None) is None and \
+                getattr(job, "_error_callback", None) is None:
+            # No user callback to order: apply the outcome right where the future
+            # completes, saving a thread hop per task (apply round trip, imap).
+            fut.add_done_callback(partial(self._apply_direct, job, index, kind))
+        else:
+            fut.add_done_callback(partial(self._on_done, job, index, kind))
         return True
 
     def post_error(self, job: Any, index: int, error: BaseException) -> bool:
@@ -146,6 +185,34 @@ class PoolCore:
             return self.submit(job, index, CHUNK, runner, (chunk,))
         return True
 
+    def batch_runner(self, fn: Callable[[Any], Any]) -> Callable[[list], list]:
+        key = (id(fn), "batch")
+        with self._runners_lock:
+            runner = self._runners.get(key)
+            if runner is None or runner.fn is not fn:
+                runner = _BatchRunner(fn)
+                self._runners[key] = runner
+                if len(self._runners) > _RUNNER_CACHE:
+                    self._runners.popitem(last=False)
+            return runner
+
+    def auto_batch(self, fn: Callable[[Any], Any]) -> int:
+        """How many ``chunksize=1`` calls of ``fn`` to send as one task.
+
+        From the measured run time per call: calls far shorter than a task's fixed cost
+        are grouped (results still come one by one); anything slower, or not yet
+        measured, goes one call per task.
+        """
+        per_call = self.executor._estimate(fn)
+        runner = self._runners.get((id(fn), "batch"))
+        if runner is not None and runner.fn is fn:
+            measured = self.executor._estimate(runner, default=None)
+            if measured is not None:
+                per_call = measured / _MAX_BATCH
+        if per_call <= 0:
+            return _MAX_BATCH
+        return max(1, min(_MAX_BATCH, int(_BATCH_TARGET_S / per_call)))
+
     def runner(self, fn: Callable[..., Any], star: bool) -> Callable[[list], list]:
         """A chunk runner for ``fn``, reused while recently used (its function id stays)."""
         key = (id(fn), star)
@@ -180,6 +247,42 @@ class PoolCore:
     def _on_done(self, job: Any, index: int, kind: int, fut: _cf.Future) -> None:
         self._queue.put((job, index, kind, fut, None))
 
+    def _apply_direct(self, job: Any, index: int, kind: int, fut: _cf.Future) -> None:
+        if self._apply_outcome(job, index, kind, fut, None):
+            self._queue.put(None)  # the handler may be waiting to stop: let it look
+
+    def _apply_outcome(self, job: Any, index: int, kind: int, fut: Optional[_cf.Future],
+                       exc: Optional[BaseException]) -> bool:
+        """Deliver one task's outcome to its job; True if the handler should stop now."""
+        value: Any = None
+        if fut is not None:
+            if fut.cancelled():
+                exc = _cf.CancelledError()
+            else:
+                exc = fut.exception()
+                if exc is None:
+                    value = fut.result()
+            fut = None
+        if exc is None:
+            if kind == SINGLE:
+                value = [value]
+            elif kind == BATCH:
+                value = Outcomes(_batch_outcomes(value))
+            ok = True
+        else:
+            value, exc, ok = exc, None, False
+        try:
+            job._set(index, ok, value, not self._terminated)
+        except Exception:  # keep handling the pool's other results
+            log.exception("dpool.Pool: internal error while delivering a result")
+        job = value = None
+        with self._cond:
+            self._pending -= 1
+            if self._pending == 0:
+                self._cond.notify_all()
+                return self._stop_requested
+        return False
+
     def _handle_results(self) -> None:
         get = self._queue.get
         while True:
@@ -191,32 +294,9 @@ class PoolCore:
                 continue
             job, index, kind, fut, exc = item
             item = None
-            value: Any = None
-            if fut is not None:
-                if fut.cancelled():
-                    exc = _cf.CancelledError()
-                else:
-                    exc = fut.exception()
-                    if exc is None:
-                        value = fut.result()
-                fut = None
-            if exc is None:
-                if kind == SINGLE:
-                    value = [value]
-                ok = True
-            else:
-                value, exc, ok = exc, None, False
-            try:
-                job._set(index, ok, value, not self._terminated)
-            except Exception:  # keep handling the pool's other results
-                log.exception("dpool.Pool: internal error while delivering a result")
-            job = value = None
-            with self._cond:
-                self._pending -= 1
-                if self._pending == 0:
-                    self._cond.notify_all()
-                    if self._stop_requested:
-                        return
+            if self._apply_outcome(job, index, kind, fut, exc):
+                return
+            job = fut = None
 
     def _in_handler(self) -> bool:
         return threading.current_thread() is self._handler
@@ -283,6 +363,18 @@ class PoolCore:
 _live: "weakref.WeakSet[PoolCore]" = weakref.WeakSet()
 _exit_hook_installed = False
 _exit_lock = threading.Lock()
+
+
+def _batch_outcomes(items: list) -> list:
+    out = []
+    for item in items:
+        if item[0]:
+            out.append((True, item[1]))
+        else:
+            exc = item[1]
+            exc.__cause__ = _payload.RemoteTraceback(item[2])
+            out.append((False, exc))
+    return out
 
 
 def _track(core: PoolCore) -> None:

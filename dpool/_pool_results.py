@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from dpool._pool_core import PoolCore
 
 # How a submitted task's value maps onto a job's results (see PoolCore.submit).
-APPLY, SINGLE, CHUNK = 0, 1, 2
+APPLY, SINGLE, CHUNK, BATCH = 0, 1, 2, 3
 
 __all__ = ["ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
@@ -58,6 +58,12 @@ def _call_user(fn: Callable[[Any], object], arg: Any, what: str) -> None:
         fn(arg)
     except BaseException:  # even SystemExit must not end the result thread
         log.exception("dpool.Pool: the %s %r raised; the result is still delivered", what, fn)
+
+
+class Outcomes(list):
+    """Per-item ``(ok, value)`` pairs of an automatic batch (see ``PoolCore.auto_batch``)."""
+
+    __slots__ = ()
 
 
 class ApplyResult(Generic[T]):
@@ -174,6 +180,11 @@ class IMapIterator(Iterator[T]):
         self._runner = runner  # runs a whole chunk in one task (used when chunksize > 1)
         self._iterable: Optional[Iterable[Any]] = iterable
         self._chunksize = chunksize
+        # Automatic batching of chunksize=1 calls only for inputs whose items are all there
+        # already (a generator's next item may be slow to come: items read must go out at
+        # once) and when tasks are not counted per worker (maxtasksperchild).
+        self._batchable = chunksize == 1 and hasattr(iterable, "__len__") and \
+            core.executor._group.max_tasks is None
         self._cond = threading.Condition(threading.Lock())
         self._items: deque = deque()  # (ok, value) ready for the consumer, in order
         self._unsorted: dict[int, tuple[bool, Any]] = {}  # chunks that arrived early
@@ -251,7 +262,9 @@ class IMapIterator(Iterator[T]):
             self._cond.notify_all()
 
     def _push(self, ok: bool, value: Any) -> None:
-        if ok:
+        if ok and type(value) is Outcomes:
+            self._items.extend(value)  # an automatic batch: each item succeeded or failed
+        elif ok:
             self._items.extend([(True, v) for v in value])
         else:
             self._items.append((False, value))
@@ -303,6 +316,8 @@ class IMapIterator(Iterator[T]):
                 if self._stopped:
                     return
                 self._reading = 1
+            if self._batchable:
+                size = core.auto_batch(self._fn)
             chunk: list = []
             error: Optional[BaseException] = None
             try:
@@ -317,7 +332,10 @@ class IMapIterator(Iterator[T]):
                 if chunk:
                     self._submitted += 1
             if chunk:
-                if size == 1:
+                if len(chunk) > 1 and self._chunksize == 1:
+                    accepted = core.submit(self, index, BATCH, core.batch_runner(self._fn),
+                                           (chunk,))
+                elif size == 1:
                     accepted = core.submit(self, index, SINGLE, self._fn, (chunk[0],))
                 else:
                     accepted = core.submit(self, index, CHUNK, self._runner, (chunk,))

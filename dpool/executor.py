@@ -203,6 +203,11 @@ class ProcessPoolExecutor(_cf.Executor):
             # the workers to exit would wait on ourselves: they stop once idle instead)
             sched.wait_group_exited(self._group)
 
+    def _estimate(self, fn: Callable[..., Any], default: Any = ...) -> Any:
+        """Measured run time of one call of ``fn`` (``default`` if never measured)."""
+        fn_id = self._runtime.functions.fn_id(fn)
+        return self._runtime.scheduler.estimate(fn_id, default)
+
     def _terminate(self, reason: str = "the pool was terminated") -> None:
         """Kill the workers now; unfinished futures fail with ``BrokenProcessPool``."""
         with self._shutdown_lock:

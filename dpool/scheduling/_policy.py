@@ -49,6 +49,9 @@ class BatchPolicy:
         avg = self._avg.get(fn_id)
         self._avg[fn_id] = duration if avg is None else avg + self.alpha * (duration - avg)
 
+    def known(self, fn_id: int) -> bool:
+        return fn_id in self._avg
+
     def estimate(self, fn_id: int) -> float:
         """Expected run time of one task of ``fn_id`` (``target_s`` when unknown)."""
         return self._avg.get(fn_id, self.target_s)

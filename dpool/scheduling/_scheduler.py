@@ -121,6 +121,12 @@ class LocalScheduler:
             self._groups[g.group_id] = g
             return g
 
+    def estimate(self, fn_id: int, default: Any = ...) -> Any:
+        """Average run time of ``fn_id``'s tasks; ``default`` (else the policy's guess)."""
+        if default is not ... and not self._batch.known(fn_id):
+            return default
+        return self._batch.estimate(fn_id)
+
     def set_store_capacity(self, capacity: int) -> None:
         with self._lock:
             self.store.set_capacity(capacity)
