@@ -15,12 +15,15 @@ forwards it to any number of tasks for free.
 from __future__ import annotations
 
 import os
+import pickle
 import struct
 from typing import Any, Optional
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 from dpool.objects._serialization import Serialized, deserialize, serialize
+
+_loads = pickle.loads
 
 TAG_INLINE = 0x01
 TAG_STORED = 0x02
@@ -79,6 +82,11 @@ def _inline(ser: Serialized) -> bytes:
 
 def decode(payload: bytes) -> Any:
     tag = payload[0]
+    if tag == 0x80:  # a plain pickle stream: the common, small case
+        try:
+            return _loads(payload)
+        except Exception:
+            return deserialize(payload)  # re-raises as SerializationError, cause chained
     if tag == TAG_STORED:
         return _segment.read_object(payload[_STORED_HEAD.size:].decode())
     if tag == TAG_INLINE:

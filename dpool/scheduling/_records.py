@@ -78,6 +78,7 @@ class Group:
     workers: list = field(default_factory=list)
     queue: deque = field(default_factory=deque)
     outstanding: int = 0  # accepted, not yet finished
+    n_blocked: int = 0  # workers blocked in a nested wait (their slots are given back)
     closed: bool = False  # no more submissions
     broken: Optional[str] = None  # why the group cannot run tasks (initializer failed)
     on_idle: list = field(default_factory=list)  # callables run when outstanding hits 0

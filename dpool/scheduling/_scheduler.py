@@ -504,6 +504,8 @@ class LocalScheduler:
         if len(g.workers) < g.max_workers:
             self._spawn(g)
             return True
+        if g.n_blocked == 0 and g.max_tasks is None:
+            return False  # the common case: every worker counts against max_workers
         active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
         if active >= g.max_workers:
             return False
@@ -586,11 +588,15 @@ class LocalScheduler:
         self._accept(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
 
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
+        if not w.blocked:
+            w.group.n_blocked += 1
         w.blocked = True
         self._requeue(w, msg.returned)
         self._dispatch(w.group)
 
     def _on_unblocked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
+        if w.blocked:
+            w.group.n_blocked -= 1
         w.blocked = False
 
     def _on_return_tasks(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
@@ -645,6 +651,9 @@ class LocalScheduler:
             was_alive = w.alive
             w.alive = False
             g = w.group
+            if w.blocked:
+                w.blocked = False
+                g.n_blocked -= 1
             if w in g.workers:
                 g.workers.remove(w)
             lost = list(w.inflight.values())
