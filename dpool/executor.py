@@ -119,7 +119,7 @@ class ProcessPoolExecutor(_cf.Executor):
         self._view = False
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
-        self._finalizer = weakref.finalize(self, self._runtime.scheduler.close_group,
+        self._finalizer = weakref.finalize(self, self._runtime.scheduler.close_group_soon,
                                            self._group)
         self._finalizer.atexit = False
 

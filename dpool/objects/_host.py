@@ -68,6 +68,12 @@ class HostStore:
         else:
             self.store.remove(oid)
 
+    def discard(self, payload: Optional[bytes]) -> None:
+        """Unlink a stored value that was never adopted (a result nobody will read)."""
+        info = _values.stored(payload)
+        if info is not None and not self.store.contains(info[0]):
+            _segment.unlink(info[1])
+
     def pin(self, payload: Optional[bytes]) -> None:
         """A pending task will read this value: bring it back if spilled, keep it mapped."""
         info = _values.stored(payload)

@@ -46,9 +46,11 @@ def client() -> Any:
 def worker_client() -> Any:
     global _worker_client
     if _worker_client is None:
-        from dpool.worker._client import WorkerClient
+        with _lock:  # task code may make its first nested call from several threads
+            if _worker_client is None:
+                from dpool.worker._client import WorkerClient
 
-        _worker_client = WorkerClient(_worker)
+                _worker_client = WorkerClient(_worker)
     return _worker_client
 
 

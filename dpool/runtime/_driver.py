@@ -74,10 +74,15 @@ class DriverRuntime:
         fut = Future()
 
         def deliver(ok: bool, payload: bytes) -> None:
-            if ok:
-                fut.set_result(_payload.loads(payload))
-            else:
+            if not ok:
                 fut.set_exception(_payload.loads_error(payload))
+                return
+            try:
+                value = _payload.loads(payload)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable value fails this get
+                fut.set_exception(exc)
+                return
+            fut.set_result(value)
 
         fut.set_running_or_notify_cancel()
         self.scheduler.subscribe(ref.id, deliver)

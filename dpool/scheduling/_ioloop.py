@@ -86,7 +86,11 @@ class IOLoop:
             self._sel.unregister(handle.chan.fileno)
         except (KeyError, ValueError, OSError):
             pass
-        self._on_closed(handle)
+        try:
+            self._on_closed(handle)
+        except Exception:  # noqa: BLE001 - the loop must outlive any one worker's end
+            log.exception("dpool scheduler: error handling the end of worker %s",
+                          handle.worker_id)
 
     def _run(self) -> None:
         last_tick = time.monotonic()
@@ -106,13 +110,15 @@ class IOLoop:
                     self._apply_commands()
                     continue
                 try:
-                    if mask & selectors.EVENT_WRITE:
-                        if handle.chan.flush():
-                            self._sel.modify(handle.chan.fileno, selectors.EVENT_READ, handle)
+                    # read first: results already sent by a worker whose socket then
+                    # broke are still delivered before the EPIPE of a flush closes it
                     if mask & selectors.EVENT_READ:
                         frames = handle.chan.recv_ready()
                         if frames:
                             self._on_frames(handle, frames)
+                    if mask & selectors.EVENT_WRITE:
+                        if handle.chan.flush():
+                            self._sel.modify(handle.chan.fileno, selectors.EVENT_READ, handle)
                 except ChannelClosed:
                     self._closed(handle)
                 except Exception:  # noqa: BLE001 - one bad peer must not kill the loop

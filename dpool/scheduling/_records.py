@@ -13,7 +13,7 @@ class Task:
     """A task the local scheduler has accepted and not yet finished."""
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
-                 "attempts", "started", "missing", "deps", "est")
+                 "attempts", "started", "missing", "deps", "est", "deps_counted")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
@@ -30,6 +30,7 @@ class Task:
         self.missing = 0  # dependencies not ready yet
         self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
         self.est = 0.0  # estimated run time, set when dispatched
+        self.deps_counted = False  # holds a reference on each of dep_ids (released at finish)
 
 
 class Obj:

@@ -94,6 +94,7 @@ class LocalScheduler:
         self._batch = BatchPolicy()
         self._spill = LocalOnlySpillPolicy()
         self._releases: deque = deque()  # object ids released from any thread
+        self._closing: deque = deque()  # groups of collected executors, closed by the IO thread
         self._closed = False
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
@@ -218,6 +219,12 @@ class LocalScheduler:
             out = self._take_out()
         self._deliver(out)
 
+    def close_group_soon(self, group: Group) -> None:
+        """``close_group`` from a finalizer: no lock taken here (GC may run while this
+        thread holds it); the IO thread closes the group within a tick."""
+        self._closing.append(group)
+        self._io.wake()
+
     def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
         """No more submissions to ``group``; its workers stop once its work is done."""
         with self._lock:
@@ -307,6 +314,7 @@ class LocalScheduler:
                     self._finish(t, False, _payload.dumps_error(ObjectLostError(
                         f"argument object {oid:#x} was released before this task used it")))
                     return
+            t.deps_counted = True
             for oid in t.dep_ids:
                 d = objects[oid]
                 d.refs += 1
@@ -355,7 +363,8 @@ class LocalScheduler:
             for _oid, dep_ok, dep_payload in t.deps:
                 self.store.unpin(dep_payload if dep_ok else None)
             t.deps = None
-        if t.dep_ids:
+        if t.deps_counted:
+            t.deps_counted = False
             for oid in t.dep_ids:
                 self._decref(oid)
         if t.args is not None:
@@ -502,15 +511,23 @@ class LocalScheduler:
         if self._closed or g.broken is not None:
             return False
         if len(g.workers) < g.max_workers:
-            self._spawn(g)
-            return True
+            return self._try_spawn(g)
         if g.n_blocked == 0 and g.max_tasks is None:
             return False  # the common case: every worker counts against max_workers
         active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
         if active >= g.max_workers:
             return False
-        self._spawn(g)
-        return True
+        return self._try_spawn(g)
+
+    def _try_spawn(self, g: Group) -> bool:
+        try:
+            self._spawn(g)
+            return True
+        except OSError as exc:  # out of processes / file descriptors / memory
+            log.error("dpool: cannot start a worker process: %s", exc)
+            if not any(w.alive for w in g.workers):
+                self._fail_group(g, f"cannot start a worker process: {exc}")
+            return False
 
     def _spawn(self, g: Group) -> WorkerHandle:
         parent_sock, child_sock = socket.socketpair()
@@ -521,6 +538,9 @@ class LocalScheduler:
                                     name=f"dpool-worker-{wid}")
         try:
             proc.start()
+        except BaseException:
+            parent_sock.close()
+            raise
         finally:
             child_sock.close()
         w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
@@ -557,7 +577,9 @@ class LocalScheduler:
     def _on_task_done(self, w: WorkerHandle, msg: m.TaskDone) -> None:
         t = w.inflight.pop(msg.task_id, None)
         if t is None:
-            return  # handed back or already failed over; its outcome is decided elsewhere
+            # handed back or already failed over; its outcome is decided elsewhere
+            self.store.discard(msg.payload if msg.ok else None)
+            return
         w.load = w.load - t.est if w.inflight else 0.0
         self._batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
@@ -585,7 +607,16 @@ class LocalScheduler:
     def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id, w.group)
         w.owned.add(msg.task_id)
-        self._accept(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
+        t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)
+        try:
+            self.store.adopt(msg.args)
+        except ObjectStoreFullError as exc:
+            t.args = None
+            self._objects[t.task_id] = Obj()
+            self._objects[t.task_id].refs = 1
+            self._finish(t, False, _payload.dumps_error(exc), counted=False)
+        else:
+            self._accept(t)
 
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:
@@ -608,6 +639,9 @@ class LocalScheduler:
             t = w.inflight.pop(tid, None)
             if t is not None:
                 w.load = w.load - t.est if w.inflight else 0.0
+                w.assigned -= 1
+                if w.retiring and w.assigned < (w.group.max_tasks or 0):
+                    w.retiring = False
                 t.attempts -= 1  # it never ran
                 t.group.queue.appendleft(t)
 
@@ -731,7 +765,10 @@ class LocalScheduler:
         loads = _payload.loads
         for target, ok, payload in out:
             if callable(target) and not hasattr(target, "set_result"):
-                target(ok, payload)
+                try:
+                    target(ok, payload)
+                except Exception:  # noqa: BLE001 - one callback must not cost the others
+                    log.exception("dpool: an object-ready callback raised")
                 continue
             try:
                 if ok:
@@ -751,6 +788,8 @@ class LocalScheduler:
                 pass
 
     def _on_tick(self) -> None:
+        while self._closing:
+            self.close_group(self._closing.popleft())
         if self._releases:
             with self._lock:
                 self._drain_releases()

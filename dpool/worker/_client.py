@@ -58,20 +58,34 @@ class WorkerClient:
     # -- sending ---------------------------------------------------------------------------
     def _send(self, msgs: list) -> None:
         if self._releases:
-            rel = []
-            while self._releases:
-                rel.append(self._releases.popleft())
-            msgs = [*msgs, m.Release(tuple(rel))]
+            msgs = [*msgs, *self.take_releases()]
         self.worker.chan.send(encode_batch(msgs))
 
     def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._send([m.RegisterFunction(fn_id, payload)])
 
+    @property
+    def receiving(self) -> bool:
+        """Whether the receiver thread owns the socket (else the main loop reads it)."""
+        return self._thread is not None
+
     def _ensure_receiver(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._receive_loop, daemon=True,
-                                            name="dpool-worker-receiver")
-            self._thread.start()
+            with self._block_lock:
+                if self._thread is None:
+                    t = threading.Thread(target=self._receive_loop, daemon=True,
+                                         name="dpool-worker-receiver")
+                    t.start()
+                    self._thread = t
+
+    def take_releases(self) -> list:
+        """A Release message for the handles dropped so far (or nothing)."""
+        if not self._releases:
+            return []
+        rel = []
+        while self._releases:
+            rel.append(self._releases.popleft())
+        return [m.Release(tuple(rel))]
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
@@ -97,6 +111,9 @@ class WorkerClient:
 
     def future_for(self, ref: ObjectRef) -> Future:
         self._ensure_receiver()
+        pending = self._futures.get(ref.id)
+        if pending is not None:
+            return pending  # a nested task's future (or a get already in flight)
         fut = Future(0, self)
         fut._client = self  # result() gives the slot back
         fut.set_running_or_notify_cancel()
@@ -133,19 +150,19 @@ class WorkerClient:
                         keep.append(msg)
                 for msg in keep:
                     self._inbox.put(msg)
-        if first:
-            w.flush()
-            self._send([m.Blocked(tuple(returned))])
+            if first:
+                # sent under the lock: Blocked/Unblocked from concurrent waits in one
+                # task stay in the order of the depth changes
+                w.flush()
+                self._send([m.Blocked(tuple(returned))])
         try:
             return fn(*args)
         finally:
             with self._block_lock:
                 self._depth -= 1
-                last = self._depth == 0
-                if last:
+                if self._depth == 0:
                     self._blocked = False
-            if last:
-                self._send([m.Unblocked()])
+                    self._send([m.Unblocked()])
 
     # -- receiving -------------------------------------------------------------------------
     def handle(self, msg: Any) -> bool:

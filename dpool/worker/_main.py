@@ -80,7 +80,7 @@ class _Worker:
 
     def receive(self) -> None:
         """Block until at least one message arrives; handle what came."""
-        if self.client is not None:
+        if self.client is not None and self.client.receiving:
             for msg in self.client.next_messages():
                 self.handle(msg)
             return
@@ -91,6 +91,8 @@ class _Worker:
     def flush(self) -> None:
         if self.results:
             batch, self.results = self.results, []
+            if self.client is not None:
+                batch += self.client.take_releases()  # handles the task dropped
             self.send(batch)
 
     # -- tasks ---------------------------------------------------------------------------
