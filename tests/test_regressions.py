@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from concurrent.futures.process import BrokenProcessPool
 
 import dpool
 from dpool import ProcessPoolExecutor
@@ -140,3 +141,17 @@ def test_worker_handles_are_released_when_the_task_ends():
         while sched.stats()["objects"] > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sched.stats()["objects"] == 0
+
+
+def test_terminate_fails_tasks_waiting_on_another_executors_result():
+    with ProcessPoolExecutor(1) as other:
+        slow = other.submit(time.sleep, 3)
+        ex = ProcessPoolExecutor(1)
+        waiting = ex.submit(ident, slow)
+        t0 = time.monotonic()
+        ex._terminate("terminated")
+        ex.shutdown(wait=True)
+        assert time.monotonic() - t0 < 2.5
+        with pytest.raises(BrokenProcessPool):
+            waiting.result(1)
+        other.shutdown(cancel_futures=True)

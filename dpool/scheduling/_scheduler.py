@@ -736,6 +736,21 @@ class LocalScheduler:
             for t in list(w.inflight.values()):
                 w.inflight.pop(t.task_id)
                 self._finish(t, False, err)
+        # tasks still waiting for their inputs (maybe another executor's results)
+        waiting: dict[int, Task] = {}
+        for obj in self._objects.values():
+            if obj.waiters:
+                for x in obj.waiters:
+                    if isinstance(x, Task) and x.group is g:
+                        waiting[x.task_id] = x
+                if waiting:
+                    obj.waiters = [x for x in obj.waiters
+                                   if not (isinstance(x, Task) and x.group is g)] or None
+        for t in waiting.values():
+            if t.future is not None and not t.started:
+                t.future.set_running_or_notify_cancel()
+                t.started = True
+            self._finish(t, False, err)
 
     def _retire_group(self, g: Group) -> None:
         """All of a closed group's work is done: stop its workers, run on_idle hooks."""
