@@ -45,6 +45,11 @@ class Obj:
         self.refs = 0  # handles (owner future, worker refs) + pending tasks that need it
         self.waiters: Optional[list] = None  # Tasks or callables waiting for readiness
 
+    def add_waiter(self, waiter: Any) -> None:
+        if self.waiters is None:
+            self.waiters = []
+        self.waiters.append(waiter)
+
 
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",

@@ -174,17 +174,10 @@ class LocalScheduler:
                     f"object {object_id:#x} is unknown here: its last reference was "
                     "released or it was created by another runtime"))
             elif not obj.ready:
-                if obj.waiters is None:
-                    obj.waiters = []
-                obj.waiters.append(callback)
+                obj.add_waiter(callback)
                 return
             else:
-                ok, payload = obj.ok, obj.payload
-                if ok:
-                    try:
-                        self.store.restore_payload(payload)
-                    except ObjectStoreFullError as exc:
-                        ok, payload = False, _payload.dumps_error(exc)
+                ok, payload = self._resident_value(obj)
         callback(ok, payload)
 
     def release(self, object_id: int) -> None:
@@ -320,9 +313,7 @@ class LocalScheduler:
                 d.refs += 1
                 if not d.ready:
                     t.missing += 1
-                    if d.waiters is None:
-                        d.waiters = []
-                    d.waiters.append(t)
+                    d.add_waiter(t)
             if t.missing:
                 return
             if not self._build_deps(t):
@@ -424,13 +415,18 @@ class LocalScheduler:
             self.store.drop(obj.payload)
         self._ctl.remove_object(oid)
 
-    def _send_object(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+    def _resident_value(self, obj: Obj) -> tuple[bool, Optional[bytes]]:
+        """A ready object's (ok, payload), brought back from disk first if it was spilled."""
         ok, payload = obj.ok, obj.payload
         if ok:
             try:
                 self.store.restore_payload(payload)
             except ObjectStoreFullError as exc:
                 ok, payload = False, _payload.dumps_error(exc)
+        return ok, payload
+
+    def _send_object(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+        ok, payload = self._resident_value(obj)
         self._send(w, [m.ObjectValue(oid, ok, payload)])
 
     def _drain_releases(self) -> None:
@@ -654,9 +650,7 @@ class LocalScheduler:
             elif obj.ready:
                 self._send_object(w, oid, obj)
             else:
-                if obj.waiters is None:
-                    obj.waiters = []
-                obj.waiters.append(w)
+                obj.add_waiter(w)
 
     def _on_release(self, w: WorkerHandle, msg: m.Release) -> None:
         for oid in msg.object_ids:
