@@ -26,6 +26,13 @@ def driver() -> Any:
                 # and sockets are not ours. Keep the copy alive so its sockets are never
                 # closed from here, and start afresh.
                 _inherited.append(_driver)
+            address = os.environ.get("DPOOL_ADDRESS")
+            if address:
+                from dpool.errors import Error
+
+                raise Error(
+                    f"DPOOL_ADDRESS={address!r} asks for a cluster, but this dpool has no "
+                    "cluster client yet: unset DPOOL_ADDRESS to run on this host")
             from dpool.runtime._driver import DriverRuntime
 
             _driver = DriverRuntime()
