@@ -23,7 +23,7 @@ class InProcessControlStore:
         self._ops: collections.deque = collections.deque()
         self._apply_lock = threading.Lock()
         self._functions: dict[int, tuple[str, bytes]] = {}
-        self._tasks: dict[int, list] = {}  # task id -> [add_task op, state, attempts]
+        self._tasks: dict[int, tuple] = {}  # task id -> (add_task op, state, attempts)
         self._objects: dict[int, tuple[int, str]] = {}
         self._events: collections.deque = collections.deque(maxlen=event_log_size)
         self._push = self._ops.append
@@ -33,11 +33,12 @@ class InProcessControlStore:
         self._push((0, fn_id, name, payload))
 
     def add_task(self, task_id: int, fn_id: int, args: Optional[bytes], dep_ids: tuple,
-                 group_id: int) -> None:
-        self._push((1, task_id, fn_id, args, dep_ids, group_id))
+                 group_id: int, at: Optional[float] = None, worker_id: int = 0) -> None:
+        self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
-    def set_task_state(self, task_id: int, state: str, attempts: int) -> None:
-        self._push((2, task_id, state, attempts))
+    def set_task_state(self, task_id: int, state: str, attempts: int,
+                       at: Optional[float] = None) -> None:
+        self._push((2, task_id, state, attempts, at))
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))
@@ -62,12 +63,18 @@ class InProcessControlStore:
                 if code == 5:
                     events.append(op)
                 elif code == 1:
-                    tasks[op[1]] = [op, "PENDING", 0]  # a TaskRecord is built on read
+                    # a TaskRecord is built on read; tuples of plain values are not
+                    # tracked by the garbage collector, so 100k rows cost it nothing
+                    tasks[op[1]] = (op, "PENDING", 0)
+                    if op[6] is not None:
+                        events.append((5, op[1], "submit", op[6], op[7]))
                 elif code == 2:
                     rec = tasks.get(op[1])
                     if rec is not None:
-                        rec[1] = op[2]
-                        rec[2] = op[3]
+                        tasks[op[1]] = (rec[0], op[2], op[3])
+                    if op[4] is not None:
+                        events.append((5, op[1], "end" if op[2] == "FINISHED" else "error",
+                                       op[4], 0))
                 elif code == 0:
                     self._functions[op[1]] = (op[2], op[3])
                 elif code == 3:
@@ -84,7 +91,7 @@ class InProcessControlStore:
         rec = self._tasks.get(task_id)
         if rec is None:
             return None
-        (_, tid, fn_id, args, dep_ids, group_id), state, attempts = rec
+        (_, tid, fn_id, args, dep_ids, group_id, _at, _w), state, attempts = rec
         return TaskRecord(tid, fn_id, args, dep_ids or (), group_id, state, attempts, (tid,))
 
     def get_function(self, fn_id: int) -> Optional[bytes]:

@@ -296,9 +296,8 @@ class LocalScheduler:
                          counted=False)
             return
         g.outstanding += 1
-        ctl = self._ctl
-        ctl.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id)
-        ctl.log_event(t.task_id, "submit", _now(), t.owner.worker_id if t.owner else 0)
+        self._ctl.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id, _now(),
+                           t.owner.worker_id if t.owner else 0)
         if t.dep_ids:
             objects = self._objects
             for oid in t.dep_ids:
@@ -360,8 +359,7 @@ class LocalScheduler:
                 self._decref(oid)
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
-        self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts)
-        self._ctl.log_event(t.task_id, "end" if ok else "error", _now(), 0)
+        self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts, _now())
         obj = self._objects.get(t.task_id)
         if t.future is not None:
             self._out.append((t.future, ok, payload))
