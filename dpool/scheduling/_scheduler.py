@@ -142,15 +142,7 @@ class LocalScheduler:
         with self._lock:
             if self._releases:
                 self._drain_releases()
-            t = Task(task_id, fn_id, args, dep_ids, group, None, future)
-            try:
-                self.store.adopt(args)
-            except ObjectStoreFullError as exc:
-                t.args = None
-                self._objects[task_id] = Obj()
-                self._finish(t, False, _payload.dumps_error(exc), counted=False)
-            else:
-                self._accept(t)
+            self._admit(Task(task_id, fn_id, args, dep_ids, group, None, future))
             out = self._take_out()
         self._deliver(out)
 
@@ -286,6 +278,18 @@ class LocalScheduler:
             }
 
     # ================================================================ accept / finish
+    def _admit(self, t: Task) -> None:
+        """A submitted task (driver or worker): account its stored arguments, accept it."""
+        try:
+            self.store.adopt(t.args)
+        except ObjectStoreFullError as exc:
+            t.args = None
+            obj = self._objects[t.task_id] = Obj()
+            obj.refs = 1  # the submitter's handle, released as usual
+            self._finish(t, False, _payload.dumps_error(exc), counted=False)
+        else:
+            self._accept(t)
+
     def _accept(self, t: Task) -> None:
         g = t.group
         obj = Obj()
@@ -601,16 +605,7 @@ class LocalScheduler:
     def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id, w.group)
         w.owned.add(msg.task_id)
-        t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)
-        try:
-            self.store.adopt(msg.args)
-        except ObjectStoreFullError as exc:
-            t.args = None
-            self._objects[t.task_id] = Obj()
-            self._objects[t.task_id].refs = 1
-            self._finish(t, False, _payload.dumps_error(exc), counted=False)
-        else:
-            self._accept(t)
+        self._admit(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
 
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:
