@@ -88,4 +88,3 @@ class Group:
     closed: bool = False  # no more submissions
     broken: Optional[str] = None  # why the group cannot run tasks (initializer failed)
     on_idle: list = field(default_factory=list)  # callables run when outstanding hits 0
-    on_broken: Optional[Callable[[str], None]] = None
