@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as _cf
+import itertools
 import logging
 import queue
 import threading
@@ -172,18 +173,17 @@ class PoolCore:
                     return False
             return True
         runner = self.runner(fn, star)
-        chunk: list = []
+        it = iter(items)
         index = 0
-        for item in items:
-            chunk.append(item)
-            if len(chunk) == chunksize:
-                if not self.submit(job, index, CHUNK, runner, (chunk,)):
-                    return False
-                chunk = []
-                index += 1
-        if chunk:
-            return self.submit(job, index, CHUNK, runner, (chunk,))
-        return True
+        while True:
+            # islice builds each chunk at C speed (a Python loop over 100k items costs
+            # ~10 ms, as much as the map's whole remaining work)
+            chunk = list(itertools.islice(it, chunksize))
+            if not chunk:
+                return True
+            if not self.submit(job, index, CHUNK, runner, (chunk,)):
+                return False
+            index += 1
 
     def batch_runner(self, fn: Callable[[Any], Any]) -> Callable[[list], list]:
         key = (id(fn), "batch")
