@@ -7,9 +7,24 @@ back into shared memory when a task or a reader needs it again. Nothing is lost 
 eviction; ``ObjectStoreFullError`` comes only when the pinned objects (inputs of pending
 tasks) alone leave no room, or an object is bigger than the whole store.
 
-Counts: one store reference per object table entry (``adopt`` .. ``drop``) and one pin
-per pending task that reads the object (``pin`` .. ``unpin``). Called under the
-scheduler's lock.
+Reference counting, end to end (who keeps an object alive):
+
+- The scheduler's object table entry (``Obj.refs``) counts the *handles*: the driver
+  ``Future``/``ObjectRef`` that created it (released from ``__del__`` through a lock-free
+  queue the scheduler drains), a worker's nested future or ``put`` ref (released by a
+  ``Release`` message sent with the worker's next results, or when the worker dies), and
+  one per pending task that takes it as an argument (released when that task finishes).
+- When ``Obj.refs`` reaches zero and the value is ready, the entry is dropped and
+  ``drop`` unlinks the segment (or deletes its spill file). A task's own stored argument
+  block has no entry: it lives exactly as long as the task.
+- Here, below that: one store reference per table entry (``adopt`` .. ``drop``) and one
+  pin per pending reader (``pin`` .. ``unpin``) so eviction never takes an input from
+  under a task that is about to map it.
+- Processes that have mapped a segment are not counted: unlinking removes the name, and
+  existing mappings stay valid (POSIX), so a freed object never pulls memory from a
+  reader. Copies of a ref unpickled in another process *borrow* it (not counted).
+
+Called under the scheduler's lock.
 """
 
 from __future__ import annotations
