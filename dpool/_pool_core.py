@@ -113,7 +113,7 @@ class PoolCore:
         self._feeders: set[IMapIterator] = set()
         self._stop_requested = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._runners: OrderedDict[tuple[int, bool], Any] = OrderedDict()
+        self._runners: OrderedDict[tuple[int, Any], Any] = OrderedDict()
         self._runners_lock = threading.Lock()
         self._handler = threading.Thread(target=self._handle_results,
                                          name="dpool-pool-results", daemon=True)

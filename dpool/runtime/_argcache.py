@@ -72,12 +72,15 @@ class ArgumentCache:
         ref, payload = self._put(arr)
         stored = _values.decode(payload)  # a zero-copy view of the stored bytes
         try:
-            wref = weakref.ref(arr, lambda _r, key=key: self._forget(key))
+            wref = weakref.ref(arr, self._forgetter(key))
         except TypeError:
             return ref
         with self._lock:
             self._entries[key] = (wref, ref, stored)
         return ref
+
+    def _forgetter(self, key: int) -> Callable[[Any], None]:
+        return lambda _ref: self._forget(key)
 
     def _forget(self, key: int) -> None:
         with self._lock:

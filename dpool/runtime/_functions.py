@@ -39,7 +39,7 @@ class FunctionTable:
         name = getattr(fn, "__qualname__", type(fn).__name__)
         self._register(fid, name, payload)
         key = id(fn)
-        ref = weakref.ref(fn, lambda _r, key=key: self._forget(key))
+        ref = weakref.ref(fn, self._forgetter(key))
         with self._lock:
             self._by_fn[key] = (ref, fid)
         return fid
@@ -54,6 +54,9 @@ class FunctionTable:
                     self._by_payload.clear()
                 self._by_payload[payload] = fid
         return fid
+
+    def _forgetter(self, key: int) -> Callable[[Any], None]:
+        return lambda _ref: self._forget(key)
 
     def _forget(self, key: int) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
 from dpool.objects import _segment
@@ -336,7 +336,7 @@ class LocalScheduler:
         objects = self._objects
         deps = []
         try:
-            for oid in t.dep_ids:
+            for oid in t.dep_ids or ():
                 d = objects[oid]
                 self.store.pin(d.payload if d.ok else None)
                 deps.append((oid, d.ok, d.payload))
@@ -359,7 +359,7 @@ class LocalScheduler:
             t.deps = None
         if t.deps_counted:
             t.deps_counted = False
-            for oid in t.dep_ids:
+            for oid in t.dep_ids or ():
                 self._decref(oid)
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
@@ -381,7 +381,7 @@ class LocalScheduler:
             self._retire_group(g)
 
     def _wake_waiters(self, obj: Obj, oid: int) -> None:
-        waiters, obj.waiters = obj.waiters, None
+        waiters, obj.waiters = obj.waiters or [], None
         touched = set()
         for w in waiters:
             if isinstance(w, Task):
@@ -417,9 +417,9 @@ class LocalScheduler:
             self.store.drop(obj.payload)
         self._ctl.remove_object(oid)
 
-    def _resident_value(self, obj: Obj) -> tuple[bool, Optional[bytes]]:
+    def _resident_value(self, obj: Obj) -> tuple[bool, bytes]:
         """A ready object's (ok, payload), brought back from disk first if it was spilled."""
-        ok, payload = obj.ok, obj.payload
+        ok, payload = obj.ok, cast(bytes, obj.payload)  # ready: the payload is set
         if ok:
             try:
                 self.store.restore_payload(payload)
