@@ -33,19 +33,8 @@ DEAD_PID = 4_194_304 + 4242  # above Linux's PID_MAX_LIMIT: never a live process
 _ids = itertools.count(1)
 
 
-def _our_segments() -> set[str]:
-    prefixes = (f"dpool_{os.getpid()}_", f"dpool_{DEAD_PID}_")
-    return {e for e in os.listdir(seg.SHM_DIR) if e.startswith(prefixes)}
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_segments() -> Iterator[None]:
-    before = _our_segments()
-    yield
-    leaked = _our_segments() - before
-    for entry in leaked:
-        seg.unlink("/" + entry)
-    assert not leaked, f"test left segments behind: {sorted(leaked)}"
+# (leaked segments: checked for every test by tests/conftest.py)
 
 
 @pytest.fixture

@@ -27,18 +27,8 @@ _ids = itertools.count(1)
 PID = os.getpid()
 
 
-def _our_segments() -> set[str]:
-    return {e for e in os.listdir(seg.SHM_DIR) if e.startswith(f"dpool_{PID}_")}
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_segments() -> Iterator[None]:
-    before = _our_segments()
-    yield
-    leaked = _our_segments() - before
-    for entry in leaked:
-        seg.unlink("/" + entry)
-    assert not leaked, f"test left segments behind: {sorted(leaked)}"
+# (leaked segments: checked for every test by tests/conftest.py)
 
 
 class Recorder:

@@ -272,19 +272,7 @@ class ObjectStore:
 
         Raises ValueError (changing nothing) if the count would go below zero.
         """
-        if n == 0:
-            return False
-        count = self._refs.get(object_id, 0) - n
-        if n < 0 or count < 0:
-            raise ValueError(
-                f"decref of object {object_id} by {n} but its count is "
-                f"{self._refs.get(object_id, 0)}"
-            )
-        if count:
-            self._refs[object_id] = count
-            return False
-        self._refs.pop(object_id, None)
-        return self._free_if_unused(object_id)
+        return self._lower(self._refs, object_id, n, "decref", "count")
 
     def pin(self, object_id: int, n: int = 1) -> None:
         """Protect ``object_id`` from eviction for ``n`` more pending tasks."""
@@ -298,18 +286,22 @@ class ObjectStore:
 
         Raises ValueError (changing nothing) if the pin count would go below zero.
         """
+        return self._lower(self._pins, object_id, n, "unpin", "pin count")
+
+    def _lower(self, counts: dict[int, int], object_id: int, n: int, op: str,
+               what: str) -> bool:
         if n == 0:
             return False
-        count = self._pins.get(object_id, 0) - n
+        count = counts.get(object_id, 0) - n
         if n < 0 or count < 0:
             raise ValueError(
-                f"unpin of object {object_id} by {n} but its pin count is "
-                f"{self._pins.get(object_id, 0)}"
+                f"{op} of object {object_id} by {n} but its {what} is "
+                f"{counts.get(object_id, 0)}"
             )
         if count:
-            self._pins[object_id] = count
+            counts[object_id] = count
             return False
-        self._pins.pop(object_id, None)
+        counts.pop(object_id, None)
         return self._free_if_unused(object_id)
 
     def _free_if_unused(self, object_id: int) -> bool:
