@@ -102,13 +102,16 @@ def test_killed_driver_leaves_no_orphans(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+    def running(pid):  # the process may exit between two psutil calls
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) and
-                                              psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                              for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.1)
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in pids if running(p)]
     assert not alive, f"workers outlived their killed driver: {alive}"
 
 
