@@ -159,10 +159,11 @@ class ProcessPoolExecutor(_cf.Executor):
             raise ValueError("chunksize must be >= 1.")
         end_time = None if timeout is None else timeout + time.monotonic()
         if chunksize == 1:
-            fs = [self.submit(fn, *args) for args in zip(*iterables)]
+            fs = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
         else:
             runner = _ChunkRunner(fn)
-            fs = [self.submit(runner, chunk) for chunk in _chunks(zip(*iterables), chunksize)]
+            rows = zip(*iterables, strict=False)  # shortest iterable wins, as in the stdlib
+            fs = [self.submit(runner, chunk) for chunk in _chunks(rows, chunksize)]
 
         def result_iterator() -> Iterator[Any]:
             try:

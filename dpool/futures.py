@@ -130,7 +130,7 @@ def wait(
         _wait()
     done: list = []
     not_done: list = []
-    for x, f in zip(items, fs):
+    for x, f in zip(items, fs, strict=True):
         (done if f.done() and len(done) < num_returns else not_done).append(x)
     return done, not_done
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import gc
 import itertools
@@ -57,7 +58,11 @@ def mapping_of(arr: np.ndarray) -> object:
     while isinstance(base, np.ndarray):
         base = base.base
     assert isinstance(base, memoryview)
-    return base.obj
+    obj = base.obj
+    if isinstance(obj, ctypes.Array):  # a large segment's lending exporter over the mmap
+        (inner,) = obj._objects.values()
+        obj = inner.obj
+    return obj
 
 
 def reported_size(exc: BaseException) -> int:

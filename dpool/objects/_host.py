@@ -23,6 +23,9 @@ Reference counting, end to end (who keeps an object alive):
 - Processes that have mapped a segment are not counted: unlinking removes the name, and
   existing mappings stay valid (POSIX), so a freed object never pulls memory from a
   reader. Copies of a ref unpickled in another process *borrow* it (not counted).
+- A freed large segment goes to the pool of ``_recycle`` rather than being unlinked; its
+  pages are reused only once no process holds a view of it (readers' ``flock``, see
+  ``_mapping``). The scheduler tells workers (``Forget``) to unmap cached mappings of it.
 
 Called under the scheduler's lock.
 """
@@ -35,7 +38,7 @@ import shutil
 import tempfile
 from typing import Optional
 
-from dpool.objects import _segment, _values
+from dpool.objects import _mapping, _recycle, _segment, _values
 from dpool.objects._store import ObjectStore, default_capacity
 
 log = logging.getLogger("dpool.objects")
@@ -45,8 +48,10 @@ class HostStore:
     def __init__(self, owner_pid: int, capacity: Optional[int] = None) -> None:
         self.owner_pid = owner_pid
         self.store = ObjectStore(capacity or default_capacity(), owner_pid,
-                                 on_evict=self._spill)
+                                 on_evict=self._spill, on_free=self._free)
         _values.set_capacity_limit(self.store.capacity)
+        self.pool = _recycle.SegmentPool(owner_pid, self.store.capacity // 4)
+        self.forgotten: list[str] = []  # large segments freed since the scheduler looked
         self._spill_dir: Optional[str] = None
         self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
 
@@ -59,6 +64,7 @@ class HostStore:
             raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")
         self.store._capacity = capacity  # noqa: SLF001 - the store's own field, resized here
         _values.set_capacity_limit(capacity)
+        self.pool.max_bytes = capacity // 4
 
     # -- lifetime --------------------------------------------------------------------------
     def adopt(self, payload: Optional[bytes]) -> None:
@@ -66,6 +72,8 @@ class HostStore:
         info = _values.stored(payload)
         if info is not None:
             oid, name, size = info
+            if self.store.used + size + self.pool.bytes > self.store.capacity:
+                self.pool.purge()  # pooled pages count against the cap: give them back first
             self.store.add(oid, name, size)
             self.store.incref(oid)
 
@@ -81,7 +89,14 @@ class HostStore:
         if self.store.refcount(oid):
             self.store.decref(oid)
         else:
-            self.store.remove(oid)
+            self.store.remove(oid, freed=True)
+
+    def _free(self, name: str, size: int) -> bool:
+        """A stored object was freed: recycle its segment's pages if it is large."""
+        if size >= _mapping.LARGE:
+            _mapping.forget([name])  # this process's cached mapping; workers are told
+            self.forgotten.append(name)
+        return self.pool.retire(name, size)
 
     def discard(self, payload: Optional[bytes]) -> None:
         """Unlink a stored value that was never adopted (a result nobody will read)."""
@@ -125,11 +140,13 @@ class HostStore:
             self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
         path = os.path.join(self._spill_dir, name.lstrip("/"))
         shutil.copyfile(_segment.SHM_DIR + name, path)
+        _mapping.forget([name])
         self._spilled[oid] = (path, name, self.store.size(oid))
         log.debug("spilled object %d (%d bytes) to %s", oid, self.store.size(oid), path)
 
     def clear(self) -> None:
         self.store.clear()
+        self.pool.purge()
         self._spilled.clear()
         if self._spill_dir is not None:
             shutil.rmtree(self._spill_dir, ignore_errors=True)

@@ -9,11 +9,15 @@ Layout of a segment (all integers little-endian)::
 
 Writing (:func:`write_object`) allocates every page up front with ``posix_fallocate``
 (failing cleanly with :class:`ObjectStoreFullError` instead of a SIGBUS later) and then
-copies each buffer once with ``pwrite``. Reading (:func:`read_object`) maps the segment
-``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``: arrays come back as writable views onto the
-mapping, nothing is copied until a page is written, and a write only ever changes this
-process's private copy of that page, never the shared object. The mapping lives as long
-as any view onto it; unlinking the segment does not invalidate it.
+copies each buffer once with ``pwrite``; a large write first tries to reuse the pages
+of a freed segment (``_recycle``), which saves the allocation. Reading
+(:func:`read_object`) maps the segment ``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``:
+arrays come back as writable views onto the mapping, nothing is copied until a page is
+written, and a write only ever changes this process's private copy of that page, never
+the shared object. The mapping lives as long as any view onto it; unlinking the segment
+does not invalidate it. Large segments are mapped through ``_mapping``, which marks them
+in use while views are alive and caches their mappings for the next read of the same
+object.
 
 Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
 :func:`reap_orphans` can find and unlink the segments of a store whose owner died.
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import re
 import struct
@@ -34,6 +37,7 @@ import posix_ipc
 import psutil
 
 from dpool.errors import ObjectStoreFullError
+from dpool.objects import _mapping, _recycle
 from dpool.objects._serialization import Serialized, deserialize
 
 __all__ = [
@@ -152,16 +156,19 @@ def _allocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
-def write_object(name: str, ser: Serialized) -> int:
-    """Create segment ``name`` holding ``ser``; return the segment's size in bytes.
+def _claim_recycled(name: str, size: int) -> int | None:
+    """An fd of a freed segment's pages renamed to ``name`` (``_recycle``), or None."""
+    match = _NAME_RE.match(name.lstrip("/"))
+    if match is None:
+        return None
+    try:
+        return _recycle.claim(int(match.group(1)), name, size)
+    except OSError as exc:
+        raise _full(name, size, str(exc)) from exc
 
-    Raises :class:`ObjectStoreFullError` (size in the message) when shared memory has no
-    room for it, :class:`FileExistsError` when the name is taken; on any failure nothing
-    is left behind.
-    """
-    views = [_as_bytes_view(b) for b in ser.buffers]
-    layout = _layout(len(ser.meta), [v.nbytes for v in views])
-    size = layout.size
+
+def _create(name: str, size: int) -> int:
+    """A new segment ``name`` with ``size`` bytes allocated, as an fd open for writing."""
     free = shm_free_bytes()
     if free is not None and size > free:
         raise _full(name, size, f"only {free} bytes free in {SHM_DIR}")
@@ -173,9 +180,33 @@ def write_object(name: str, ser: Serialized) -> int:
         if exc.errno in _NO_SPACE_ERRNOS:
             raise _full(name, size, str(exc)) from exc
         raise
-    fd = shm.fd
+    fd = os.dup(shm.fd)
+    shm.close_fd()
     try:
         _allocate(fd, size)
+    except BaseException as exc:
+        os.close(fd)
+        unlink(name)
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+            raise _full(name, size, str(exc)) from exc
+        raise
+    return fd
+
+
+def write_object(name: str, ser: Serialized) -> int:
+    """Create segment ``name`` holding ``ser``; return the segment's size in bytes.
+
+    Raises :class:`ObjectStoreFullError` (size in the message) when shared memory has no
+    room for it, :class:`FileExistsError` when the name is taken; on any failure nothing
+    is left behind.
+    """
+    views = [_as_bytes_view(b) for b in ser.buffers]
+    layout = _layout(len(ser.meta), [v.nbytes for v in views])
+    size = layout.size
+    fd = _claim_recycled(name, size)
+    if fd is None:
+        fd = _create(name, size)
+    try:
         _pwrite_all(fd, memoryview(layout.header), 0)
         _pwrite_all(fd, memoryview(ser.meta), layout.meta_offset)
         for view, offset in zip(views, layout.buffer_offsets, strict=True):
@@ -186,7 +217,7 @@ def write_object(name: str, ser: Serialized) -> int:
             raise _full(name, size, str(exc)) from exc
         raise
     finally:
-        shm.close_fd()
+        os.close(fd)
     logger.debug("wrote segment %s: %d bytes, %d buffers", name, size, len(views))
     return size
 
@@ -207,17 +238,10 @@ def read_object(name: str) -> object:
     :class:`ValueError` when it is not a dpool object segment, and
     :class:`SerializationError` when unpickling fails.
     """
-    shm = _open(name)
-    try:
-        size = shm.size
-        if size < _HEADER.size:
-            raise ValueError(f"{name} is not a dpool object segment ({size} bytes)")
-        mapping = mmap.mmap(
-            shm.fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-        )
-    finally:
-        shm.close_fd()
-    view = memoryview(mapping)
+    view = _mapping.lend(name)
+    size = view.nbytes
+    if size < _HEADER.size:
+        raise ValueError(f"{name} is not a dpool object segment ({size} bytes)")
     magic, version, _, nbuffers, meta_len = _HEADER.unpack_from(view, 0)
     meta_offset = _HEADER.size + _ENTRY.size * nbuffers
     if magic != _MAGIC or version != _VERSION or meta_offset + meta_len > size:

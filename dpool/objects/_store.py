@@ -117,12 +117,14 @@ class ObjectStore:
         owner_pid: int,
         *,
         on_evict: Callable[[int], None] | None = None,
+        on_free: Callable[[str, int], bool] | None = None,
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"object store capacity must be positive, not {capacity}")
         self._capacity = capacity
         self._owner_pid = owner_pid
         self._on_evict = on_evict
+        self._on_free = on_free  # takes a freed segment (True) instead of it being unlinked
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU first
         self._used = 0
         self._refs: dict[int, int] = {}  # only non-zero counts are kept
@@ -226,16 +228,18 @@ class ObjectStore:
         if object_id in self._entries:
             self._entries.move_to_end(object_id)
 
-    def remove(self, object_id: int) -> bool:
+    def remove(self, object_id: int, *, freed: bool = False) -> bool:
         """Unlink a stored object's segment and forget its value; counts are kept.
 
-        Returns False if it was not stored.
+        ``freed``: nobody needs the object any more, so ``on_free`` may take the segment
+        (to reuse its pages) instead. Returns False if it was not stored.
         """
         entry = self._entries.pop(object_id, None)
         if entry is None:
             return False
         self._used -= entry.size
-        _segment.unlink(entry.name)
+        if not (freed and self._on_free is not None and self._on_free(entry.name, entry.size)):
+            _segment.unlink(entry.name)
         return True
 
     def clear(self) -> None:
@@ -307,7 +311,7 @@ class ObjectStore:
     def _free_if_unused(self, object_id: int) -> bool:
         if self._refs.get(object_id, 0) or self._pins.get(object_id, 0):
             return False
-        if self.remove(object_id):
+        if self.remove(object_id, freed=True):
             logger.debug("freed object %d (no handles, no pins)", object_id)
             return True
         return False

@@ -146,6 +146,14 @@ class PutObject:
     payload: bytes
 
 
+@dataclass(slots=True)
+class Forget:
+    """S->W these large segments were freed: unmap any cached mapping of them."""
+
+    CODE: ClassVar[int] = 15
+    names: tuple
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -161,4 +169,5 @@ ALL_MESSAGES = (
     Release,
     Shutdown,
     PutObject,
+    Forget,
 )

@@ -4,8 +4,8 @@ Functions are cached by identity. A function that can be weak-referenced (plain
 functions, lambdas, classes) is cached for as long as it lives; one that cannot (bound
 methods, most builtins) is serialized per submit, since its identity says nothing about
 its state, and deduplicated by its pickle so a hot loop over ``obj.method`` registers
-one entry, not one per task. Because the pickle is taken once, a closure's captured values are those at its
-first submit -- listed in compat/DIFFERENCES.md.
+one entry, not one per task. Because the pickle is taken once, a closure's captured
+values are those at its first submit -- listed in compat/DIFFERENCES.md.
 """
 
 from __future__ import annotations

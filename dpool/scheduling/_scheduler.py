@@ -363,6 +363,8 @@ class LocalScheduler:
                 self._decref(oid)
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
+            if self.store.forgotten:
+                self._forget_mappings()
         self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts, _now())
         obj = self._objects.get(t.task_id)
         if t.future is not None:
@@ -415,7 +417,18 @@ class LocalScheduler:
         obj = self._objects.pop(oid)
         if obj.ok:
             self.store.drop(obj.payload)
+            if self.store.forgotten:
+                self._forget_mappings()
         self._ctl.remove_object(oid)
+
+    def _forget_mappings(self) -> None:
+        """Large segments were freed: workers unmap their cached mappings of them."""
+        names, self.store.forgotten = tuple(self.store.forgotten), []
+        msg = [m.Forget(names)]
+        for g in self._groups.values():
+            for w in g.workers:
+                if w.alive:
+                    self._send(w, msg)
 
     def _resident_value(self, obj: Obj) -> tuple[bool, bytes]:
         """A ready object's (ok, payload), brought back from disk first if it was spilled."""

@@ -22,6 +22,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, TypeVar
 
+from dpool.objects import _mapping
 from dpool.futures import Future, ObjectRef
 from dpool.protocol import ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -198,6 +199,8 @@ class WorkerClient:
                             self._deliver(msg)
                         elif code == m.RegisterFunction.CODE:
                             fn_payloads[msg.fn_id] = msg.payload
+                        elif code == m.Forget.CODE:
+                            _mapping.forget(msg.names)
                         elif code == m.ExecuteTask.CODE:
                             with self._block_lock:
                                 if self._blocked:

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from dpool.objects import _mapping
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -68,6 +69,8 @@ class _Worker:
             self.pending.append(msg)
         elif code == m.RegisterFunction.CODE:
             self.fn_payloads[msg.fn_id] = msg.payload
+        elif code == m.Forget.CODE:
+            _mapping.forget(msg.names)
         elif code == m.Shutdown.CODE:
             self.flush()
             raise SystemExit(0)

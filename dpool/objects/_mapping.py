@@ -1,0 +1,247 @@
+"""This process's read mappings of large object segments: lend views, mark use, cache.
+
+``_segment.read_object`` maps a segment ``MAP_PRIVATE`` (copy-on-write) and hands out
+views onto the mapping. For segments of at least ``LARGE`` bytes it goes through here:
+
+Lending. Each read wraps the mapping in a fresh ctypes exporter, and every view that
+read produces (numpy arrays, memoryviews, slices of them) derives its buffer from that
+exporter. A weakref callback on the exporter therefore fires exactly when the last
+view of that read is gone, whichever thread drops it.
+
+In use. While views of a read are alive, this process holds a shared ``flock`` on the
+segment (through its own open file description). ``_recycle`` reuses the pages of a freed
+segment only if it can take the exclusive lock, so it never rewrites pages a reader can
+still see. A lend also checks, once locked, that the name still refers to the inode it
+opened: an object that was freed while being opened is reported missing, not misread.
+
+Cache. When the last view is gone, the mapping is kept (``CACHE_ENTRIES``, LRU) so the
+next read of the same object here -- a worker running many tasks on one big argument --
+reuses its page tables instead of faulting every page in again (~5 ms per 64 MB on the
+reference machine, a third of a task that sums it). A cached mapping is reused only if
+(1) the name still refers to the same inode (a restored or recycled segment is another
+file) and (2) no page of it was written: copy-on-write gives a written page a private
+anonymous copy, and ``/proc/self/pagemap`` tells those from the file's pages. Otherwise
+it is unmapped and the object mapped afresh, so a task never sees another task's
+writes. Entries go on :func:`forget` (the object was freed), on :func:`prune` (the name
+is gone), when the cache is full, and in a forked child.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import logging
+import mmap
+import os
+import threading
+import weakref
+from collections import OrderedDict, deque
+from typing import Optional
+
+import posix_ipc
+
+__all__ = ["LARGE", "CACHE_ENTRIES", "SHM_DIR", "lend", "forget", "prune", "clear", "cached"]
+
+log = logging.getLogger("dpool.objects")
+
+SHM_DIR = "/dev/shm"
+LARGE = 1 << 20
+"""Segments of at least this many bytes are lent, locked and cached (and recyclable)."""
+CACHE_ENTRIES = 4
+_PAGE = mmap.PAGESIZE
+# pagemap entry, top byte: bit 63 present, bit 62 swapped, bit 61 file page/shared anon.
+# A present or swapped page that is not a file page is a private copy: the map was written.
+_WRITTEN = bytes(1 if (b & 0xC0) and not (b & 0x20) else 0 for b in range(256))
+
+
+class _Mapping:
+    __slots__ = ("name", "fd", "ino", "size", "mm", "locked")
+
+    def __init__(self, name: str, fd: int, ino: int, size: int, mm: mmap.mmap) -> None:
+        self.name = name
+        self.fd = fd
+        self.ino = ino
+        self.size = size
+        self.mm = mm
+        self.locked = False
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive: the mapping goes with it
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)  # drops this process's lock, if any, with the description
+            self.fd = -1
+
+
+_lock = threading.Lock()
+_cache: OrderedDict[str, _Mapping] = OrderedDict()
+_returned: deque[_Mapping] = deque()  # filled by weakref callbacks, drained under _lock
+_refs: dict[int, weakref.ref] = {}  # one per lend whose views are alive (unhashable)
+_pid = os.getpid()
+
+
+def _open(name: str) -> int:
+    try:
+        shm = posix_ipc.SharedMemory(name, read_only=True)
+    except posix_ipc.ExistentialError as exc:
+        raise FileNotFoundError(f"no shared memory segment {name}") from exc
+    fd = os.dup(shm.fd)
+    shm.close_fd()
+    return fd
+
+
+def _current_ino(name: str) -> Optional[int]:
+    try:
+        return os.stat(SHM_DIR + name).st_ino
+    except OSError:
+        return None
+
+
+def lend(name: str) -> memoryview:
+    """A writable copy-on-write byte view of segment ``name``; see the module header.
+
+    Raises :class:`FileNotFoundError` when the segment does not exist (anymore).
+    """
+    entry = _take(name)
+    if entry is None:
+        fd = _open(name)
+        try:
+            st = os.fstat(fd)
+            mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        if st.st_size < LARGE:  # small: no lock, no cache, no descriptor kept
+            os.close(fd)
+            return memoryview(mm)
+        entry = _Mapping(name, fd, st.st_ino, st.st_size, mm)
+    if not entry.locked:
+        fcntl.flock(entry.fd, fcntl.LOCK_SH)
+        entry.locked = True
+        if _current_ino(name) != entry.ino:  # freed (and maybe recycled) meanwhile
+            entry.close()
+            raise FileNotFoundError(f"shared memory segment {name} was freed while opened")
+    exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
+    ref = weakref.ref(exporter, functools.partial(_views_gone, entry, os.getpid()))
+    _refs[id(ref)] = ref
+    return memoryview(exporter).cast("B")
+
+
+def _views_gone(entry: _Mapping, pid: int, ref: weakref.ref) -> None:
+    """The last view of one lend is gone. Runs in any thread, maybe inside GC: no locks."""
+    _refs.pop(id(ref), None)
+    if os.getpid() != pid:  # a forked child's copy: the lock belongs to the parent
+        return
+    if entry.locked and entry.fd >= 0:
+        try:
+            fcntl.flock(entry.fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        entry.locked = False
+    _returned.append(entry)
+
+
+def _drain() -> None:
+    """Move mappings whose views are gone into the cache (caller holds _lock)."""
+    while _returned:
+        entry = _returned.popleft()
+        if entry.fd < 0:
+            continue
+        old = _cache.pop(entry.name, None)
+        if old is not None and old is not entry:
+            old.close()
+        _cache[entry.name] = entry
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)[1].close()
+
+
+def _take(name: str) -> Optional[_Mapping]:
+    with _lock:
+        _drain()
+        entry = _cache.pop(name, None)
+    if entry is None:
+        return None
+    if _current_ino(name) == entry.ino and _pristine(entry):
+        return entry
+    entry.close()
+    return None
+
+
+def _pristine(entry: _Mapping) -> bool:
+    """True if no page of the mapping has been written (so it equals the segment)."""
+    try:
+        probe = ctypes.c_char.from_buffer(entry.mm)
+        addr = ctypes.addressof(probe)
+        del probe
+        npages = (entry.size + _PAGE - 1) // _PAGE
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+        try:
+            raw = os.pread(fd, npages * 8, addr // _PAGE * 8)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, TypeError):
+        return False
+    if len(raw) != npages * 8:
+        return False
+    return b"\x01" not in raw[7::8].translate(_WRITTEN)
+
+
+def forget(names: "list[str] | tuple[str, ...]") -> None:
+    """Unmap cached mappings of these segments (their objects were freed)."""
+    with _lock:
+        _drain()
+        gone = [_cache.pop(n) for n in names if n in _cache]
+    for entry in gone:
+        entry.close()
+
+
+def prune() -> None:
+    """Unmap cached mappings whose segment name is gone."""
+    with _lock:
+        _drain()
+        gone = [e for e in _cache.values() if _current_ino(e.name) != e.ino]
+        for entry in gone:
+            del _cache[entry.name]
+    for entry in gone:
+        entry.close()
+
+
+def clear() -> None:
+    with _lock:
+        _drain()
+        gone = list(_cache.values())
+        _cache.clear()
+    for entry in gone:
+        entry.close()
+
+
+def cached() -> list[str]:
+    """Names of the segments whose mappings are cached here (for tests)."""
+    with _lock:
+        _drain()
+        return list(_cache)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    # The parent's mappings and descriptors stay with the parent: forget them here
+    # without unlocking (the lock lives on the description the parent still uses).
+    for entry in list(_cache.values()) + list(_returned):
+        try:
+            entry.mm.close()
+        except BufferError:
+            pass
+        if entry.fd >= 0:
+            os.close(entry.fd)
+            entry.fd = -1
+    _cache.clear()
+    _returned.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,281 @@
+"""Large segments: cached read mappings (_mapping) and recycled pages (_recycle).
+
+Both are speed-ups that must never be observable as data changing under a reader: a
+task's writes never reach the next task, and a freed object's pages are never rewritten
+while anyone still holds a view of them.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import dpool
+from dpool import ProcessPoolExecutor
+from dpool.objects import _mapping, _recycle
+from dpool.objects import _segment as seg
+from dpool.objects._serialization import serialize
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")
+
+N = (4 << 20) // 8  # 4 MiB of float64: a large segment
+_ids = itertools.count(10_000)
+
+
+@pytest.fixture
+def names() -> Iterator[list[str]]:
+    """Fresh segment names of this process; whatever exists at the end is unlinked."""
+    made: list[str] = []
+    yield made
+    _mapping.clear()
+    for name in made:
+        seg.unlink(name)
+
+
+def new_name(names: list[str]) -> str:
+    name = seg.segment_name(os.getpid(), next(_ids))
+    names.append(name)
+    return name
+
+
+def exporter_mmap(arr: np.ndarray) -> object:
+    """The mmap under a large segment's array (array -> memoryview -> ctypes -> mmap)."""
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview)
+    (inner,) = base.obj._objects.values()
+    return inner.obj
+
+
+def write(names: list[str], value: float) -> str:
+    name = new_name(names)
+    seg.write_object(name, serialize(np.full(N, value)))
+    return name
+
+
+# ------------------------------------------------------------------ read mappings
+def test_second_read_reuses_the_mapping_once_the_first_views_are_gone(names):
+    name = write(names, 1.0)
+    a = seg.read_object(name)
+    first = exporter_mmap(a)
+    assert float(a.sum()) == N
+    del a
+    gc.collect()
+    assert name in _mapping.cached()
+    b = seg.read_object(name)
+    assert exporter_mmap(b) is first
+    assert float(b.sum()) == N
+
+
+def test_a_written_mapping_is_never_reused(names):
+    name = write(names, 1.0)
+    a = seg.read_object(name)
+    a[123] = 99.0  # copy-on-write: a private page now
+    first = exporter_mmap(a)
+    del a
+    gc.collect()
+    b = seg.read_object(name)
+    assert exporter_mmap(b) is not first
+    assert b[123] == 1.0 and float(b.sum()) == N
+
+
+def test_live_views_are_never_shared_between_reads(names):
+    name = write(names, 1.0)
+    a = seg.read_object(name)
+    b = seg.read_object(name)
+    assert exporter_mmap(a) is not exporter_mmap(b)
+    a[:] = 3.0
+    assert float(b.sum()) == N
+
+
+def test_forget_and_prune_unmap_cached_mappings(names):
+    one, two = write(names, 1.0), write(names, 2.0)
+    for name in (one, two):
+        seg.read_object(name)
+    gc.collect()
+    assert {one, two} <= set(_mapping.cached())
+    _mapping.forget([one])
+    assert one not in _mapping.cached()
+    seg.unlink(two)
+    _mapping.prune()
+    assert two not in _mapping.cached()
+
+
+def test_small_segments_bypass_the_cache(names):
+    name = new_name(names)
+    seg.write_object(name, serialize(np.ones(1000)))
+    seg.read_object(name)
+    gc.collect()
+    assert name not in _mapping.cached()
+
+
+# ------------------------------------------------------------------------ recycling
+def test_a_freed_segment_is_reused_for_the_next_large_write(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        old = write(names, 1.0)
+        inode = os.stat(seg.SHM_DIR + old).st_ino
+        assert pool.retire(old, seg.segment_size(old))
+        assert not os.path.exists(seg.SHM_DIR + old)
+        new = write(names, 2.0)
+        assert os.stat(seg.SHM_DIR + new).st_ino == inode  # same pages, new name
+        got = seg.read_object(new)
+        assert float(got.sum()) == 2.0 * N
+    finally:
+        pool.purge()
+
+
+def test_recycling_never_rewrites_pages_a_reader_still_sees(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        old = write(names, 1.0)
+        held = seg.read_object(old)  # e.g. an array the user got back from dpool.get
+        inode = os.stat(seg.SHM_DIR + old).st_ino
+        assert pool.retire(old, seg.segment_size(old))
+        new = write(names, 2.0)
+        assert os.stat(seg.SHM_DIR + new).st_ino != inode  # fresh pages, not held's
+        assert float(held.sum()) == N
+        assert float(seg.read_object(new).sum()) == 2.0 * N
+        assert pool.purge() == 0  # the held segment was unlinked, not put back
+    finally:
+        pool.purge()
+
+
+def test_a_smaller_or_larger_write_reuses_and_resizes(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        for n in (N // 2, 2 * N):
+            old = write(names, 1.0)
+            assert pool.retire(old, seg.segment_size(old))
+            new = new_name(names)
+            size = seg.write_object(new, serialize(np.full(n, 4.0)))
+            assert seg.segment_size(new) == size
+            got = seg.read_object(new)
+            assert got.shape == (n,) and float(got.sum()) == 4.0 * n
+            del got
+            gc.collect()
+            seg.unlink(new)
+    finally:
+        pool.purge()
+
+
+def test_pool_segments_expire(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=0.2)
+    old = write(names, 1.0)
+    assert pool.retire(old, seg.segment_size(old))
+    assert pool.bytes > 0
+    deadline = time.monotonic() + 5
+    while pool.bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.bytes == 0
+    prefix = f"dpool_{os.getpid()}_z"
+    assert not [n for n in os.listdir(seg.SHM_DIR) if n.startswith(prefix)]
+
+
+def test_pool_refuses_small_segments_and_respects_its_budget(names):
+    pool = _recycle.SegmentPool(os.getpid(), max_bytes=N * 8 + (1 << 16), ttl_s=30)
+    try:
+        small = new_name(names)
+        seg.write_object(small, serialize(np.ones(1000)))
+        assert not pool.retire(small, seg.segment_size(small))
+        one, two = write(names, 1.0), write(names, 1.0)
+        assert pool.retire(one, seg.segment_size(one))
+        assert not pool.retire(two, seg.segment_size(two))  # over budget: caller unlinks
+    finally:
+        pool.purge()
+
+
+# ------------------------------------------------------------- through the executor
+def mutate_and_sum(a):
+    a[:] = 5.0
+    return float(a.sum())
+
+
+def total(a):
+    return float(a.sum())
+
+
+_stash: list = []
+
+
+def stash(a):
+    _stash.append(a)
+    return float(a.sum())
+
+
+def stashed_total():
+    return float(_stash[-1].sum())
+
+
+def cached_here():
+    gc.collect()
+    return _mapping.cached()
+
+
+def test_freed_pages_are_reused_by_the_next_put():
+    with ProcessPoolExecutor(1) as ex:
+        ref = dpool.put(np.ones(N))
+        assert ex.submit(total, ref).result(30) == N
+        del ref
+        wait_pooled()
+        ref2 = dpool.put(np.full(N, 3.0))
+        prefix = f"dpool_{os.getpid()}_z"
+        assert not any(n.startswith(prefix) for n in os.listdir(seg.SHM_DIR))  # claimed
+        assert ex.submit(total, ref2).result(30) == 3.0 * N
+        del ref2
+
+
+def test_a_task_write_never_reaches_the_next_task_on_the_same_worker():
+    with ProcessPoolExecutor(1) as ex:
+        ref = dpool.put(np.ones(N))
+        assert ex.submit(total, ref).result(30) == N
+        assert ex.submit(total, ref).result(30) == N  # served from the cached mapping
+        assert ex.submit(mutate_and_sum, ref).result(30) == 5.0 * N
+        assert ex.submit(total, ref).result(30) == N
+        assert ex.submit(total, np.ones(N)).result(30) == N
+        del ref
+
+
+def wait_pooled() -> None:
+    """Wait until a freed segment of this driver sits in the recycling pool."""
+    prefix = f"dpool_{os.getpid()}_z"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if any(n.startswith(prefix) for n in os.listdir(seg.SHM_DIR)):
+            return
+        time.sleep(0.005)
+    raise AssertionError("the freed segment never reached the pool")
+
+
+def test_freed_objects_pages_are_not_reused_under_a_live_view():
+    with ProcessPoolExecutor(1) as ex:
+        for _ in range(3):  # a few rounds, so recycled pages come into play
+            ref = dpool.put(np.ones(N))
+            held = dpool.get(ref)  # the driver keeps a view
+            assert ex.submit(stash, ref).result(30) == N  # and so does the worker
+            del ref  # freed: its segment goes to the pool
+            wait_pooled()
+            ref2 = dpool.put(np.full(N, 7.0))
+            assert ex.submit(total, ref2).result(30) == 7.0 * N
+            assert float(held.sum()) == N
+            assert ex.submit(stashed_total).result(30) == N
+            del ref2, held
+
+
+def test_workers_unmap_cached_mappings_of_freed_objects():
+    with ProcessPoolExecutor(1) as ex:
+        ref = dpool.put(np.ones(N))
+        ex.submit(total, ref).result(30)
+        assert len(ex.submit(cached_here).result(30)) == 1
+        del ref
+        deadline = time.monotonic() + 5
+        while ex.submit(cached_here).result(30) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ex.submit(cached_here).result(30) == []
