@@ -123,8 +123,10 @@ def _extra(metric: Metric, m: dict[str, Any]) -> str:
     parts: list[str] = []
     if metric.key.startswith("mem_"):
         parts.append(
-            f"RSS +{m.get('rss_delta_mb', 0):.0f} MB; PSS +{m.get('pss_delta_mb', 0):.0f} MB "
-            f"({m.get('pss_x_array', 0):.2f}× array); {m.get('processes', '?')} procs"
+            f"memory +{m.get('mem_delta_mb', 0):.0f} MB; "
+            f"RSS +{m.get('rss_delta_mb', 0):.0f} MB ({m.get('rss_x_array', 0):.2f}× array); "
+            f"PSS +{m.get('pss_delta_mb', 0):.0f} MB ({m.get('pss_x_array', 0):.2f}× array); "
+            f"{m.get('processes', '?')} procs"
         )
     if "p10" in m and "p90" in m:
         parts.append(f"p10–p90: {_fmt(metric, m['p10'])}–{_fmt(metric, m['p90'])} {metric.unit}")

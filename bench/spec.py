@@ -167,9 +167,11 @@ GROUPS: dict[str, Group] = {
             Metric(
                 key="mem_arg_64mb",
                 title="Peak memory during the 64 MB argument run",
-                detail="RSS summed over driver + all descendants, sampled every "
-                "{mem_interval_s}s, minus baseline, divided by the array size "
-                "(PSS in the notes: shared memory is counted once there)",
+                detail="memory of driver + all descendants (PSS without shared memory, "
+                "plus the machine's shared memory: each page once, mapped or not), sampled "
+                "every {mem_interval_s}s, minus baseline, divided by the array size "
+                "(RSS, which counts a shared page once per process mapping it, and PSS in "
+                "the notes)",
                 unit="× array",
                 scale=1.0,
                 higher_is_better=False,

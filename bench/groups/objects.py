@@ -48,7 +48,9 @@ def _memory(peer: ExecutorPeer, arr: Array, p: Params, rec: Recorder, key: str) 
     m = sampler.result()
     rec.metric(
         key,
-        m.rss_delta / arr.nbytes,
+        m.mem_delta / arr.nbytes,
+        mem_delta_mb=m.mem_delta / MiB,
+        rss_x_array=m.rss_delta / arr.nbytes,
         rss_delta_mb=m.rss_delta / MiB,
         pss_delta_mb=m.pss_delta / MiB,
         pss_x_array=m.pss_delta / arr.nbytes,
