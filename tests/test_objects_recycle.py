@@ -175,8 +175,7 @@ def test_pool_segments_expire(names):
     while pool.bytes and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pool.bytes == 0
-    prefix = f"dpool_{os.getpid()}_z"
-    assert not [n for n in os.listdir(seg.SHM_DIR) if n.startswith(prefix)]
+    assert not os.path.exists(_recycle.pool_dir(os.getpid()))  # emptied and removed
 
 
 def test_pool_refuses_small_segments_and_respects_its_budget(names):
@@ -226,8 +225,7 @@ def test_freed_pages_are_reused_by_the_next_put():
         del ref
         wait_pooled()
         ref2 = dpool.put(np.full(N, 3.0))
-        prefix = f"dpool_{os.getpid()}_z"
-        assert not any(n.startswith(prefix) for n in os.listdir(seg.SHM_DIR))  # claimed
+        assert not pooled()  # claimed by the put
         assert ex.submit(total, ref2).result(30) == 3.0 * N
         del ref2
 
@@ -243,12 +241,18 @@ def test_a_task_write_never_reaches_the_next_task_on_the_same_worker():
         del ref
 
 
+def pooled() -> list[str]:
+    try:
+        return os.listdir(_recycle.pool_dir(os.getpid()))
+    except FileNotFoundError:
+        return []
+
+
 def wait_pooled() -> None:
     """Wait until a freed segment of this driver sits in the recycling pool."""
-    prefix = f"dpool_{os.getpid()}_z"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if any(n.startswith(prefix) for n in os.listdir(seg.SHM_DIR)):
+        if pooled():
             return
         time.sleep(0.005)
     raise AssertionError("the freed segment never reached the pool")
@@ -279,3 +283,13 @@ def test_workers_unmap_cached_mappings_of_freed_objects():
         while ex.submit(cached_here).result(30) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ex.submit(cached_here).result(30) == []
+
+
+def test_a_dead_owners_pool_is_reaped():
+    dead_pid = 4_194_304 + 4243  # above Linux's PID_MAX_LIMIT: never a live process
+    pool = _recycle.pool_dir(dead_pid)
+    os.makedirs(pool)
+    with open(f"{pool}/0", "wb") as fh:
+        fh.write(b"x" * 4096)
+    assert "/" + os.path.basename(pool) in seg.reap_orphans()
+    assert not os.path.exists(pool)

@@ -9,10 +9,12 @@ exporter. A weakref callback on the exporter therefore fires exactly when the la
 view of that read is gone, whichever thread drops it.
 
 In use. While views of a read are alive, this process holds a shared ``flock`` on the
-segment (through its own open file description). ``_recycle`` reuses the pages of a freed
-segment only if it can take the exclusive lock, so it never rewrites pages a reader can
-still see. A lend also checks, once locked, that the name still refers to the inode it
-opened: an object that was freed while being opened is reported missing, not misread.
+segment (through its own open file description, so one descriptor per live read; the
+soft ``RLIMIT_NOFILE`` is raised to the hard limit on first use). ``_recycle`` reuses
+the pages of a freed segment only if it can take the exclusive lock, so it never
+rewrites pages a reader can still see. A lend also checks, once locked, that the name
+still refers to the inode it opened: an object that was freed while being opened is
+reported missing, not misread.
 
 Cache. When the last view is gone, the mapping is kept (``CACHE_ENTRIES``, LRU) so the
 next read of the same object here -- a worker running many tasks on one big argument --
@@ -119,6 +121,7 @@ def lend(name: str) -> memoryview:
             os.close(fd)
             return memoryview(mm)
         entry = _Mapping(name, fd, st.st_ino, st.st_size, mm)
+        _raise_fd_limit()
     if not entry.locked:
         fcntl.flock(entry.fd, fcntl.LOCK_SH)
         entry.locked = True
@@ -129,6 +132,26 @@ def lend(name: str) -> memoryview:
     ref = weakref.ref(exporter, functools.partial(_views_gone, entry, os.getpid()))
     _refs[id(ref)] = ref
     return memoryview(exporter).cast("B")
+
+
+_fd_limit_raised = False
+
+
+def _raise_fd_limit() -> None:
+    """Each live large view keeps a descriptor (its lock): allow as many as the OS does."""
+    global _fd_limit_raised
+    if _fd_limit_raised:
+        return
+    _fd_limit_raised = True
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _views_gone(entry: _Mapping, pid: int, ref: weakref.ref) -> None:

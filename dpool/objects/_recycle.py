@@ -4,7 +4,8 @@ Allocating shared-memory pages is most of the cost of writing a large object on 
 on the reference machine ``posix_fallocate`` of 64 MB takes ~20 ms (~1.2 us per 4 KiB
 page), the copy into the allocated pages ~12 ms. So when an object of at least
 ``_mapping.LARGE`` bytes is freed, its store does not unlink the segment at once but
-:meth:`SegmentPool.retire` renames it into the host's pool (``/dpool_<owner>_z<n>``).
+:meth:`SegmentPool.retire` moves it into the host's pool, a directory of its own
+(``/dev/shm/dpool_<owner>_pool/<n>``, so finding one costs a listing of the pool only).
 The next large write in *any* process of the runtime (a ``put`` in the driver, a result
 in a worker) :func:`claim` s a pool segment by renaming it to its own new name -- rename
 is atomic, so two writers never get the same one -- resizes it and writes over its pages.
@@ -35,7 +36,7 @@ from typing import Optional
 
 from dpool.objects._mapping import LARGE, SHM_DIR
 
-__all__ = ["SegmentPool", "claim", "pool_ttl"]
+__all__ = ["SegmentPool", "claim", "pool_dir", "pool_ttl"]
 
 log = logging.getLogger("dpool.objects")
 
@@ -50,8 +51,9 @@ def pool_ttl() -> float:
         return _DEFAULT_TTL_S
 
 
-def _prefix(owner_pid: int) -> str:
-    return f"dpool_{owner_pid}_z"
+def pool_dir(owner_pid: int) -> str:
+    """The directory holding the pool of the store owned by process ``owner_pid``."""
+    return f"{SHM_DIR}/dpool_{owner_pid}_pool"
 
 
 class SegmentPool:
@@ -59,6 +61,7 @@ class SegmentPool:
 
     def __init__(self, owner_pid: int, max_bytes: int, ttl_s: Optional[float] = None) -> None:
         self.owner_pid = owner_pid
+        self.dir = pool_dir(owner_pid)
         self.max_bytes = max_bytes
         self.ttl_s = pool_ttl() if ttl_s is None else ttl_s
         self._seq = itertools.count()
@@ -80,8 +83,9 @@ class SegmentPool:
         with self._cond:
             if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
                 return False
-            path = f"{SHM_DIR}/{_prefix(self.owner_pid)}{next(self._seq):x}"
+            path = f"{self.dir}/{next(self._seq):x}"
             try:
+                os.makedirs(self.dir, mode=0o700, exist_ok=True)
                 os.rename(SHM_DIR + name, path)
             except OSError:
                 return False
@@ -98,7 +102,17 @@ class SegmentPool:
         with self._cond:
             paths = list(self._entries)
             self._entries.clear()
-        return sum(_unlink(p) for p in paths)
+            n = sum(_unlink(p) for p in paths)
+            self._remove_dir()
+        return n
+
+    def _remove_dir(self) -> None:
+        """Remove the pool's directory once empty (called with ``_cond`` held)."""
+        if not self._entries:
+            try:
+                os.rmdir(self.dir)
+            except OSError:  # not there, or a writer is mid-claim: the next purge retries
+                pass
 
     def close(self) -> None:
         self._closed = True
@@ -114,6 +128,8 @@ class SegmentPool:
                 for p in due:
                     del self._entries[p]
                     _unlink(p)
+                if due:
+                    self._remove_dir()
                 if self._entries:
                     self._cond.wait(min(t for _, t in self._entries.values()) - now)
                 else:
@@ -137,17 +153,15 @@ def claim(owner_pid: int, name: str, size: int) -> Optional[int]:
     """
     if size < LARGE:
         return None
-    prefix = _prefix(owner_pid)
+    pool = pool_dir(owner_pid)
     try:
-        names = [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
-    except OSError:
-        return None
-    if not names:
+        names = os.listdir(pool)
+    except OSError:  # no pool (yet, or any more)
         return None
     sized = []
     for n in names:
         try:
-            sized.append((os.stat(f"{SHM_DIR}/{n}").st_size, n))
+            sized.append((os.stat(f"{pool}/{n}").st_size, n))
         except OSError:
             continue
     # The smallest that is big enough (only its tail is freed), else the biggest.
@@ -155,7 +169,7 @@ def claim(owner_pid: int, name: str, size: int) -> Optional[int]:
     target = SHM_DIR + name
     for have, n in sized:
         try:
-            os.rename(f"{SHM_DIR}/{n}", target)
+            os.rename(f"{pool}/{n}", target)
         except OSError:  # another writer claimed it, or the owner expired it
             continue
         fd = os.open(target, os.O_RDWR)

@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import struct
 from dataclasses import dataclass
 
@@ -298,7 +299,13 @@ def reap_orphans() -> list[str]:
         pid = int(match.group(1))
         if pid not in alive:
             alive[pid] = psutil.pid_exists(pid)
-        if not alive[pid] and unlink("/" + entry):
+        if alive[pid]:
+            continue
+        path = os.path.join(SHM_DIR, entry)
+        if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
+            shutil.rmtree(path, ignore_errors=True)
+            reaped.append("/" + entry)
+        elif unlink("/" + entry):
             reaped.append("/" + entry)
     if reaped:
         logger.info("reaped %d orphaned shared-memory segments", len(reaped))
