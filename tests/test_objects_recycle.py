@@ -218,8 +218,11 @@ def cached_here():
     return _mapping.cached()
 
 
+STORE = 256 << 20  # the runtime's store is shared: set a cap that leaves room for a pool
+
+
 def test_freed_pages_are_reused_by_the_next_put():
-    with ProcessPoolExecutor(1) as ex:
+    with ProcessPoolExecutor(1, object_store_memory=STORE) as ex:
         ref = dpool.put(np.ones(N))
         assert ex.submit(total, ref).result(30) == N
         del ref
@@ -259,7 +262,7 @@ def wait_pooled() -> None:
 
 
 def test_freed_objects_pages_are_not_reused_under_a_live_view():
-    with ProcessPoolExecutor(1) as ex:
+    with ProcessPoolExecutor(1, object_store_memory=STORE) as ex:
         for _ in range(3):  # a few rounds, so recycled pages come into play
             ref = dpool.put(np.ones(N))
             held = dpool.get(ref)  # the driver keeps a view
@@ -293,3 +296,132 @@ def test_a_dead_owners_pool_is_reaped():
         fh.write(b"x" * 4096)
     assert "/" + os.path.basename(pool) in seg.reap_orphans()
     assert not os.path.exists(pool)
+
+
+# ------------------------------------------------------- found in review (regressions)
+def deleted_shm_fds() -> list[str]:
+    """Descriptors of this process on dpool segments that no longer have a name."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(seg.SHM_DIR + "/dpool") and target.endswith("(deleted)"):
+            out.append(target)
+    return out
+
+
+def test_a_forked_childs_inherited_view_keeps_its_pages(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    old, new = new_name(names), new_name(names)
+    try:
+        seg.write_object(old, serialize(np.full(N, 1.0)))
+        held = seg.read_object(old)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.close(w)
+                os.read(r, 1)  # the parent dropped its view and wrote a new object
+                os._exit(0 if float(held.sum()) == N else 1)
+            finally:
+                os._exit(2)
+        os.close(r)
+        del held
+        gc.collect()  # the parent's unlock must not drop the child's protection
+        assert pool.retire(old, seg.segment_size(old))
+        seg.write_object(new, serialize(np.full(N // 2, 2.0)))  # smaller: would SIGBUS
+        os.write(w, b"x")
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        pool.purge()
+
+
+def test_freed_results_leave_no_descriptor_or_pages_behind():
+    with ProcessPoolExecutor(2) as ex:
+        futures = [ex.submit(np.full, N, 3.0) for _ in range(4)]
+        results = [f.result(30) for f in futures]
+        del futures
+        gc.collect()
+        assert sum(float(r.sum()) for r in results) == 4 * 3.0 * N
+        del results
+        gc.collect()
+        deadline = time.monotonic() + 5  # handles are released on the scheduler's tick
+        while (deleted_shm_fds() or _mapping.cached()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert deleted_shm_fds() == []
+        assert _mapping.cached() == []
+
+
+def worker_deleted_shm_fds():
+    gc.collect()
+    return deleted_shm_fds()
+
+
+def test_spilling_tells_workers_to_unmap():
+    with ProcessPoolExecutor(1, object_store_memory=5 * N * 8 // 2) as ex:
+        a = dpool.put(np.ones(N))
+        assert ex.submit(total, a).result(30) == N  # the worker caches a's mapping
+        b = dpool.put(np.ones(N))
+        c = dpool.put(np.ones(N))  # over the cap: a is spilled to disk
+        deadline = time.monotonic() + 5
+        while ex.submit(worker_deleted_shm_fds).result(30) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ex.submit(worker_deleted_shm_fds).result(30) == []
+        assert ex.submit(total, a).result(30) == N  # brought back from disk
+        del a, b, c
+
+
+def test_writing_an_existing_name_fails_with_or_without_a_pool(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        taken = write(names, 5.0)
+        with pytest.raises(FileExistsError):
+            seg.write_object(taken, serialize(np.full(N, 6.0)))
+        spare = write(names, 1.0)
+        assert pool.retire(spare, seg.segment_size(spare))
+        with pytest.raises(FileExistsError):
+            seg.write_object(taken, serialize(np.full(N, 6.0)))
+        assert float(seg.read_object(taken).sum()) == 5.0 * N
+    finally:
+        pool.purge()
+
+
+@pytest.mark.parametrize("error", [OSError(24, "Too many open files"), KeyboardInterrupt()])
+def test_a_failed_claim_leaves_nothing_behind(names, monkeypatch, error):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        spare = write(names, 1.0)
+        assert pool.retire(spare, seg.segment_size(spare))
+        target = new_name(names)
+        real_open = os.open
+
+        def failing_open(path, *args, **kwargs):
+            if "/claim-" in str(path):
+                raise error
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(_recycle.os, "open", failing_open)
+        with pytest.raises(type(error)):
+            seg.write_object(target, serialize(np.full(N, 2.0)))
+        monkeypatch.undo()
+        assert not os.path.exists(seg.SHM_DIR + target)
+        assert pooled() == []  # the claimed segment is gone, not left under a temp name
+    finally:
+        pool.purge()
+
+
+def test_release_gives_the_pool_back_from_any_process(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        olds = [write(names, 1.0) for _ in range(2)]
+        for old in olds:
+            assert pool.retire(old, seg.segment_size(old))
+        assert len(pooled()) == 2
+        assert _recycle.release(os.getpid()) == 2
+        assert pooled() == []
+    finally:
+        pool.purge()

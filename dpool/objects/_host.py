@@ -50,7 +50,7 @@ class HostStore:
         self.store = ObjectStore(capacity or default_capacity(), owner_pid,
                                  on_evict=self._spill, on_free=self._free)
         _values.set_capacity_limit(self.store.capacity)
-        self.pool = _recycle.SegmentPool(owner_pid, self.store.capacity // 4)
+        self.pool = _recycle.SegmentPool(owner_pid, self._pool_budget(self.store.capacity))
         self.forgotten: list[str] = []  # large segments freed since the scheduler looked
         self._spill_dir: Optional[str] = None
         self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
@@ -64,7 +64,15 @@ class HostStore:
             raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")
         self.store._capacity = capacity  # noqa: SLF001 - the store's own field, resized here
         _values.set_capacity_limit(capacity)
-        self.pool.max_bytes = capacity // 4
+        self.pool.max_bytes = self._pool_budget(capacity)
+
+    @staticmethod
+    def _pool_budget(capacity: int) -> int:
+        """Freed pages kept for reuse: a quarter of the store, within what /dev/shm has
+        beyond the store (writers give pooled pages back first when space runs out)."""
+        total = _segment.shm_total_bytes()
+        spare = capacity // 4 if total is None else max(0, total - capacity)
+        return min(capacity // 4, spare)
 
     # -- lifetime --------------------------------------------------------------------------
     def adopt(self, payload: Optional[bytes]) -> None:
@@ -140,13 +148,14 @@ class HostStore:
             self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
         path = os.path.join(self._spill_dir, name.lstrip("/"))
         shutil.copyfile(_segment.SHM_DIR + name, path)
-        _mapping.forget([name])
+        _mapping.forget([name])  # this process's cached mapping; workers are told
+        self.forgotten.append(name)
         self._spilled[oid] = (path, name, self.store.size(oid))
         log.debug("spilled object %d (%d bytes) to %s", oid, self.store.size(oid), path)
 
     def clear(self) -> None:
         self.store.clear()
-        self.pool.purge()
+        self.pool.purge(everything=True)
         self._spilled.clear()
         if self._spill_dir is not None:
             shutil.rmtree(self._spill_dir, ignore_errors=True)

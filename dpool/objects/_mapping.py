@@ -9,8 +9,9 @@ exporter. A weakref callback on the exporter therefore fires exactly when the la
 view of that read is gone, whichever thread drops it.
 
 In use. While views of a read are alive, this process holds a shared ``flock`` on the
-segment (through its own open file description, so one descriptor per live read; the
-soft ``RLIMIT_NOFILE`` is raised to the hard limit on first use). ``_recycle`` reuses
+segment (through a descriptor kept with the mapping, so a live or cached mapping holds
+two: that one and the mmap's own; the soft ``RLIMIT_NOFILE`` is raised to the hard
+limit on first use). ``_recycle`` reuses
 the pages of a freed segment only if it can take the exclusive lock, so it never
 rewrites pages a reader can still see. A lend also checks, once locked, that the name
 still refers to the inode it opened: an object that was freed while being opened is
@@ -24,8 +25,14 @@ reference machine, a third of a task that sums it). A cached mapping is reused o
 file) and (2) no page of it was written: copy-on-write gives a written page a private
 anonymous copy, and ``/proc/self/pagemap`` tells those from the file's pages. Otherwise
 it is unmapped and the object mapped afresh, so a task never sees another task's
-writes. Entries go on :func:`forget` (the object was freed), on :func:`prune` (the name
-is gone), when the cache is full, and in a forked child.
+writes. A mapping whose name is gone when its views go is never cached; cached ones go
+on :func:`forget` (the object was freed), :func:`prune`, when the cache is full, and in
+a forked child.
+
+Fork. A flock belongs to the open file description, which a forked child shares with
+its parent; the parent's unlock would drop the protection of the child's copies of the
+views. So a child takes its own description and lock for each view alive at the fork
+(:func:`_after_fork_in_child`).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from typing import Optional
 
 import posix_ipc
 
-__all__ = ["LARGE", "CACHE_ENTRIES", "SHM_DIR", "lend", "forget", "prune", "clear", "cached"]
+__all__ = ["CACHE_ENTRIES", "LARGE", "SHM_DIR", "cached", "clear", "forget", "lend", "prune"]
 
 log = logging.getLogger("dpool.objects")
 
@@ -58,7 +65,13 @@ _WRITTEN = bytes(1 if (b & 0xC0) and not (b & 0x20) else 0 for b in range(256))
 
 
 class _Mapping:
-    __slots__ = ("name", "fd", "ino", "size", "mm", "locked")
+    """One mapping of a large segment, with the descriptor its lock is taken through.
+
+    In a forked child, a view alive at the fork gets a descriptor of the child's own
+    (``inherited``): a flock belongs to the open file description, which fork shares
+    with the parent."""
+
+    __slots__ = ("fd", "inherited", "ino", "locked", "mm", "name", "pid", "size")
 
     def __init__(self, name: str, fd: int, ino: int, size: int, mm: mmap.mmap) -> None:
         self.name = name
@@ -67,22 +80,31 @@ class _Mapping:
         self.size = size
         self.mm = mm
         self.locked = False
+        self.pid = os.getpid()
+        self.inherited = False
+
+    def unlock(self) -> None:
+        if self.locked and self.fd >= 0:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+        self.locked = False
 
     def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # the lock goes with the last descriptor of the description
+            self.fd = -1
         try:
             self.mm.close()
         except BufferError:  # a view is still alive: the mapping goes with it
             pass
-        if self.fd >= 0:
-            os.close(self.fd)  # drops this process's lock, if any, with the description
-            self.fd = -1
 
 
 _lock = threading.Lock()
 _cache: OrderedDict[str, _Mapping] = OrderedDict()
 _returned: deque[_Mapping] = deque()  # filled by weakref callbacks, drained under _lock
-_refs: dict[int, weakref.ref] = {}  # one per lend whose views are alive (unhashable)
-_pid = os.getpid()
+_live: dict[int, tuple[weakref.ref, _Mapping]] = {}  # id(ref) -> lend whose views live
 
 
 def _open(name: str) -> int:
@@ -122,15 +144,17 @@ def lend(name: str) -> memoryview:
             return memoryview(mm)
         entry = _Mapping(name, fd, st.st_ino, st.st_size, mm)
         _raise_fd_limit()
-    if not entry.locked:
+    try:
         fcntl.flock(entry.fd, fcntl.LOCK_SH)
         entry.locked = True
         if _current_ino(name) != entry.ino:  # freed (and maybe recycled) meanwhile
-            entry.close()
             raise FileNotFoundError(f"shared memory segment {name} was freed while opened")
+    except BaseException:
+        entry.close()
+        raise
     exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
-    ref = weakref.ref(exporter, functools.partial(_views_gone, entry, os.getpid()))
-    _refs[id(ref)] = ref
+    ref = weakref.ref(exporter, functools.partial(_views_gone, entry))
+    _live[id(ref)] = (ref, entry)
     return memoryview(exporter).cast("B")
 
 
@@ -154,17 +178,24 @@ def _raise_fd_limit() -> None:
         pass
 
 
-def _views_gone(entry: _Mapping, pid: int, ref: weakref.ref) -> None:
-    """The last view of one lend is gone. Runs in any thread, maybe inside GC: no locks."""
-    _refs.pop(id(ref), None)
-    if os.getpid() != pid:  # a forked child's copy: the lock belongs to the parent
+def _views_gone(entry: _Mapping, ref: weakref.ref) -> None:
+    """The last view of one lend is gone. Runs in any thread, maybe inside GC: no locks.
+
+    The exporter is still being torn down here (its mmap export is released after the
+    callbacks), so the mapping cannot be closed yet: an entry that is not cached is
+    simply dropped, and the mmap unmaps itself once the exporter is gone.
+    """
+    _live.pop(id(ref), None)
+    if entry.pid != os.getpid():  # not this process's to unlock (see _after_fork_in_child)
         return
-    if entry.locked and entry.fd >= 0:
-        try:
-            fcntl.flock(entry.fd, fcntl.LOCK_UN)
-        except OSError:
-            pass
-        entry.locked = False
+    entry.unlock()
+    if entry.inherited or _current_ino(entry.name) != entry.ino:
+        # A forked child's copy, or the object is gone: not cached. The descriptor goes
+        # now; the mmap unmaps itself (closing its own) once the exporter is collected.
+        if entry.fd >= 0:
+            os.close(entry.fd)
+            entry.fd = -1
+        return
     _returned.append(entry)
 
 
@@ -172,7 +203,8 @@ def _drain() -> None:
     """Move mappings whose views are gone into the cache (caller holds _lock)."""
     while _returned:
         entry = _returned.popleft()
-        if entry.fd < 0:
+        if _current_ino(entry.name) != entry.ino:  # freed since its views went
+            entry.close()
             continue
         old = _cache.pop(entry.name, None)
         if old is not None and old is not entry:
@@ -213,7 +245,7 @@ def _pristine(entry: _Mapping) -> bool:
     return b"\x01" not in raw[7::8].translate(_WRITTEN)
 
 
-def forget(names: "list[str] | tuple[str, ...]") -> None:
+def forget(names: list[str] | tuple[str, ...]) -> None:
     """Unmap cached mappings of these segments (their objects were freed)."""
     with _lock:
         _drain()
@@ -250,20 +282,37 @@ def cached() -> list[str]:
 
 
 def _after_fork_in_child() -> None:
+    """Runs in a forked child (a worker, or the user's own fork), single-threaded.
+
+    Cached mappings are the parent's: closed here. Views that were alive at the fork
+    are the child's too, but their lock lives on an open file description shared with
+    the parent, which unlocks it when *its* views go; so each gets a description (and a
+    shared lock) of the child's own, released when the child's copies of the views go.
+    """
     global _lock
     _lock = threading.Lock()
-    # The parent's mappings and descriptors stay with the parent: forget them here
-    # without unlocking (the lock lives on the description the parent still uses).
     for entry in list(_cache.values()) + list(_returned):
-        try:
-            entry.mm.close()
-        except BufferError:
-            pass
-        if entry.fd >= 0:
-            os.close(entry.fd)
-            entry.fd = -1
+        entry.close()
     _cache.clear()
     _returned.clear()
+    me = os.getpid()
+    for _ref, entry in list(_live.values()):
+        if entry.pid == me or entry.fd < 0:
+            continue
+        try:
+            fd = os.open(f"/proc/self/fd/{entry.fd}", os.O_RDONLY)
+        except OSError:
+            continue  # no /proc: the child's copy is not protected from recycling
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        os.close(entry.fd)  # the parent's description: the parent keeps its lock
+        entry.fd = fd
+        entry.locked = True
+        entry.inherited = True
+        entry.pid = me
 
 
 if hasattr(os, "register_at_fork"):

@@ -25,18 +25,17 @@ ones, :meth:`SegmentPool.purge` unlinks all (shutdown, or the store needs the ro
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import itertools
 import logging
 import os
+import shutil
 import threading
 import time
-from typing import Optional
 
 from dpool.objects._mapping import LARGE, SHM_DIR
 
-__all__ = ["SegmentPool", "claim", "pool_dir", "pool_ttl"]
+__all__ = ["SegmentPool", "claim", "pool_dir", "pool_ttl", "release"]
 
 log = logging.getLogger("dpool.objects")
 
@@ -59,7 +58,7 @@ def pool_dir(owner_pid: int) -> str:
 class SegmentPool:
     """The owner's side: retire freed segments into the pool, expire and purge them."""
 
-    def __init__(self, owner_pid: int, max_bytes: int, ttl_s: Optional[float] = None) -> None:
+    def __init__(self, owner_pid: int, max_bytes: int, ttl_s: float | None = None) -> None:
         self.owner_pid = owner_pid
         self.dir = pool_dir(owner_pid)
         self.max_bytes = max_bytes
@@ -67,7 +66,7 @@ class SegmentPool:
         self._seq = itertools.count()
         self._entries: dict[str, tuple[int, float]] = {}  # path -> (size, expiry)
         self._cond = threading.Condition()
-        self._timer: Optional[threading.Thread] = None
+        self._timer: threading.Thread | None = None
         self._closed = False
 
     @property
@@ -97,12 +96,17 @@ class SegmentPool:
             self._cond.notify()
         return True
 
-    def purge(self) -> int:
-        """Unlink every pool segment now; returns how many were still there."""
+    def purge(self, everything: bool = False) -> int:
+        """Unlink every pool segment now; returns how many were still there.
+
+        ``everything`` (shutdown, no writer left): also what an interrupted claim left.
+        """
         with self._cond:
             paths = list(self._entries)
             self._entries.clear()
             n = sum(_unlink(p) for p in paths)
+            if everything:
+                shutil.rmtree(self.dir, ignore_errors=True)
             self._remove_dir()
         return n
 
@@ -115,8 +119,9 @@ class SegmentPool:
                 pass
 
     def close(self) -> None:
+        """Stop recycling for good: purge everything and end the expiry thread."""
         self._closed = True
-        self.purge()
+        self.purge(everything=True)
         with self._cond:
             self._cond.notify()
 
@@ -144,12 +149,13 @@ def _unlink(path: str) -> bool:
     return True
 
 
-def claim(owner_pid: int, name: str, size: int) -> Optional[int]:
-    """A pool segment renamed to ``name`` and sized ``size``, as an fd open for writing.
+def claim(owner_pid: int, name: str, size: int) -> int | None:
+    """A pool segment moved to ``name`` and sized ``size``, as an fd open for writing.
 
     The fd holds the segment's exclusive lock until closed. None when no pool segment
-    can be reused; the caller then creates ``name`` afresh. Raises ``OSError`` (with the
-    segment removed) when growing a reused segment finds no room.
+    can be reused; the caller then creates ``name`` afresh. Raises ``FileExistsError``
+    if ``name`` exists, and ``OSError`` (ENOSPC...) when growing a reused segment finds
+    no room; on any failure nothing is left under ``name``.
     """
     if size < LARGE:
         return None
@@ -160,36 +166,66 @@ def claim(owner_pid: int, name: str, size: int) -> Optional[int]:
         return None
     sized = []
     for n in names:
+        if n.startswith("claim-"):
+            continue
         try:
             sized.append((os.stat(f"{pool}/{n}").st_size, n))
         except OSError:
             continue
     # The smallest that is big enough (only its tail is freed), else the biggest.
     sized.sort(key=lambda x: (x[0] < size, x[0] if x[0] >= size else -x[0]))
-    target = SHM_DIR + name
     for have, n in sized:
+        # Rename to a name of this claim first (atomic: one claimer wins), then link to
+        # the target, which fails if it exists, as creating it would (O_EXCL).
+        mine = f"{pool}/claim-{os.getpid()}-{next(_claims)}"
         try:
-            os.rename(f"{pool}/{n}", target)
+            os.rename(f"{pool}/{n}", mine)
         except OSError:  # another writer claimed it, or the owner expired it
             continue
-        fd = os.open(target, os.O_RDWR)
+        fd = _take_over(mine, SHM_DIR + name, have, size)
+        if fd is not None:
+            log.debug("recycled pool segment %s (%d bytes) as %s (%d bytes)",
+                      n, have, name, size)
+            return fd
+    return None
+
+
+_claims = itertools.count()
+
+
+def _take_over(mine: str, target: str, have: int, size: int) -> int | None:
+    """Lock, resize and publish a claimed pool segment as ``target``; None if in use."""
+    fd = -1
+    published = False
+    try:
+        fd = os.open(mine, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a reader still has views of the old object
-            os.close(fd)
-            _unlink(target)
-            continue
-        try:
-            if have > size:
-                os.ftruncate(fd, size)
-            elif have < size:
-                os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            os.close(fd)
-            _unlink(target)
-            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
-                raise
             return None
-        log.debug("recycled pool segment %s (%d bytes) as %s (%d bytes)", n, have, name, size)
+        if have > size:
+            os.ftruncate(fd, size)
+        elif have < size:
+            os.posix_fallocate(fd, 0, size)
+        os.link(mine, target)  # FileExistsError if the name is taken
+        published = True
         return fd
-    return None
+    except BaseException:
+        if published:
+            _unlink(target)
+        raise
+    finally:
+        _unlink(mine)
+        if fd >= 0 and not published:
+            os.close(fd)
+
+
+def release(owner_pid: int) -> int:
+    """Unlink every segment in ``owner_pid``'s pool now, from any process; returns how
+    many. For a writer that found no room: pooled pages are the first to give back."""
+    pool = pool_dir(owner_pid)
+    try:
+        names = os.listdir(pool)
+    except OSError:
+        return 0
+    return sum(_unlink(f"{pool}/{n}") for n in names if not n.startswith("claim-"))

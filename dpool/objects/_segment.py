@@ -157,15 +157,24 @@ def _allocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
+def _owner_of(name: str) -> int:
+    match = _NAME_RE.match(name.lstrip("/"))
+    return int(match.group(1)) if match is not None else 0
+
+
 def _claim_recycled(name: str, size: int) -> int | None:
     """An fd of a freed segment's pages renamed to ``name`` (``_recycle``), or None."""
-    match = _NAME_RE.match(name.lstrip("/"))
-    if match is None:
+    owner = _owner_of(name)
+    if not owner:
         return None
     try:
-        return _recycle.claim(int(match.group(1)), name, size)
+        return _recycle.claim(owner, name, size)
+    except FileExistsError as exc:
+        raise FileExistsError(f"shared memory segment {name} already exists") from exc
     except OSError as exc:
-        raise _full(name, size, str(exc)) from exc
+        if exc.errno in _NO_SPACE_ERRNOS:
+            raise _full(name, size, str(exc)) from exc
+        raise
 
 
 def _create(name: str, size: int) -> int:
@@ -204,9 +213,14 @@ def write_object(name: str, ser: Serialized) -> int:
     views = [_as_bytes_view(b) for b in ser.buffers]
     layout = _layout(len(ser.meta), [v.nbytes for v in views])
     size = layout.size
-    fd = _claim_recycled(name, size)
-    if fd is None:
-        fd = _create(name, size)
+    try:
+        fd = _claim_recycled(name, size)
+        if fd is None:
+            fd = _create(name, size)
+    except ObjectStoreFullError:
+        if not _recycle.release(_owner_of(name)):
+            raise
+        fd = _create(name, size)  # the pool's pages were given back: try once more
     try:
         _pwrite_all(fd, memoryview(layout.header), 0)
         _pwrite_all(fd, memoryview(ser.meta), layout.meta_offset)

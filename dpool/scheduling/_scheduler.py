@@ -149,7 +149,11 @@ class LocalScheduler:
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
         with self._lock:
-            self.store.adopt(payload)  # raises ObjectStoreFullError at the put() call
+            try:
+                self.store.adopt(payload)  # raises ObjectStoreFullError at the put() call
+            finally:
+                if self.store.forgotten:  # adopting may have spilled others
+                    self._forget_mappings()
             obj = Obj()
             obj.ready = True
             obj.payload = payload
@@ -363,8 +367,6 @@ class LocalScheduler:
                 self._decref(oid)
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
-            if self.store.forgotten:
-                self._forget_mappings()
         self._ctl.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts, _now())
         obj = self._objects.get(t.task_id)
         if t.future is not None:
@@ -417,12 +419,10 @@ class LocalScheduler:
         obj = self._objects.pop(oid)
         if obj.ok:
             self.store.drop(obj.payload)
-            if self.store.forgotten:
-                self._forget_mappings()
         self._ctl.remove_object(oid)
 
     def _forget_mappings(self) -> None:
-        """Large segments were freed: workers unmap their cached mappings of them."""
+        """Large segments were freed or spilled: workers unmap cached mappings of them."""
         names, self.store.forgotten = tuple(self.store.forgotten), []
         msg = [m.Forget(names)]
         for g in self._groups.values():
@@ -768,6 +768,8 @@ class LocalScheduler:
     # ================================================================ delivery
     def _take_out(self) -> list:
         """The completions gathered in this locked region (lock held)."""
+        if self.store.forgotten:  # large segments freed or spilled in this region
+            self._forget_mappings()
         out = self._out
         if out:
             self._out = []
@@ -808,6 +810,8 @@ class LocalScheduler:
         if self._releases:
             with self._lock:
                 self._drain_releases()
+                if self.store.forgotten:
+                    self._forget_mappings()
         self._ctl.flush()
 
 
