@@ -66,6 +66,7 @@ class DriverRuntime:
 
     def _put(self, value: Any) -> tuple[ObjectRef, bytes]:
         oid = next(self._ids)
+        self.scheduler.collect_releases()  # freed objects first: their pages can be reused
         payload = _payload.dumps_value(value, oid, self.pid)
         self.scheduler.put(oid, payload)
         return ObjectRef(oid, self), payload

@@ -176,6 +176,15 @@ class LocalScheduler:
                 ok, payload = self._resident_value(obj)
         callback(ok, payload)
 
+    def collect_releases(self) -> None:
+        """Apply the handle releases queued by ``release`` now rather than at the next
+        scheduler event (before a large write, so it can reuse the freed pages)."""
+        if self._releases:
+            with self._lock:
+                self._drain_releases()
+                out = self._take_out()
+            self._deliver(out)
+
     def release(self, object_id: int) -> None:
         """Drop one handle's reference. Safe from ``__del__`` in any thread (no lock)."""
         self._releases.append(object_id)
