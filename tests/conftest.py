@@ -55,3 +55,19 @@ def no_leaks():
         p.kill()
     assert not extra, f"test left processes behind: {[p.pid for p in extra]}"
     assert not leaked_segments, f"test left /dev/shm segments behind: {leaked_segments}"
+
+
+@pytest.fixture(autouse=True)
+def restore_store_capacity():
+    """``object_store_memory=`` sets the process-wide store's cap (the last value given
+    applies, as documented): give the next test the cap this one started with."""
+    from dpool.objects._store import default_capacity
+    from dpool.runtime import _current
+
+    runtime = _current._driver
+    before = runtime.scheduler.store.capacity if runtime is not None else default_capacity()
+    yield
+    runtime = _current._driver
+    if runtime is not None and runtime.pid == os.getpid():
+        runtime.scheduler.set_store_capacity(before)
+
