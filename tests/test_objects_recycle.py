@@ -95,17 +95,43 @@ def test_live_views_are_never_shared_between_reads(names):
     assert float(b.sum()) == N
 
 
-def test_forget_and_prune_unmap_cached_mappings(names):
+def test_forget_and_prune_drop_mappings_whose_pages_are_gone(names):
     one, two = write(names, 1.0), write(names, 2.0)
     for name in (one, two):
         seg.read_object(name)
     gc.collect()
     assert {one, two} <= set(_mapping.cached())
+    _mapping.forget([one])  # its pages still have a name: kept, they may be recycled
+    assert one in _mapping.cached()
+    seg.unlink(one)
     _mapping.forget([one])
     assert one not in _mapping.cached()
     seg.unlink(two)
     _mapping.prune()
     assert two not in _mapping.cached()
+
+
+def test_a_mapping_serves_the_object_that_recycles_its_pages(names):
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
+    try:
+        old = write(names, 1.0)
+        first = exporter_mmap(seg.read_object(old))
+        gc.collect()
+        assert pool.retire(old, seg.segment_size(old))
+        new = write(names, 2.0)  # same inode, same size, new contents
+        got = seg.read_object(new)
+        assert exporter_mmap(got) is first  # no page faulted in again
+        assert float(got.sum()) == 2.0 * N
+        got[7] = 9.0  # a private page now: this mapping must not serve the next one
+        del got
+        gc.collect()
+        assert pool.retire(new, seg.segment_size(new))
+        third = write(names, 3.0)
+        got = seg.read_object(third)
+        assert exporter_mmap(got) is not first
+        assert float(got.sum()) == 3.0 * N
+    finally:
+        pool.purge()
 
 
 def test_small_segments_bypass_the_cache(names):
@@ -425,3 +451,18 @@ def test_release_gives_the_pool_back_from_any_process(names):
         assert pooled() == []
     finally:
         pool.purge()
+
+
+def test_workers_let_go_of_pooled_pages_once_the_pool_expires():
+    with ProcessPoolExecutor(1, object_store_memory=STORE) as ex:
+        ref = dpool.put(np.ones(N))
+        assert ex.submit(total, ref).result(30) == N
+        del ref
+        wait_pooled()  # the worker may keep its mapping: the pages can serve a new object
+        deadline = time.monotonic() + 5
+        while (pooled() or ex.submit(worker_deleted_shm_fds).result(30)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pooled() == []
+        assert ex.submit(worker_deleted_shm_fds).result(30) == []
+        assert ex.submit(cached_here).result(30) == []

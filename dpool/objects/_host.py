@@ -99,6 +99,18 @@ class HostStore:
         else:
             self.store.remove(oid, freed=True)
 
+    @property
+    def has_news(self) -> bool:
+        """Frees, spills or pool expiry that readers' cached mappings should hear of."""
+        return bool(self.forgotten) or self.pool.gave_back
+
+    def take_news(self) -> tuple[str, ...]:
+        """The large segments freed or spilled since last asked (may be empty: then
+        only the pool gave pages back), clearing the news."""
+        names, self.forgotten = tuple(self.forgotten), []
+        self.pool.gave_back = False
+        return names
+
     def _free(self, name: str, size: int) -> bool:
         """A stored object was freed: recycle its segment's pages if it is large."""
         if size >= _mapping.LARGE:

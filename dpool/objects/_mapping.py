@@ -20,14 +20,16 @@ reported missing, not misread.
 Cache. When the last view is gone, the mapping is kept (``CACHE_ENTRIES``, LRU) so the
 next read of the same object here -- a worker running many tasks on one big argument --
 reuses its page tables instead of faulting every page in again (~5 ms per 64 MB on the
-reference machine, a third of a task that sums it). A cached mapping is reused only if
-(1) the name still refers to the same inode (a restored or recycled segment is another
-file) and (2) no page of it was written: copy-on-write gives a written page a private
+reference machine, a third of a task that sums it). It also serves the next object that
+reuses the same pages (``_recycle`` keeps the inode): a private mapping whose pages were
+never written maps the file's own pages, so it shows whatever the file holds now. A
+cached mapping is reused only if (1) the segment is the same inode with the same size
+and (2) no page of the mapping was written: copy-on-write gives a written page a private
 anonymous copy, and ``/proc/self/pagemap`` tells those from the file's pages. Otherwise
 it is unmapped and the object mapped afresh, so a task never sees another task's
-writes. A mapping whose name is gone when its views go is never cached; cached ones go
-on :func:`forget` (the object was freed), :func:`prune`, when the cache is full, and in
-a forked child.
+writes. Mappings whose inode has no name left (freed, not pooled) are never kept: they
+go when their views go, on :func:`forget`/:func:`prune` (the owner announces frees,
+spills and pool expiry), when the cache is full, and in a forked child.
 
 Fork. A flock belongs to the open file description, which a forked child shares with
 its parent; the parent's unlock would drop the protection of the child's copies of the
@@ -124,6 +126,14 @@ def _current_ino(name: str) -> Optional[int]:
         return None
 
 
+def _linked(entry: _Mapping) -> bool:
+    """Does the mapped inode still have a name (its object's, or a pool slot's)?"""
+    try:
+        return entry.fd >= 0 and os.fstat(entry.fd).st_nlink > 0
+    except OSError:
+        return False
+
+
 def lend(name: str) -> memoryview:
     """A writable copy-on-write byte view of segment ``name``; see the module header.
 
@@ -189,9 +199,9 @@ def _views_gone(entry: _Mapping, ref: weakref.ref) -> None:
     if entry.pid != os.getpid():  # not this process's to unlock (see _after_fork_in_child)
         return
     entry.unlock()
-    if entry.inherited or _current_ino(entry.name) != entry.ino:
-        # A forked child's copy, or the object is gone: not cached. The descriptor goes
-        # now; the mmap unmaps itself (closing its own) once the exporter is collected.
+    if entry.inherited or not _linked(entry):
+        # A forked child's copy, or pages nobody can name again: not cached. The
+        # descriptor goes now; the mmap unmaps itself once the exporter is collected.
         if entry.fd >= 0:
             os.close(entry.fd)
             entry.fd = -1
@@ -203,7 +213,7 @@ def _drain() -> None:
     """Move mappings whose views are gone into the cache (caller holds _lock)."""
     while _returned:
         entry = _returned.popleft()
-        if _current_ino(entry.name) != entry.ino:  # freed since its views went
+        if not _linked(entry):  # freed (and not pooled) since its views went
             entry.close()
             continue
         old = _cache.pop(entry.name, None)
@@ -215,12 +225,30 @@ def _drain() -> None:
 
 
 def _take(name: str) -> Optional[_Mapping]:
+    """A cached mapping that shows segment ``name`` as it is now, or None.
+
+    Found by name, or by inode: a recycled segment keeps its inode (and its pages), so a
+    mapping of the freed object whose pages it reuses already maps the new one.
+    """
+    try:
+        st = os.stat(SHM_DIR + name)
+    except OSError:
+        return None
     with _lock:
         _drain()
         entry = _cache.pop(name, None)
+        if entry is None or entry.ino != st.st_ino:
+            if entry is not None:
+                entry.close()
+            entry = None
+            for key, e in _cache.items():
+                if e.ino == st.st_ino:
+                    entry = _cache.pop(key)
+                    break
     if entry is None:
         return None
-    if _current_ino(name) == entry.ino and _pristine(entry):
+    if entry.size == st.st_size and _pristine(entry):
+        entry.name = name
         return entry
     entry.close()
     return None
@@ -246,19 +274,26 @@ def _pristine(entry: _Mapping) -> bool:
 
 
 def forget(names: list[str] | tuple[str, ...]) -> None:
-    """Unmap cached mappings of these segments (their objects were freed)."""
+    """These objects were freed (or spilled): unmap their cached mappings, except those
+    whose pages went to the recycling pool (they may serve the object reusing them).
+    An empty ``names`` just prunes (the pool gave pages back)."""
     with _lock:
         _drain()
         gone = [_cache.pop(n) for n in names if n in _cache]
+        keep = [e for e in gone if _linked(e)]
+        for entry in keep:
+            _cache[entry.name] = entry
     for entry in gone:
-        entry.close()
+        if entry not in keep:
+            entry.close()
+    prune()
 
 
 def prune() -> None:
-    """Unmap cached mappings whose segment name is gone."""
+    """Unmap cached mappings whose pages nobody can name any more."""
     with _lock:
         _drain()
-        gone = [e for e in _cache.values() if _current_ino(e.name) != e.ino]
+        gone = [e for e in _cache.values() if not _linked(e)]
         for entry in gone:
             del _cache[entry.name]
     for entry in gone:

@@ -68,6 +68,7 @@ class SegmentPool:
         self._cond = threading.Condition()
         self._timer: threading.Thread | None = None
         self._closed = False
+        self.gave_back = False  # pool segments were unlinked: readers may prune mappings
 
     @property
     def bytes(self) -> int:
@@ -105,6 +106,8 @@ class SegmentPool:
             paths = list(self._entries)
             self._entries.clear()
             n = sum(_unlink(p) for p in paths)
+            if n:
+                self.gave_back = True
             if everything:
                 shutil.rmtree(self.dir, ignore_errors=True)
             self._remove_dir()
@@ -132,7 +135,8 @@ class SegmentPool:
                 due = [p for p, (_, t) in self._entries.items() if t <= now]
                 for p in due:
                     del self._entries[p]
-                    _unlink(p)
+                    if _unlink(p):
+                        self.gave_back = True
                 if due:
                     self._remove_dir()
                 if self._entries:

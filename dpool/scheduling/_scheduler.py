@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, cast
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
-from dpool.objects import _segment
+from dpool.objects import _mapping, _segment
 from dpool.objects._host import HostStore
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -152,7 +152,7 @@ class LocalScheduler:
             try:
                 self.store.adopt(payload)  # raises ObjectStoreFullError at the put() call
             finally:
-                if self.store.forgotten:  # adopting may have spilled others
+                if self.store.has_news:  # adopting may have spilled others
                     self._forget_mappings()
             obj = Obj()
             obj.ready = True
@@ -431,8 +431,10 @@ class LocalScheduler:
         self._ctl.remove_object(oid)
 
     def _forget_mappings(self) -> None:
-        """Large segments were freed or spilled: workers unmap cached mappings of them."""
-        names, self.store.forgotten = tuple(self.store.forgotten), []
+        """Large segments were freed or spilled, or pooled pages given back: workers (and
+        this process) unmap cached mappings nobody can use any more."""
+        names = self.store.take_news()
+        _mapping.prune()
         msg = [m.Forget(names)]
         for g in self._groups.values():
             for w in g.workers:
@@ -777,7 +779,7 @@ class LocalScheduler:
     # ================================================================ delivery
     def _take_out(self) -> list:
         """The completions gathered in this locked region (lock held)."""
-        if self.store.forgotten:  # large segments freed or spilled in this region
+        if self.store.has_news:  # large segments freed or spilled in this region
             self._forget_mappings()
         out = self._out
         if out:
@@ -816,10 +818,10 @@ class LocalScheduler:
     def _on_tick(self) -> None:
         while self._closing:
             self.close_group(self._closing.popleft())
-        if self._releases:
+        if self._releases or self.store.has_news:  # news: e.g. the pool expired pages
             with self._lock:
                 self._drain_releases()
-                if self.store.forgotten:
+                if self.store.has_news:
                     self._forget_mappings()
         self._ctl.flush()
 
