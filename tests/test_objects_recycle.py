@@ -466,3 +466,60 @@ def test_workers_let_go_of_pooled_pages_once_the_pool_expires():
         assert pooled() == []
         assert ex.submit(worker_deleted_shm_fds).result(30) == []
         assert ex.submit(cached_here).result(30) == []
+
+
+def test_fork_waits_for_a_segment_write_in_flight():
+    """A child forked mid-write would inherit the writer's exclusive lock (readers of
+    that object would block for the child's life): fork waits for the write."""
+    import threading
+
+    from dpool.objects import _forkguard
+
+    entered, release = threading.Event(), threading.Event()
+    ended = []
+
+    def writer():
+        with _forkguard.no_fork():
+            entered.set()
+            release.wait(5)
+            time.sleep(0.2)
+            ended.append(time.monotonic())
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert entered.wait(5)
+    release.set()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(0)
+    forked = time.monotonic()
+    os.waitpid(pid, 0)
+    t.join(5)
+    assert ended and forked >= ended[0]
+
+
+def worker_deleted_shm_maps():
+    gc.collect()
+    with open("/proc/self/maps") as fh:
+        return [line.split(None, 5)[-1].strip() for line in fh
+                if "/dev/shm/dpool" in line and "(deleted)" in line]
+
+
+def test_a_claim_that_finds_its_segment_still_read_does_not_leave_pages_pinned():
+    with ProcessPoolExecutor(1, object_store_memory=STORE) as ex:
+        a = dpool.put(np.ones(N))
+        assert ex.submit(total, a).result(30) == N  # the worker keeps a's mapping
+        view = dpool.get(a)  # and the driver a live view
+        del a
+        wait_pooled()
+        b = dpool.put(np.full(N, 2.0))  # the claim finds a still read: a is unlinked
+        del view
+        gc.collect()
+        deadline = time.monotonic() + 5  # the owner announces it within a pool lifetime
+        while (ex.submit(worker_deleted_shm_fds).result(30)
+               or ex.submit(worker_deleted_shm_maps).result(30)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ex.submit(worker_deleted_shm_fds).result(30) == []
+        assert ex.submit(worker_deleted_shm_maps).result(30) == []
+        assert float(dpool.get(b).sum()) == 2.0 * N
+        del b

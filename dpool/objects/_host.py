@@ -52,6 +52,7 @@ class HostStore:
         _values.set_capacity_limit(self.store.capacity)
         self.pool = _recycle.SegmentPool(owner_pid, self._pool_budget(self.store.capacity))
         self.forgotten: list[str] = []  # large segments freed since the scheduler looked
+        self._prune = False  # a segment outside the store was unlinked since it looked
         self._spill_dir: Optional[str] = None
         self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
 
@@ -102,13 +103,13 @@ class HostStore:
     @property
     def has_news(self) -> bool:
         """Frees, spills or pool expiry that readers' cached mappings should hear of."""
-        return bool(self.forgotten) or self.pool.gave_back
+        return bool(self.forgotten) or self.pool.gave_back or self._prune
 
     def take_news(self) -> tuple[str, ...]:
         """The large segments freed or spilled since last asked (may be empty: then
         only the pool gave pages back), clearing the news."""
         names, self.forgotten = tuple(self.forgotten), []
-        self.pool.gave_back = False
+        self.pool.gave_back = self._prune = False
         return names
 
     def _free(self, name: str, size: int) -> bool:
@@ -122,7 +123,14 @@ class HostStore:
         """Unlink a stored value that was never adopted (a result nobody will read)."""
         info = _values.stored(payload)
         if info is not None and not self.store.contains(info[0]):
-            _segment.unlink(info[1])
+            self.unlink_unadopted(info[1])
+
+    def unlink_unadopted(self, name: str) -> None:
+        """Unlink a segment the store never held (e.g. a dead worker's half-written
+        result). Its pages may be recycled ones that readers still keep mapped for
+        reuse: tell them to prune."""
+        if _segment.unlink(name):
+            self._prune = True
 
     def pin(self, payload: Optional[bytes]) -> None:
         """A pending task will read this value: bring it back if spilled, keep it mapped."""

@@ -52,6 +52,8 @@ from typing import Optional
 
 import posix_ipc
 
+from dpool.objects import _forkguard
+
 __all__ = ["CACHE_ENTRIES", "LARGE", "SHM_DIR", "cached", "clear", "forget", "lend", "prune"]
 
 log = logging.getLogger("dpool.objects")
@@ -140,31 +142,33 @@ def lend(name: str) -> memoryview:
     Raises :class:`FileNotFoundError` when the segment does not exist (anymore).
     """
     entry = _take(name)
-    if entry is None:
-        fd = _open(name)
+    with _forkguard.no_fork():  # no child may inherit a descriptor not yet registered
+        if entry is None:
+            fd = _open(name)
+            try:
+                st = os.fstat(fd)
+                mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_PRIVATE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except BaseException:
+                os.close(fd)
+                raise
+            if st.st_size < LARGE:  # small: no lock, no cache, no descriptor kept
+                os.close(fd)
+                return memoryview(mm)
+            entry = _Mapping(name, fd, st.st_ino, st.st_size, mm)
+            _raise_fd_limit()
         try:
-            st = os.fstat(fd)
-            mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            fcntl.flock(entry.fd, fcntl.LOCK_SH)
+            entry.locked = True
+            if _current_ino(name) != entry.ino:  # freed (and maybe recycled) meanwhile
+                raise FileNotFoundError(
+                    f"shared memory segment {name} was freed while opened")
         except BaseException:
-            os.close(fd)
+            entry.close()
             raise
-        if st.st_size < LARGE:  # small: no lock, no cache, no descriptor kept
-            os.close(fd)
-            return memoryview(mm)
-        entry = _Mapping(name, fd, st.st_ino, st.st_size, mm)
-        _raise_fd_limit()
-    try:
-        fcntl.flock(entry.fd, fcntl.LOCK_SH)
-        entry.locked = True
-        if _current_ino(name) != entry.ino:  # freed (and maybe recycled) meanwhile
-            raise FileNotFoundError(f"shared memory segment {name} was freed while opened")
-    except BaseException:
-        entry.close()
-        raise
-    exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
-    ref = weakref.ref(exporter, functools.partial(_views_gone, entry))
-    _live[id(ref)] = (ref, entry)
+        exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
+        ref = weakref.ref(exporter, functools.partial(_views_gone, entry))
+        _live[id(ref)] = (ref, entry)
     return memoryview(exporter).cast("B")
 
 

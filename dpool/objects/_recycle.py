@@ -106,7 +106,7 @@ class SegmentPool:
             paths = list(self._entries)
             self._entries.clear()
             n = sum(_unlink(p) for p in paths)
-            if n:
+            if paths:
                 self.gave_back = True
             if everything:
                 shutil.rmtree(self.dir, ignore_errors=True)
@@ -135,9 +135,12 @@ class SegmentPool:
                 due = [p for p, (_, t) in self._entries.items() if t <= now]
                 for p in due:
                     del self._entries[p]
-                    if _unlink(p):
-                        self.gave_back = True
+                    _unlink(p)
                 if due:
+                    # Even an entry already gone (a claim found it still read and
+                    # unlinked it, or release() did) may be mapped by readers for
+                    # reuse: they must prune.
+                    self.gave_back = True
                     self._remove_dir()
                 if self._entries:
                     self._cond.wait(min(t for _, t in self._entries.values()) - now)

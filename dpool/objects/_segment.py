@@ -32,13 +32,14 @@ import os
 import re
 import shutil
 import struct
+import time
 from dataclasses import dataclass
 
 import posix_ipc
 import psutil
 
 from dpool.errors import ObjectStoreFullError
-from dpool.objects import _mapping, _recycle
+from dpool.objects import _forkguard, _mapping, _recycle
 from dpool.objects._serialization import Serialized, deserialize
 
 __all__ = [
@@ -67,6 +68,7 @@ _ENTRY = struct.Struct("<QQ")  # offset, nbytes
 _ALIGN = 64
 _NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT})
 _MAX_WRITE = 1 << 30  # bytes per pwrite call (Linux caps a single write near 2 GiB)
+_RETRY_FULL_S = 1.0  # how long a write that found no room waits for pooled pages back
 
 
 def segment_name(owner_pid: int, object_id: int) -> str:
@@ -214,13 +216,35 @@ def write_object(name: str, ser: Serialized) -> int:
     layout = _layout(len(ser.meta), [v.nbytes for v in views])
     size = layout.size
     try:
-        fd = _claim_recycled(name, size)
-        if fd is None:
-            fd = _create(name, size)
+        with _forkguard.no_fork():
+            _write(name, size, layout, ser, views, recycle=True)
     except ObjectStoreFullError:
         if not _recycle.release(_owner_of(name)):
             raise
-        fd = _create(name, size)  # the pool's pages were given back: try once more
+        # The pool's pages were given back. Readers elsewhere that kept mappings of them
+        # for reuse let go when the owner announces it (within a pool lifetime and a
+        # scheduler tick); this process lets go now. Then try again, for a while.
+        _mapping.prune()
+        deadline = time.monotonic() + _RETRY_FULL_S
+        while True:
+            try:
+                with _forkguard.no_fork():
+                    _write(name, size, layout, ser, views, recycle=False)
+                break
+            except ObjectStoreFullError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
+    logger.debug("wrote segment %s: %d bytes, %d buffers", name, size, len(views))
+    return size
+
+
+def _write(name: str, size: int, layout: _Layout, ser: Serialized, views: list[memoryview],
+           recycle: bool) -> None:
+    """Create (or claim, if ``recycle``) segment ``name`` and write ``ser`` into it."""
+    fd = _claim_recycled(name, size) if recycle else None
+    if fd is None:
+        fd = _create(name, size)
     try:
         _pwrite_all(fd, memoryview(layout.header), 0)
         _pwrite_all(fd, memoryview(ser.meta), layout.meta_offset)
@@ -233,8 +257,6 @@ def write_object(name: str, ser: Serialized) -> int:
         raise
     finally:
         os.close(fd)
-    logger.debug("wrote segment %s: %d bytes, %d buffers", name, size, len(views))
-    return size
 
 
 def _open(name: str) -> posix_ipc.SharedMemory:

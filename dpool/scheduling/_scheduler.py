@@ -709,7 +709,8 @@ class LocalScheduler:
                             w.worker_id, w.pid, _describe_exit(exitcode), len(lost))
             for t in lost:
                 # a result segment the dead worker may have half written
-                _segment.unlink(_segment.segment_name(self.store.owner_pid, t.task_id))
+                self.store.unlink_unadopted(
+                    _segment.segment_name(self.store.owner_pid, t.task_id))
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     g.queue.appendleft(t)
                 else:
