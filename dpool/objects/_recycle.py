@@ -67,7 +67,6 @@ class SegmentPool:
         self._entries: dict[str, tuple[int, float]] = {}  # path -> (size, expiry)
         self._cond = threading.Condition()
         self._timer: threading.Thread | None = None
-        self._closed = False
         self.gave_back = False  # pool segments were unlinked: readers may prune mappings
 
     @property
@@ -78,7 +77,7 @@ class SegmentPool:
 
     def retire(self, name: str, size: int) -> bool:
         """Move a freed segment into the pool; False if it does not qualify (unlink it)."""
-        if size < LARGE or self.ttl_s <= 0 or self._closed:
+        if size < LARGE or self.ttl_s <= 0:
             return False
         with self._cond:
             if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
@@ -121,16 +120,9 @@ class SegmentPool:
             except OSError:  # not there, or a writer is mid-claim: the next purge retries
                 pass
 
-    def close(self) -> None:
-        """Stop recycling for good: purge everything and end the expiry thread."""
-        self._closed = True
-        self.purge(everything=True)
-        with self._cond:
-            self._cond.notify()
-
     def _expire_loop(self) -> None:
         with self._cond:
-            while not self._closed:
+            while True:
                 now = time.monotonic()
                 due = [p for p, (_, t) in self._entries.items() if t <= now]
                 for p in due:
