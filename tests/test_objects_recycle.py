@@ -523,3 +523,13 @@ def test_a_claim_that_finds_its_segment_still_read_does_not_leave_pages_pinned()
         assert ex.submit(worker_deleted_shm_maps).result(30) == []
         assert float(dpool.get(b).sum()) == 2.0 * N
         del b
+
+
+def test_recycling_can_be_turned_off(names, monkeypatch):
+    monkeypatch.setenv("DPOOL_SEGMENT_POOL_TTL", "0")
+    assert _recycle.pool_ttl() == 0.0
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30)
+    old = write(names, 1.0)
+    assert not pool.retire(old, seg.segment_size(old))  # the caller unlinks it
+    monkeypatch.setenv("DPOOL_SEGMENT_POOL_TTL", "not a number")
+    assert _recycle.pool_ttl() == 0.5
