@@ -42,7 +42,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
-import logging
 import mmap
 import os
 import threading
@@ -55,8 +54,6 @@ import posix_ipc
 from dpool.objects import _forkguard
 
 __all__ = ["CACHE_ENTRIES", "LARGE", "SHM_DIR", "cached", "clear", "forget", "lend", "prune"]
-
-log = logging.getLogger("dpool.objects")
 
 SHM_DIR = "/dev/shm"
 LARGE = 1 << 20
