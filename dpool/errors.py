@@ -19,6 +19,7 @@ __all__ = [
     "ObjectLostError",
     "SerializationError",
     "ProtocolError",
+    "AuthenticationError",
     "CancelledError",
     "TimeoutError",
 ]
@@ -71,6 +72,14 @@ class SerializationError(Error, TypeError):
 
 class ProtocolError(Error):
     """A peer sent a message this process does not understand (wrong version or code)."""
+
+
+class AuthenticationError(Error):
+    """A peer did not prove it knows the cluster token (or this process used a wrong one).
+
+    Raised when connecting to a node or global scheduler with a missing or wrong
+    ``DPOOL_TOKEN``; the server logs the refusal and keeps serving others.
+    """
 
 
 class CancelledError(Error, _StdCancelledError):

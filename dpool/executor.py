@@ -84,7 +84,7 @@ class ProcessPoolExecutor(_cf.Executor):
         object_store_memory: Optional[int] = None,
     ) -> None:
         if max_workers is None:
-            max_workers = os.cpu_count() or 1
+            max_workers = _current.cluster_cpus()
         elif max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
         if initializer is not None and not callable(initializer):

@@ -29,6 +29,7 @@ from dpool._pool_results import (
     MapResult,
 )
 from dpool.executor import ProcessPoolExecutor
+from dpool.runtime import _current
 
 __all__ = ["Pool", "cpu_count", "ApplyResult", "AsyncResult", "MapResult", "IMapIterator",
            "IMapUnorderedIterator"]
@@ -37,10 +38,13 @@ _NO_KWDS: Mapping[str, Any] = types.MappingProxyType({})
 
 
 def cpu_count() -> int:
-    """The number of CPUs of this machine (as ``multiprocessing.cpu_count()``).
+    """The number of CPUs of this machine (as ``multiprocessing.cpu_count()``), or of the
+    cluster when ``DPOOL_ADDRESS`` is set.
 
     Raises ``NotImplementedError`` when it cannot be determined, as the stdlib does.
     """
+    if os.environ.get("DPOOL_ADDRESS"):
+        return _current.cluster_cpus()
     n = os.cpu_count()
     if n is None:
         raise NotImplementedError("cannot determine number of cpus")
@@ -71,7 +75,7 @@ class Pool:
     ) -> None:
         self._core: Optional[PoolCore] = None  # exists for __del__ if the checks below raise
         if processes is None:
-            processes = os.cpu_count() or 1
+            processes = _current.cluster_cpus()
         processes = operator.index(processes)
         if processes < 1:
             raise ValueError("Number of processes must be at least 1")

@@ -259,15 +259,3 @@ def test_unpicklable_function_fails_that_future_only():
         with pytest.raises(TypeError, match="pickle"):
             f.result(10)
         assert ex.submit(square, 2).result(10) == 4
-
-
-def test_cluster_address_is_refused_clearly(tmp_path):
-    import subprocess
-    import sys
-
-    code = "from dpool import ProcessPoolExecutor\nProcessPoolExecutor(1)\n"
-    env = dict(__import__("os").environ, DPOOL_ADDRESS="10.0.0.1:6379")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=60)
-    assert out.returncode != 0
-    assert "dpool.errors.Error" in out.stderr and "DPOOL_ADDRESS" in out.stderr

@@ -43,6 +43,12 @@ class Channel:
         sock.setblocking(blocking)
         self.fileno = sock.fileno()
 
+    def set_blocking(self, blocking: bool) -> None:
+        """Switch modes (a node hands an attached driver's socket to its IO loop)."""
+        with self._send_lock:
+            self._blocking = blocking
+            self.sock.setblocking(blocking)
+
     # -- sending -------------------------------------------------------------------------
     def send(self, body: bytes) -> bool:
         """Send one frame. Returns False if part of it is queued for ``flush()``."""

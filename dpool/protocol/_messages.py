@@ -1,6 +1,8 @@
 """Typed messages of the dpool wire protocol (version in ``_codec.PROTOCOL_VERSION``).
 
-Direction is noted on each class: S = local scheduler, W = worker. Payloads are opaque
+Direction is noted on each class: S = local scheduler, W = worker, D = a driver attached
+to a node daemon (cluster mode; it speaks the worker's messages for submitting, getting,
+putting and releasing, plus the group messages below). Payloads are opaque
 ``bytes`` produced by ``dpool.objects`` serialization; ids are ints (object id == id of
 the task that produces it). Keep fields positional and append-only: the codec sends them
 as a tuple in declaration order, so reordering a field is a protocol version bump.
@@ -154,6 +156,95 @@ class Forget:
     names: tuple
 
 
+@dataclass(slots=True)
+class Attach:
+    """D->S first frame after the handshake: who the driver is and where its code lives."""
+
+    CODE: ClassVar[int] = 16
+    version: int
+    pid: int
+    hostname: str
+    cwd: str
+    sys_path: tuple
+
+
+@dataclass(slots=True)
+class Attached:
+    """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
+    the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
+
+    CODE: ClassVar[int] = 17
+    node_id: str
+    id_prefix: int
+    num_cpus: int
+    cluster_cpus: int
+
+
+@dataclass(slots=True)
+class CreateGroup:
+    """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
+
+    CODE: ClassVar[int] = 18
+    group_id: int
+    max_workers: int
+    start_method: str
+    initializer: Optional[bytes]
+    max_tasks: Optional[int]
+    max_attempts: int
+
+
+@dataclass(slots=True)
+class GroupOp:
+    """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
+    ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason)."""
+
+    CODE: ClassVar[int] = 19
+    group_id: int
+    op: str
+    arg: str
+
+
+@dataclass(slots=True)
+class GroupExited:
+    """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
+
+    CODE: ClassVar[int] = 20
+    group_id: int
+
+
+@dataclass(slots=True)
+class GroupBroken:
+    """S->D the group can run no more tasks (its initializer failed): ``reason``."""
+
+    CODE: ClassVar[int] = 21
+    group_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class CancelTask:
+    """D->S the driver cancelled these futures: drop the tasks that have not started.
+    S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
+
+    CODE: ClassVar[int] = 22
+    task_ids: tuple
+
+
+@dataclass(slots=True)
+class StatusRequest:
+    """D->S describe this node (``dpool status``)."""
+
+    CODE: ClassVar[int] = 23
+
+
+@dataclass(slots=True)
+class StatusReply:
+    """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
+
+    CODE: ClassVar[int] = 24
+    status: str
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -170,4 +261,13 @@ ALL_MESSAGES = (
     Shutdown,
     PutObject,
     Forget,
+    Attach,
+    Attached,
+    CreateGroup,
+    GroupOp,
+    GroupExited,
+    GroupBroken,
+    CancelTask,
+    StatusRequest,
+    StatusReply,
 )

@@ -28,15 +28,23 @@ def driver() -> Any:
                 _inherited.append(_driver)
             address = os.environ.get("DPOOL_ADDRESS")
             if address:
-                from dpool.errors import Error
+                from dpool.runtime._address import resolve
+                from dpool.runtime._cluster import ClusterRuntime
 
-                raise Error(
-                    f"DPOOL_ADDRESS={address!r} asks for a cluster, but this dpool has no "
-                    "cluster client yet: unset DPOOL_ADDRESS to run on this host")
-            from dpool.runtime._driver import DriverRuntime
+                _driver = ClusterRuntime(resolve(address))
+            else:
+                from dpool.runtime._driver import DriverRuntime
 
-            _driver = DriverRuntime()
+                _driver = DriverRuntime()
         return _driver
+
+
+def cluster_cpus() -> int:
+    """CPUs the pools of this driver can use: the cluster's when ``DPOOL_ADDRESS`` is
+    set (``max_workers=None``, ``cpu_count()``), else this machine's (as the stdlib)."""
+    if os.environ.get("DPOOL_ADDRESS") and _worker is None:
+        return driver().cluster_cpus
+    return os.cpu_count() or 1
 
 
 def in_worker() -> bool:

@@ -54,6 +54,7 @@ class Obj:
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "alive", "owned")
+    remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
         self.worker_id = worker_id
@@ -88,3 +89,6 @@ class Group:
     closed: bool = False  # no more submissions
     broken: Optional[str] = None  # why the group cannot run tasks (initializer failed)
     on_idle: list = field(default_factory=list)  # callables run when outstanding hits 0
+    cwd: Optional[str] = None  # workers' directory and sys.path (default: this process's)
+    sys_path: Optional[list] = None
+    owner: Any = None  # the attached driver whose group this is (cluster mode)

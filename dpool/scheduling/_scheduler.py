@@ -99,6 +99,7 @@ class LocalScheduler:
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
+        self.sessions: Any = None  # _attach.DriverSessions on a node daemon (cluster mode)
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,
@@ -342,7 +343,12 @@ class LocalScheduler:
         if self._spill.should_spill(len(g.queue), {}, {}):  # pragma: no cover - cluster only
             raise NotImplementedError("spilling to a global scheduler needs a cluster")
         g.queue.append(t)
-        self._dispatch(g, idle_only=not self._io.is_io_thread())
+        # A new task goes only to an idle worker; busy ones get queued tasks in batches
+        # as their results come back. (Nested tasks, submitted by workers through the IO
+        # thread, may be batched at once; an attached driver's are new tasks like any.)
+        owner = t.owner
+        self._dispatch(g, idle_only=not self._io.is_io_thread()
+                       or (owner is not None and owner.remote_values))
 
     def _build_deps(self, t: Task) -> bool:
         """Attach ready dependency values to ``t``, pinning stored ones; False if it failed."""
@@ -381,7 +387,7 @@ class LocalScheduler:
         if t.future is not None:
             self._out.append((t.future, ok, payload))
         elif t.owner is not None and t.owner.alive:
-            self._send(t.owner, [m.ObjectValue(t.task_id, ok, payload)])
+            self._send(t.owner, [self._value_message(t.owner, t.task_id, ok, payload)])
         if obj is not None:
             obj.ready = True
             obj.ok = ok
@@ -453,7 +459,13 @@ class LocalScheduler:
 
     def _send_object(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
         ok, payload = self._resident_value(obj)
-        self._send(w, [m.ObjectValue(oid, ok, payload)])
+        self._send(w, [self._value_message(w, oid, ok, payload)])
+
+    def _value_message(self, w: WorkerHandle, oid: int, ok: bool,
+                       payload: bytes) -> m.ObjectValue:
+        if w.remote_values:  # an attached driver, maybe on another host
+            return self.sessions.value_message(oid, ok, payload)
+        return m.ObjectValue(oid, ok, payload)
 
     def _drain_releases(self) -> None:
         rel = self._releases
@@ -555,7 +567,8 @@ class LocalScheduler:
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
-                           os.getcwd(), list(sys.path), self.store.capacity)
+                           g.cwd or os.getcwd(), list(g.sys_path or sys.path),
+                           self.store.capacity)
         proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
                                     name=f"dpool-worker-{wid}")
         try:
@@ -620,6 +633,8 @@ class LocalScheduler:
         g.broken = ("A child process terminated abruptly, the process pool is not usable "
                     f"anymore (the initializer raised {type(err).__name__}: {err})")
         self._fail_group(g, g.broken)
+        if g.owner is not None and g.owner.alive:  # an attached driver's executor
+            self._send(g.owner, [m.GroupBroken(g.group_id, g.broken)])
 
     def _on_register_function(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
         self._functions[msg.fn_id] = msg.payload
@@ -628,6 +643,10 @@ class LocalScheduler:
 
     def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id, w.group)
+        if g is None:  # an attached driver's group that is gone
+            self._send(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
+                _broken_error("the pool this task was submitted to was shut down")))])
+            return
         w.owned.add(msg.task_id)
         self._admit(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
 
@@ -691,6 +710,13 @@ class LocalScheduler:
     # ================================================================ failures
     def _on_closed(self, w: WorkerHandle) -> None:
         """The IO loop saw a worker's socket close: it exited or died."""
+        if w.remote_values:  # an attached driver disconnected (cluster mode)
+            with self._lock:
+                self.sessions.closed(w)
+                out = self._take_out()
+            w.chan.close()
+            self._deliver(out)
+            return
         exitcode = _reap(w, kill_after=0.2)
         with self._lock:
             was_alive = w.alive

@@ -1,0 +1,47 @@
+"""dpool's command line: ``dpool <command>`` and ``python -m dpool <command>``.
+
+One module per command; each has ``add_arguments(parser)`` and ``run(args) -> int``.
+``run`` (an unmodified program on dpool's pools) keeps its own argument handling, since
+everything after the script belongs to the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+_USAGE = """usage: dpool <command> [args...]   (or: python -m dpool <command> ...)
+
+commands:
+  run script.py [args...]   run a program unchanged, on dpool's pools
+  run -m module [args...]   run a module unchanged, on dpool's pools
+  start --head [...]        start a cluster's head on this host (Redis shards, node)
+  start --address H:P       join this host to a cluster as a node
+  stop                      stop everything `dpool start` started on this host
+  status [--json]           show the cluster's nodes
+"""
+
+_COMMANDS = ("start", "stop", "status")
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(_USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from dpool import _run
+
+        return _run.main(rest)
+    if command not in _COMMANDS:
+        sys.stderr.write(f"dpool: unknown command {command!r}\n\n{_USAGE}")
+        return 2
+    import importlib
+
+    module = importlib.import_module(f"dpool.cli._{command}")
+    parser = argparse.ArgumentParser(prog=f"dpool {command}", description=module.__doc__)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)  # a bad flag: usage and exit status 2
+    return int(module.run(args))

@@ -1,0 +1,39 @@
+"""Stop everything ``dpool start`` started on this host: the node (and its workers), the
+global schedulers and Redis shards of a head; then remove the store segments and the
+record, so nothing is left behind."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dpool.cli._procs import stop_pid
+from dpool.objects import _segment
+from dpool.runtime import _address
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds to wait for each process before killing it")
+
+
+def run(args: argparse.Namespace) -> int:
+    record = _address.read_record()
+    if record is None:
+        print("dpool stop: nothing was started on this host")
+        return 0
+    stopped = []
+    for gs in record.get("global_schedulers", []):
+        if stop_pid(gs.get("pid"), args.timeout):
+            stopped.append(f"global scheduler {gs.get('address')}")
+    node = record.get("node", {})
+    if stop_pid(node.get("pid"), args.timeout):
+        stopped.append(f"node {node.get('address')}")
+    for shard in record.get("redis", []):
+        if stop_pid(shard.get("pid"), args.timeout):
+            stopped.append(f"redis shard {shard.get('address')}")
+    _segment.reap_orphans()  # segments of a node that was killed rather than stopped
+    _address.remove_record()
+    print("dpool stop: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,7 @@
+"""``python -m dpool.node ...``: run a node daemon (``dpool start`` does this for you)."""
+
+import sys
+
+from dpool.node._daemon import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""The node daemon's listeners: TCP for the cluster, a unix socket for drivers on this host.
+
+An accept thread takes connections on both; each new connection gets a short-lived
+thread that runs the authenticated handshake (``protocol._auth``) and reads the driver's
+``Attach`` frame under a deadline, then hands the socket to the local scheduler's IO loop
+(``scheduling._attach``). A peer that fails the handshake is logged and dropped without
+anything it sent being unpickled; the accept loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import threading
+from typing import Callable
+
+from dpool.errors import AuthenticationError, Error, ProtocolError
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch
+from dpool.protocol import _auth
+from dpool.protocol import _messages as m
+
+log = logging.getLogger("dpool.node")
+
+_ATTACH_TIMEOUT = 10.0
+
+
+class NodeServer:
+    def __init__(self, token: bytes, bind: str, port: int, unix_path: str,
+                 on_attach: Callable[[Channel, m.Attach], None]) -> None:
+        self._token = token
+        self._on_attach = on_attach
+        self.unix_path = unix_path
+        self._tcp = socket.create_server((bind, port), backlog=128, reuse_port=False)
+        self.address = self._tcp.getsockname()[:2]
+        if os.path.exists(unix_path):
+            os.unlink(unix_path)  # a stale socket of a node that died on this path
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self._unix.bind(unix_path)  # created 0600: this user's drivers only
+        finally:
+            os.umask(old)
+        self._unix.listen(128)
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread = threading.Thread(target=self._accept_loop, name="dpool-node-accept",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        os.write(self._stop_w, b"x")
+        self._thread.join(timeout=5)
+        for s in (self._tcp, self._unix):
+            s.close()
+        try:
+            os.unlink(self.unix_path)
+        except FileNotFoundError:
+            pass
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _accept_loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._tcp, selectors.EVENT_READ, "tcp")
+        sel.register(self._unix, selectors.EVENT_READ, "unix")
+        sel.register(self._stop_r, selectors.EVENT_READ, None)
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.data is None:
+                        return
+                    try:
+                        conn, peer = key.fileobj.accept()  # type: ignore[union-attr]
+                    except OSError:
+                        continue
+                    name = f"{peer[0]}:{peer[1]}" if key.data == "tcp" else "unix socket"
+                    threading.Thread(target=self._admit, args=(conn, name, key.data == "tcp"),
+                                     name="dpool-node-admit", daemon=True).start()
+        finally:
+            sel.close()
+
+    def _admit(self, conn: socket.socket, peer: str, tcp: bool) -> None:
+        try:
+            if tcp:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _auth.server_handshake(conn, self._token)
+            chan = Channel(conn, blocking=True)
+            frames = chan.recv_frames(timeout=_ATTACH_TIMEOUT)
+            if not frames:
+                raise ProtocolError("no Attach message after the handshake")
+            msgs = decode_batch(frames[0])
+            if len(frames) != 1 or len(msgs) != 1 or not isinstance(msgs[0], m.Attach):
+                raise ProtocolError("expected exactly one Attach message first")
+            hello = msgs[0]
+            if hello.version != PROTOCOL_VERSION:
+                raise ProtocolError(f"driver speaks protocol {hello.version}, this node "
+                                    f"{PROTOCOL_VERSION}: run the same dpool version")
+            self._on_attach(chan, hello)
+        except AuthenticationError as exc:
+            log.warning("refused a connection from %s: %s", peer, exc)
+            conn.close()
+        except (Error, ChannelClosed, OSError) as exc:
+            log.warning("dropped a connection from %s: %s", peer, exc)
+            conn.close()

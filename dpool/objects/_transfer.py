@@ -1,0 +1,78 @@
+"""Self-contained payloads: values that leave this host's shared-memory store.
+
+A payload that names a segment (``_values.TAG_STORED``) only means something on the host
+that holds the segment. Before such a value goes to a process that may be elsewhere (a
+driver attached over TCP), :func:`inline_payload` turns it into the inline form
+(``_values.TAG_INLINE``: the pickle stream with its buffers appended), reading the
+segment's raw bytes -- the value itself is never unpickled here, so the node daemon needs
+none of the user's modules. :func:`dumps_value_inline` and :func:`dumps_call_inline` are
+what a process without a store (a driver in cluster mode) serializes with.
+
+This is the plain copy that the cluster needs first; streaming segments between node
+stores (the object manager) replaces it for large values.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+from typing import Any, Optional
+
+from dpool.errors import SerializationError
+from dpool.objects import _segment, _values
+from dpool.objects._serialization import Serialized, serialize
+
+_PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
+_HEADER = struct.Struct("<4sHHIQ")  # the segment header of ``_segment`` (magic ... meta_len)
+_ENTRY = struct.Struct("<QQ")
+
+
+def inline_payload(payload: bytes) -> bytes:
+    """``payload`` with a stored value's bytes copied in (other payloads unchanged)."""
+    ref = _values.stored(payload)
+    if ref is None:
+        return payload
+    _oid, name, _size = ref
+    path = os.path.join(_segment.SHM_DIR, name.lstrip("/"))
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+            view = memoryview(mm)
+            try:
+                magic, _version, _, nbuffers, meta_len = _HEADER.unpack_from(view, 0)
+                if magic != b"DPOS":
+                    raise ValueError(f"{name} is not a dpool object segment")
+                meta_offset = _HEADER.size + _ENTRY.size * nbuffers
+                buffers = []
+                for i in range(nbuffers):
+                    offset, nbytes = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
+                    buffers.append(view[offset:offset + nbytes])
+                ser = Serialized(bytes(view[meta_offset:meta_offset + meta_len]), buffers)
+                out = _values._inline(ser)
+                for b in buffers:
+                    b.release()
+                return out
+            finally:
+                view.release()
+
+
+def dumps_value_inline(obj: Any) -> bytes:
+    """Serialize ``obj`` as a self-contained payload (no shared memory)."""
+    if type(obj) in _PLAIN:
+        return pickle.dumps(obj, protocol=5)
+    try:
+        ser = serialize(obj, oob_threshold=64 * 1024)
+    except SerializationError as exc:  # the type pickle gave it, as the embedded runtime
+        raise (exc.__cause__ or exc) from None
+    if not ser.buffers:
+        return ser.meta
+    return _values._inline(ser)
+
+
+def dumps_call_inline(args: tuple, kwargs: dict) -> Optional[bytes]:
+    """A call's arguments as a self-contained payload; None for a call without any."""
+    if not args and not kwargs:
+        return None
+    return dumps_value_inline((args, kwargs))

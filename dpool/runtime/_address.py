@@ -1,0 +1,118 @@
+"""Where the cluster is: ``DPOOL_ADDRESS``/``DPOOL_TOKEN`` and this host's record of it.
+
+``dpool start`` writes a record of what it started on this host (addresses, the token,
+the node's unix socket, process ids) to ``<state dir>/cluster.json``, readable only by
+the user. The state dir is ``$DPOOL_STATE_DIR``, else ``$XDG_RUNTIME_DIR/dpool``, else
+``/tmp/dpool-<uid>``. ``DPOOL_ADDRESS=auto`` reads the address and token from it, and a
+driver whose address names the node of this host attaches over its unix socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from dpool.errors import Error
+
+_HOSTPORT = re.compile(r"^\[?([A-Za-z0-9._:-]+?)\]?:([0-9]{1,5})$")
+
+
+def state_dir() -> str:
+    explicit = os.environ.get("DPOOL_STATE_DIR")
+    if explicit:
+        return explicit
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return os.path.join(xdg, "dpool")
+    return os.path.join(tempfile.gettempdir(), f"dpool-{os.getuid()}")
+
+
+def record_path() -> str:
+    return os.path.join(state_dir(), "cluster.json")
+
+
+def read_record() -> Optional[dict]:
+    try:
+        with open(record_path()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(record: dict) -> None:
+    d = state_dir()
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    tmp = record_path() + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(tmp, record_path())
+
+
+def remove_record() -> None:
+    try:
+        os.unlink(record_path())
+    except FileNotFoundError:
+        pass
+
+
+def parse_hostport(text: str, what: str = "DPOOL_ADDRESS") -> tuple[str, int]:
+    """``"host:port"`` -> (host, port), or a clear ``dpool.Error``."""
+    match = _HOSTPORT.match(text.strip())
+    if match is None:
+        raise Error(f"{what}={text!r} is not HOST:PORT (e.g. 127.0.0.1:6380), nor 'auto'")
+    host, port = match.group(1), int(match.group(2))
+    if not 0 < port < 65536:
+        raise Error(f"{what}={text!r}: port {port} is out of range")
+    return host, port
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a driver connects: the node's TCP address, and its unix socket if local."""
+
+    host: str
+    port: int
+    token: bytes
+    unix_path: Optional[str] = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def resolve(address: str, token: Optional[str] = None) -> Target:
+    """The node a driver attaches to for ``address`` (``DPOOL_ADDRESS``'s value).
+
+    The token comes from ``token``, else ``$DPOOL_TOKEN``, else this host's record when
+    it describes the same cluster.
+    """
+    record = read_record()
+    if address.strip().lower() == "auto":
+        if record is None:
+            raise Error(
+                f"DPOOL_ADDRESS=auto, but no cluster was started on this host (no "
+                f"{record_path()}): run `dpool start --head`, or set DPOOL_ADDRESS=HOST:PORT")
+        address = record["address"]
+    host, port = parse_hostport(address)
+    tok = token if token is not None else os.environ.get("DPOOL_TOKEN")
+    unix_path = None
+    if record is not None and _same_cluster(record, host, port):
+        unix_path = record.get("node", {}).get("unix_path")
+        if tok is None:
+            tok = record.get("token")
+    if not tok:
+        raise Error(f"no token for the cluster at {host}:{port}: set DPOOL_TOKEN to the "
+                    "token `dpool start --head` printed")
+    if unix_path and not os.path.exists(unix_path):
+        unix_path = None
+    return Target(host, port, tok.encode(), unix_path)
+
+
+def _same_cluster(record: dict[str, Any], host: str, port: int) -> bool:
+    addrs = {record.get("address"), record.get("node", {}).get("address")}
+    return f"{host}:{port}" in addrs

@@ -1,0 +1,398 @@
+"""The driver's runtime in cluster mode: attached to a node daemon (``DPOOL_ADDRESS``).
+
+    user threads ──submit/put/get──▶ ClusterRuntime ──SubmitTask/PutObject/...──▶ node
+    Futures ◀── set_result ── reader thread ◀────── ObjectValue/GroupExited ────── node
+
+It has the driver runtime's interface (``submit``, ``put``, ``future_for``, ``release``,
+``add_group`` and a ``scheduler`` with the executor-facing calls), so executors and Pools
+work unchanged; no worker runs in this process. It connects over the node's unix socket
+when the node is on this host (``dpool start``'s record says so), else over TCP; both
+start with the token handshake.
+
+Values go inline (no shared memory on the driver's side): the object-transfer work makes
+large values zero-copy again. Releases and the closing of collected executors are queued
+without a lock (they may come from ``__del__`` during garbage collection) and sent by a
+flusher thread, or with the next message.
+
+Cancelling: ``Future.cancel()`` succeeds while the driver has no result, and tells the
+node to drop the task if it has not started (compat/DIFFERENCES.md). ``shutdown(
+cancel_futures=True)`` asks the node which queued tasks it dropped and cancels exactly
+those, as the stdlib does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import weakref
+from collections import deque
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Optional
+
+from dpool.errors import Error
+from dpool.futures import Future, ObjectRef
+from dpool.objects import _transfer
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _auth
+from dpool.protocol import _messages as m
+from dpool.runtime import _calls, _payload
+from dpool.runtime._address import Target
+from dpool.runtime._functions import FunctionTable
+
+log = logging.getLogger("dpool.runtime")
+
+CONNECT_TIMEOUT = 10.0
+_FLUSH_S = 0.02
+
+
+class NodeLostError(Error, BrokenProcessPool):
+    """The connection to the node this driver is attached to broke (the node died or was
+    stopped): every unfinished future of the driver fails with it."""
+
+
+class RemoteGroup:
+    """A worker group (executor or Pool) that lives on the node."""
+
+    __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
+                 "max_tasks")
+
+    def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int]) -> None:
+        self.group_id = group_id
+        self.max_workers = max_workers
+        self.max_tasks = max_tasks
+        self.broken: Optional[str] = None
+        self.exited = threading.Event()
+        self.cancelled = threading.Event()
+        self.workers: list = []  # they are the node's processes, not this one's
+
+
+class _ClusterFuture(Future):
+    """A future whose task runs on the node: ``cancel()`` also tells the node."""
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        client = self._client
+        if client is not None:
+            client.cancel_task(self._oid)
+        return True
+
+
+def connect(target: Target, timeout: float = CONNECT_TIMEOUT) -> tuple[Channel, m.Attached]:
+    """Connect, authenticate and attach; a clear ``dpool.Error`` within ``timeout``."""
+    where = f"the dpool node at {target.address}"
+    try:
+        if target.unix_path:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(target.unix_path)
+        else:
+            sock = socket.create_connection((target.host, target.port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except socket.timeout as exc:
+        raise Error(f"cannot reach {where}: no answer within {timeout:g} s "
+                    "(check DPOOL_ADDRESS and that `dpool start` runs there)") from exc
+    except OSError as exc:
+        raise Error(f"cannot reach {where}: {exc.strerror or exc} (check DPOOL_ADDRESS "
+                    "and that `dpool start` runs there)") from exc
+    try:
+        _auth.client_handshake(sock, target.token, where, timeout)
+        chan = Channel(sock, blocking=True)
+        chan.send(encode_batch([m.Attach(PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
+                                         os.getcwd(), tuple(sys.path))]))
+        frames = chan.recv_frames(timeout=timeout)
+        msgs = decode_batch(frames[0]) if frames else []
+        if not msgs or not isinstance(msgs[0], m.Attached):
+            raise Error(f"{where} did not accept this driver within {timeout:g} s")
+        sock.settimeout(None)
+        return chan, msgs[0]
+    except ChannelClosed as exc:
+        sock.close()
+        raise Error(f"{where} closed the connection while attaching: {exc}") from exc
+    except BaseException:
+        sock.close()
+        raise
+
+
+class ClusterRuntime:
+    gives_back_slot = False
+
+    def __init__(self, target: Target) -> None:
+        self.pid = self.owner_pid = os.getpid()
+        self.target = target
+        self._chan, hello = connect(target)
+        self.node_id = hello.node_id
+        self.cluster_cpus = hello.cluster_cpus
+        self._ids = itertools.count((hello.id_prefix << 40) + 1)
+        self.functions = FunctionTable(self.new_id, self._register_function)
+        self.scheduler = _RemoteScheduler(self)
+        self._futures: dict[int, Future] = {}
+        self._groups: dict[int, RemoteGroup] = {}
+        self._releases: deque = deque()
+        self._pending: deque = deque()  # messages queued lock-free (finalizers)
+        self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._lost: Optional[str] = None
+        self._closed = False
+        self._wake = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name="dpool-cluster-reader")
+        self._reader.start()
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                         name="dpool-cluster-flusher")
+        self._flusher.start()
+        atexit.register(self.close)
+        log.debug("attached to node %s (%d CPUs in the cluster)", self.node_id,
+                  self.cluster_cpus)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    # -- sending ---------------------------------------------------------------------------
+    def _send(self, msgs: list) -> None:
+        if self._releases or self._pending:
+            msgs = [*self._take_queued(), *msgs]
+        if self._lost is not None:
+            raise NodeLostError(self._lost)
+        try:
+            self._chan.send(encode_batch(msgs))
+        except ChannelClosed as exc:
+            self._connection_lost(f"lost the connection to node {self.node_id}: {exc}")
+            raise NodeLostError(self._lost or str(exc)) from exc
+
+    def _take_queued(self) -> list:
+        out = []
+        while self._pending:
+            out.append(self._pending.popleft())
+        if self._releases:
+            rel = []
+            while self._releases:
+                rel.append(self._releases.popleft())
+            out.append(m.Release(tuple(rel)))
+        return out
+
+    def _flush_loop(self) -> None:
+        while not self._closed and self._lost is None:
+            self._wake.wait(_FLUSH_S)
+            self._wake.clear()
+            if self._releases or self._pending:
+                try:
+                    self._send([])
+                except (NodeLostError, OSError):
+                    return
+
+    def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        self._send([m.RegisterFunction(fn_id, payload)])
+
+    # -- groups ----------------------------------------------------------------------------
+    def add_group(self, cfg: Any, executor: Any) -> RemoteGroup:
+        gid = self.new_id()
+        g = RemoteGroup(gid, cfg.max_workers, cfg.max_tasks)
+        self._groups[gid] = g
+        self._executors.add(executor)
+        method = cfg.mp_context.get_start_method() if cfg.mp_context is not None else ""
+        self._send([m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
+                                  cfg.max_tasks, cfg.max_attempts)])
+        return g
+
+    # -- the task API ----------------------------------------------------------------------
+    def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
+               kwargs: dict) -> Future:
+        oid = self.new_id()
+        fut = _ClusterFuture(oid, self)
+        try:
+            fn_id = self.functions.fn_id(fn)
+            try:
+                payload = _transfer.dumps_call_inline(args, kwargs)
+            except Exception as exc:
+                if hasattr(exc, "add_note"):
+                    exc.add_note("dpool: this happened while pickling the task's arguments")
+                raise
+            deps = _calls.dependency_ids(args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
+            fut._client = None
+            return _calls.failed_future(fut, exc)
+        fut._group_id = group.group_id  # type: ignore[attr-defined]
+        self._futures[oid] = fut
+        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id)])
+        return fut
+
+    def put(self, value: Any) -> ObjectRef:
+        oid = self.new_id()
+        self._send([m.PutObject(oid, _transfer.dumps_value_inline(value))])
+        return ObjectRef(oid, self)
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        pending = self._futures.get(ref.id)
+        if pending is not None:
+            return pending
+        fut = Future()
+        fut.set_running_or_notify_cancel()
+        self._futures[ref.id] = fut
+        self._send([m.GetObjects((ref.id,))])
+        return fut
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle. Safe from ``__del__`` in any thread: no lock is taken."""
+        if object_id:
+            self._releases.append(object_id)
+
+    def cancel_task(self, task_id: int) -> None:
+        self._futures.pop(task_id, None)
+        self._pending.append(m.CancelTask((task_id,)))
+        self._wake.set()
+
+    def queue(self, msg: Any) -> None:
+        """Send ``msg`` soon, without taking any lock (finalizers)."""
+        self._pending.append(msg)
+        self._wake.set()
+
+    def send(self, msgs: list) -> None:
+        self._send(msgs)
+
+    # -- receiving -------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        chan = self._chan
+        try:
+            while True:
+                for frame in chan.recv_frames():
+                    for msg in decode_batch(frame):
+                        self._handle(msg)
+        except (ChannelClosed, OSError) as exc:
+            if not self._closed:
+                self._connection_lost(f"lost the connection to node {self.node_id}: {exc}")
+        except Exception:  # noqa: BLE001 - a protocol error ends this connection
+            log.exception("dpool: bad message from node %s", self.node_id)
+            self._connection_lost(f"node {self.node_id} sent a message this driver does "
+                                  "not understand (run the same dpool version everywhere)")
+
+    def _handle(self, msg: Any) -> None:
+        code = msg.CODE
+        if code == m.ObjectValue.CODE:
+            fut = self._futures.pop(msg.object_id, None)
+            if fut is None:
+                return
+            try:
+                if msg.ok:
+                    try:
+                        value = _payload.loads(msg.payload)
+                    except BaseException as exc:  # noqa: BLE001 - reported on the future
+                        from dpool.errors import SerializationError
+
+                        err = SerializationError(
+                            f"could not unpickle the task's result: {exc}")
+                        err.__cause__ = exc
+                        fut.set_exception(err)
+                        return
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(_payload.loads_error(msg.payload))
+            except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+                pass
+        elif code == m.GroupExited.CODE:
+            g = self._groups.get(msg.group_id)
+            if g is not None:
+                g.exited.set()
+        elif code == m.GroupBroken.CODE:
+            g = self._groups.get(msg.group_id)
+            if g is not None:
+                g.broken = msg.reason
+        elif code == m.CancelTask.CODE:  # the queued tasks the node dropped for us
+            for tid in msg.task_ids:
+                fut = self._futures.pop(tid, None)
+                if fut is not None:
+                    fut.cancel()
+            for g in self._groups.values():
+                g.cancelled.set()
+        else:
+            raise ValueError(f"unexpected message {type(msg).__name__} from the node")
+
+    def _connection_lost(self, reason: str) -> None:
+        if self._lost is not None:
+            return
+        self._lost = reason
+        log.error("dpool: %s", reason)
+        for g in self._groups.values():
+            g.broken = g.broken or reason
+            g.exited.set()
+            g.cancelled.set()
+        futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            try:
+                fut.set_exception(NodeLostError(reason))
+            except Exception:  # noqa: BLE001 - cancelled or already done
+                pass
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """End of the driver: finish executors' work (as the stdlib does at exit), detach."""
+        if self._closed or os.getpid() != self.pid:
+            return
+        for ex in list(self._executors):
+            try:
+                ex.shutdown(wait=True)
+            except Exception:  # noqa: BLE001 - keep closing the others
+                log.exception("dpool: error shutting down %r at exit", ex)
+        if self._lost is None:
+            try:
+                self._send([])  # the last releases
+            except (NodeLostError, OSError):
+                pass
+        self._closed = True
+        self._wake.set()
+        try:
+            self._chan.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._chan.close()
+
+
+class _RemoteScheduler:
+    """The calls executors make on ``runtime.scheduler``, as messages to the node."""
+
+    def __init__(self, rt: ClusterRuntime) -> None:
+        self._rt = rt
+
+    def set_store_capacity(self, capacity: int) -> None:
+        log.debug("object_store_memory is the node's (`dpool start "
+                  "--object-store-memory`); ignored on a cluster driver")
+
+    def estimate(self, fn_id: int, default: Any = ...) -> Any:
+        return 0.001 if default is ... else default
+
+    def close_group_soon(self, group: RemoteGroup) -> None:
+        self._rt.queue(m.GroupOp(group.group_id, "close", ""))
+
+    def close_group(self, group: RemoteGroup) -> None:
+        self._rt.send([m.GroupOp(group.group_id, "close", "")])
+
+    def cancel_queued(self, group: RemoteGroup) -> None:
+        group.cancelled.clear()
+        self._rt.send([m.GroupOp(group.group_id, "cancel_queued", "")])
+        if not self.is_io_thread():
+            group.cancelled.wait(CONNECT_TIMEOUT)
+
+    def wait_group_exited(self, group: RemoteGroup, timeout: float = 30.0) -> None:
+        if group.exited.is_set():
+            return
+        try:
+            self._rt.send([m.GroupOp(group.group_id, "close_notify", "")])
+        except NodeLostError:
+            return
+        group.exited.wait(timeout)
+
+    def terminate_group(self, group: RemoteGroup, reason: str) -> None:
+        group.broken = group.broken or reason
+        try:
+            self._rt.send([m.GroupOp(group.group_id, "terminate", reason)])
+        except NodeLostError:
+            return
+        if not self.is_io_thread():
+            self.wait_group_exited(group)
+
+    def is_io_thread(self) -> bool:
+        return threading.current_thread() is self._rt._reader

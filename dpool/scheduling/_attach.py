@@ -1,0 +1,245 @@
+"""Drivers attached to a node's local scheduler (cluster mode).
+
+    driver ──Attach/CreateGroup/SubmitTask/PutObject/GetObjects/Release──▶ DriverSessions
+           ◀──────────ObjectValue/GroupExited/GroupBroken───────────────── (this module)
+
+A driver that runs with ``DPOOL_ADDRESS`` set does not start workers of its own: it
+attaches to a node daemon, which runs the local scheduler for the whole host. To the
+scheduler an attached driver looks like a worker that never runs tasks: it submits, puts,
+gets and releases with the worker's messages, owns the objects it created (``owned``:
+released when it disconnects, so a driver that exits or is killed leaves nothing behind),
+and its results come back as ``ObjectValue`` messages. On top of that it creates and
+closes worker groups (one per executor or Pool) and cancels queued tasks.
+
+Values sent to a driver are made self-contained first (``objects._transfer``): a result
+in this host's shared-memory store is copied into the message, because the driver may
+be on another host. (Zero-copy for drivers on the node's own host is the object-transfer
+issue's work.)
+
+Handlers run on the scheduler's IO thread with its lock held, like every message handler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import threading
+import time
+from typing import Any, Optional
+
+from dpool.objects import _transfer
+from dpool.protocol import Channel
+from dpool.protocol import _messages as m
+from dpool.runtime import _payload
+from dpool.scheduling._records import Group, WorkerHandle
+
+log = logging.getLogger("dpool.node")
+
+
+class DriverHandle(WorkerHandle):
+    """The scheduler's view of an attached driver: a worker handle without a process."""
+
+    __slots__ = ("groups", "hostname", "cwd", "sys_path", "session_id")
+    remote_values = True  # values sent to it must not refer to this host's store
+
+    def __init__(self, session_id: int, chan: Channel, attach: m.Attach) -> None:
+        super().__init__(-session_id, None, None, chan)  # type: ignore[arg-type]
+        self.session_id = session_id
+        self.pid = attach.pid
+        self.hostname = attach.hostname
+        self.cwd = attach.cwd
+        self.sys_path = list(attach.sys_path)
+        self.groups: set[int] = set()
+
+
+class DriverSessions:
+    """Serves the drivers attached to one local scheduler."""
+
+    def __init__(self, scheduler: Any, node_id: str, num_cpus: int) -> None:
+        self._s = scheduler
+        self.node_id = node_id
+        self.num_cpus = num_cpus
+        self._next_session = 1
+        self._lock = threading.Lock()
+        self.drivers: dict[int, DriverHandle] = {}
+        h = scheduler._handlers
+        h[m.CreateGroup.CODE] = self._on_create_group
+        h[m.GroupOp.CODE] = self._on_group_op
+        h[m.CancelTask.CODE] = self._on_cancel_task
+        h[m.StatusRequest.CODE] = self._on_status
+        scheduler.sessions = self
+
+    # -- from the accept thread -----------------------------------------------------------
+    def attach(self, chan: Channel, hello: m.Attach, cluster_cpus: int) -> DriverHandle:
+        """Register an authenticated driver; it is served by the IO loop from now on."""
+        with self._lock:
+            sid = self._next_session
+            self._next_session += 1
+        d = DriverHandle(sid, chan, hello)
+        with self._s._lock:
+            self.drivers[sid] = d
+        from dpool.protocol import encode_batch
+
+        chan.send(encode_batch([m.Attached(self.node_id, sid, self.num_cpus, cluster_cpus)]))
+        chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
+        self._s._io.add(d)
+        log.info("driver pid %d on %s attached (session %d)", hello.pid, hello.hostname, sid)
+        return d
+
+    # -- handlers (IO thread, scheduler lock held) ----------------------------------------
+    def _on_create_group(self, d: DriverHandle, msg: m.CreateGroup) -> None:
+        s = self._s
+        try:
+            ctx = mp.get_context(msg.start_method or None)
+        except ValueError:
+            ctx = mp.get_context()
+        g = Group(msg.group_id, msg.max_workers, ctx, msg.initializer, msg.max_tasks,
+                  msg.max_attempts)
+        g.cwd = d.cwd
+        g.sys_path = d.sys_path
+        g.owner = d
+        s._groups[g.group_id] = g
+        d.groups.add(g.group_id)
+
+    def _group(self, d: DriverHandle, group_id: int) -> Optional[Group]:
+        if group_id not in d.groups:
+            return None
+        return self._s._groups.get(group_id)
+
+    def _on_group_op(self, d: DriverHandle, msg: m.GroupOp) -> None:
+        s = self._s
+        g = self._group(d, msg.group_id)
+        if g is None:
+            if msg.op == "close_notify":
+                s._send(d, [m.GroupExited(msg.group_id)])
+            return
+        if msg.op == "close":
+            g.closed = True
+            if g.outstanding == 0:
+                s._retire_group(g)
+        elif msg.op == "close_notify":
+            g.closed = True
+            if g.outstanding == 0:
+                s._retire_group(g)
+            threading.Thread(target=self._notify_exited, args=(d, g), daemon=True,
+                             name="dpool-group-exit").start()
+        elif msg.op == "cancel_queued":
+            dropped = self._cancel(d, [t.task_id for t in g.queue if not t.started])
+            s._send(d, [m.CancelTask(tuple(dropped))])  # the driver cancels exactly these
+        elif msg.op == "terminate":
+            # terminate_group takes the lock and reaps workers: not on the IO thread
+            threading.Thread(target=s.terminate_group, args=(g, msg.arg), daemon=True,
+                             name="dpool-group-terminate").start()
+        else:
+            raise ValueError(f"unknown group operation {msg.op!r}")
+
+    def _notify_exited(self, d: DriverHandle, g: Group) -> None:
+        s = self._s
+        s.wait_group_exited(g)
+        with s._lock:
+            if d.alive:
+                s._send(d, [m.GroupExited(g.group_id)])
+            d.groups.discard(g.group_id)
+
+    def _on_cancel_task(self, d: DriverHandle, msg: m.CancelTask) -> None:
+        self._cancel(d, msg.task_ids)
+
+    def _cancel(self, d: DriverHandle, task_ids: Any) -> list:
+        """Drop queued, unstarted tasks of ``d``; returns their ids. The driver cancels
+        (or has cancelled) their futures itself, so no value is sent for them."""
+        from concurrent.futures import CancelledError
+
+        wanted = set(task_ids)
+        dropped: list = []
+        if not wanted:
+            return dropped
+        s = self._s
+        err = _payload.dumps_error(CancelledError())
+        for gid in d.groups:
+            g = s._groups.get(gid)
+            if g is None or not g.queue:
+                continue
+            gone = [t for t in g.queue if t.task_id in wanted and not t.started]
+            if not gone:
+                continue
+            keep = [t for t in g.queue if t.task_id not in wanted or t.started]
+            g.queue.clear()
+            g.queue.extend(keep)
+            for t in gone:
+                t.started = True
+                t.owner = None  # nothing to send: the driver's future is cancelled
+                s._finish(t, False, err)
+                dropped.append(t.task_id)
+        return dropped
+
+    def _on_status(self, d: DriverHandle, msg: m.StatusRequest) -> None:
+        self._s._send(d, [m.StatusReply(json.dumps(self.status()))])
+
+    def status(self) -> dict:
+        """This node's state (lock held): what ``dpool status`` and heartbeats report."""
+        s = self._s
+        groups = list(s._groups.values())
+        busy = sum(1 for g in groups for w in g.workers
+                   if w.alive and w.inflight and not w.blocked)
+        return {
+            "node_id": self.node_id,
+            "alive": True,
+            "cpus_total": self.num_cpus,
+            "cpus_used": busy,
+            "workers": sum(len(g.workers) for g in groups),
+            "queued": sum(len(g.queue) for g in groups),
+            "drivers": len(self.drivers),
+            "store_used": s.store.store.used,
+            "store_capacity": s.store.capacity,
+        }
+
+    # -- the driver went away ----------------------------------------------------------
+    def closed(self, d: DriverHandle) -> None:
+        """The driver's connection closed: stop its groups, drop its objects (lock held)."""
+        s = self._s
+        d.alive = False
+        self.drivers.pop(d.session_id, None)
+        log.info("driver pid %d on %s detached (session %d)", d.pid, d.hostname, d.session_id)
+        victims = []
+        for gid in list(d.groups):
+            g = s._groups.get(gid)
+            if g is None:
+                continue
+            g.closed = True
+            g.broken = g.broken or "the driver that owned this pool disconnected"
+            victims += g.workers  # (failing the group may already retire them)
+            s._fail_group(g, g.broken)
+            for w in g.workers:
+                if w.alive:
+                    w.alive = False
+                    s._send(w, [m.Shutdown()])  # the IO loop reaps them as they exit
+        if victims:  # they may be busy with its tasks: kill what has not exited soon
+            threading.Thread(target=_kill_later, args=(victims, 1.0), daemon=True,
+                             name="dpool-reap-orphaned-workers").start()
+        for oid in d.owned:
+            s._decref(oid)
+        d.owned.clear()
+        for obj in s._objects.values():
+            if obj.waiters and d in obj.waiters:
+                obj.waiters = [x for x in obj.waiters if x is not d] or None
+
+    # -- values to a driver --------------------------------------------------------------
+    @staticmethod
+    def value_message(oid: int, ok: bool, payload: bytes) -> m.ObjectValue:
+        return m.ObjectValue(oid, ok, _transfer.inline_payload(payload) if ok else payload)
+
+
+def _kill_later(workers: list, grace: float) -> None:
+    deadline = time.monotonic() + grace
+    for w in workers:
+        proc = w.process
+        try:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                proc.kill()
+        except (AssertionError, ValueError, OSError, AttributeError):
+            pass  # already reaped by the IO loop
+
+
+__all__ = ["DriverHandle", "DriverSessions"]
