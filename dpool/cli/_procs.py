@@ -36,7 +36,8 @@ def launch(module: str, args: list, log_path: str, env_extra: dict,
     finally:
         os.close(r)
     if not line.startswith("READY"):
-        stop_pid(proc.pid, timeout=5)
+        if proc.poll() is None:
+            stop_pid(proc.pid, timeout=5)
         proc.wait()
         detail = line.removeprefix("ERROR").strip() or (
             f"it exited with status {proc.returncode}" if proc.returncode is not None

@@ -2,31 +2,45 @@
 
     drivers on this host ──unix socket──┐
     drivers elsewhere ───────TCP────────┼──▶ NodeServer ──▶ LocalScheduler ──▶ workers
-                                        │     (auth)         + HostStore (/dev/shm)
+    other nodes (results) ───TCP────────┘     (auth)         + HostStore (/dev/shm)
+                                                              │ spill ▲ placed tasks
+                                              Links ──────────▼─────┴──▶ global schedulers
+                                              ClusterAgent ── heartbeats ──▶ Redis shards
 
-One per host. It owns the host's workers and shared-memory store; drivers attach to it
-instead of starting workers of their own. Started by ``dpool start`` as
-``python -m dpool.node ...`` with the token in ``$DPOOL_TOKEN`` (never on the command
-line, where ``ps`` would show it); it reports readiness on ``--ready-fd`` and runs until
-SIGTERM/SIGINT, then stops its workers and removes its store's segments.
+One per host. It owns the host's CPUs (``--num-cpus``: at most that many tasks run at
+once, over every driver's executors), its workers and its shared-memory store; drivers
+attach to it instead of starting workers of their own. In a cluster (``--redis`` on the
+head, ``--join`` elsewhere) it registers in the node table, heartbeats its load, links to
+the global schedulers, spills what would wait too long here (``scheduling._spill``) and
+runs what others spill (``scheduling._remote``).
+
+Started by ``dpool start`` as ``python -m dpool.node ...`` with the token in
+``$DPOOL_TOKEN`` (never on the command line, where ``ps`` would show it); it reports
+readiness on ``--ready-fd`` and runs until SIGTERM/SIGINT, then stops its workers and
+removes its store's segments.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
+from dpool.node._links import Links, dial, peer_hello, welcome_message
+from dpool.node._server import NodeServer
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.scheduling import LocalScheduler
-from dpool.scheduling._attach import DriverSessions
+from dpool.scheduling._attach import DriverSessions, PeerHandle
+from dpool.scheduling._remote import RemoteRunner
+from dpool.scheduling._spill import Spiller
 
 log = logging.getLogger("dpool.node")
 
@@ -38,27 +52,101 @@ def _default_cpus() -> int:
         return os.cpu_count() or 1
 
 
+class _FlushedInBackground:
+    """The Redis store as the scheduler's control store: its flusher thread sends the
+    batched writes, so the scheduler's IO thread never waits on the network."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def flush(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
 class NodeDaemon:
     def __init__(self, token: bytes, node_ip: str, bind: str, port: int, num_cpus: int,
-                 unix_path: str, object_store_memory: Optional[int] = None) -> None:
-        from dpool.node._server import NodeServer
-
+                 unix_path: Optional[str], object_store_memory: Optional[int] = None,
+                 redis: Optional[list] = None, join: Optional[str] = None) -> None:
+        self.token = token
         self.num_cpus = num_cpus
-        self.control = InProcessControlStore()
-        self.scheduler = LocalScheduler(self.control)
+        self.redis: list = list(redis or [])
+        self.scheduler = LocalScheduler(InProcessControlStore())
+        self.scheduler.cpu_limit = num_cpus
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
-        self.server = NodeServer(token, bind, port, unix_path, self._attach)
-        self.node_id = f"{node_ip}:{self.server.address[1]}"
+        self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer)
+        self.address = f"{node_ip}:{self.server.address[1]}"
+        self.node_id = self.address
         os.environ["DPOOL_NODE_ID"] = self.node_id  # inherited by the workers
         self.sessions = DriverSessions(self.scheduler, self.node_id, num_cpus)
+        self.links = Links(token, peer_hello(self.node_id, self.address, num_cpus),
+                           self.scheduler._io, self._unreachable)
+        self.runner = RemoteRunner(self.scheduler, self.node_id, self.links.send)
+        self.control: Any = None
+        self.agent: Any = None
+        self.spiller: Optional[Spiller] = None
+        if join:  # the head tells a joining node where the control store is
+            chan, welcome = dial(join, token, peer_hello(self.node_id, self.address,
+                                                         num_cpus))
+            chan.close()
+            self.redis = json.loads(welcome.info).get("redis", [])
+        if self.redis:
+            self._join_cluster()
         self._stopped = threading.Event()
 
-    def _attach(self, chan: Channel, hello: m.Attach) -> None:
-        self.sessions.attach(chan, hello, cluster_cpus=self.num_cpus)
+    def _join_cluster(self) -> None:
+        from dpool.control._redis import RedisControlStore
+        from dpool.node._agent import ClusterAgent
 
+        store = RedisControlStore(self.redis, self.token.decode(), node_id=self.node_id)
+        store.start_flusher()
+        self.control = store
+        self.scheduler._ctl = _FlushedInBackground(store)
+        store.register_node(self.node_id, self.node_info())
+        self.agent = ClusterAgent(self, store)
+        self.spiller = Spiller(self.scheduler, self.address, self.links.send,
+                               self.agent.linked_schedulers, local_groups=self.runner.is_mirror)
+        self.sessions.peer_closed_hooks.append(self._peer_closed)
+
+    def node_info(self) -> dict:
+        return {"address": self.address, "num_cpus": self.num_cpus,
+                "resources": {"CPU": self.num_cpus}, "hostname": socket.gethostname(),
+                "pid": os.getpid()}
+
+    # -- connections ---------------------------------------------------------------------
+    def _attach(self, chan: Channel, hello: m.Attach) -> None:
+        self.sessions.attach(chan, hello, cluster_cpus=self.sessions.cluster_cpus)
+
+    def _peer(self, chan: Channel, hello: m.PeerHello) -> None:
+        """Another node links to this one (to send results of tasks spilled from here,
+        or to learn where the control store is when it joins)."""
+        chan.send(welcome_message(self.node_id, {"redis": self.redis}))
+        h = PeerHandle(chan, hello.node_id, hello.address, outgoing=False)
+        chan.set_blocking(False)
+        self.scheduler._io.add(h)
+
+    def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
+        if h.outgoing:
+            self.links.forget(h)
+        if self.spiller is not None:
+            self.spiller.peer_closed(h)
+
+    def _unreachable(self, address: str, msgs: list) -> None:
+        s = self.scheduler
+        with s._lock:
+            if self.spiller is not None:
+                self.spiller.unreachable(address, msgs)
+            out = s._take_out()
+        s._deliver(out)
+
+    # -- lifetime ------------------------------------------------------------------------
     def serve(self) -> None:
         self.server.start()
+        if self.agent is not None:
+            self.agent.start()
 
     def wait(self) -> None:
         while not self._stopped.wait(0.5):
@@ -68,8 +156,17 @@ class NodeDaemon:
         self._stopped.set()
 
     def close(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
         self.server.close()
+        self.links.close()
         self.scheduler.shutdown()
+        if self.control is not None:
+            try:
+                self.control.remove_node(self.node_id)
+            except Exception:  # noqa: BLE001 - the shards may be stopping too
+                pass
+            self.control.close()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,8 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=None, help="listen address (default: --node-ip)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--num-cpus", type=int, default=None)
-    p.add_argument("--unix-path", required=True)
+    p.add_argument("--unix-path", default=None)
     p.add_argument("--object-store-memory", type=int, default=None)
+    p.add_argument("--redis", default="", help="control-store shards, comma-separated")
+    p.add_argument("--join", default=None, help="the head node's address")
     p.add_argument("--ready-fd", type=int, default=None)
     p.add_argument("--log-level", default="INFO")
     return p
@@ -96,11 +195,14 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     num_cpus = args.num_cpus if args.num_cpus is not None else _default_cpus()
     ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+    bind = args.bind or args.node_ip
     try:
-        daemon = NodeDaemon(token.encode(), args.node_ip, args.bind or args.node_ip,
-                            args.port, num_cpus, args.unix_path, args.object_store_memory)
-    except OSError as exc:
-        msg = f"ERROR cannot listen on {args.bind or args.node_ip}:{args.port}: {exc}"
+        daemon = NodeDaemon(token.encode(), args.node_ip, bind, args.port, num_cpus,
+                            args.unix_path, args.object_store_memory,
+                            [a for a in args.redis.split(",") if a], args.join)
+    except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
+        msg = f"ERROR {exc}" if not isinstance(exc, OSError) else \
+            f"ERROR cannot listen on {bind}:{args.port}: {exc}"
         if ready is not None:
             ready.write(msg + "\n")
             ready.close()

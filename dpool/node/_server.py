@@ -1,4 +1,7 @@
-"""The node daemon's listeners: TCP for the cluster, a unix socket for drivers on this host.
+"""A dpool daemon's listeners: TCP for the cluster, a unix socket for drivers on this host.
+
+Used by node daemons (drivers attach, other nodes connect as peers) and by global
+schedulers (nodes connect as peers; no unix socket).
 
 An accept thread takes connections on both; each new connection gets a short-lived
 thread that runs the authenticated handshake (``protocol._auth``) and reads the driver's
@@ -14,7 +17,7 @@ import os
 import selectors
 import socket
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from dpool.errors import AuthenticationError, Error, ProtocolError
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch
@@ -27,22 +30,26 @@ _ATTACH_TIMEOUT = 10.0
 
 
 class NodeServer:
-    def __init__(self, token: bytes, bind: str, port: int, unix_path: str,
-                 on_attach: Callable[[Channel, m.Attach], None]) -> None:
+    def __init__(self, token: bytes, bind: str, port: int, unix_path: Optional[str],
+                 on_attach: Optional[Callable[[Channel, m.Attach], None]],
+                 on_peer: Callable[[Channel, m.PeerHello], None]) -> None:
         self._token = token
         self._on_attach = on_attach
+        self._on_peer = on_peer
         self.unix_path = unix_path
         self._tcp = socket.create_server((bind, port), backlog=128, reuse_port=False)
         self.address = self._tcp.getsockname()[:2]
-        if os.path.exists(unix_path):
-            os.unlink(unix_path)  # a stale socket of a node that died on this path
-        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            self._unix.bind(unix_path)  # created 0600: this user's drivers only
-        finally:
-            os.umask(old)
-        self._unix.listen(128)
+        self._unix: Optional[socket.socket] = None
+        if unix_path is not None:
+            if os.path.exists(unix_path):
+                os.unlink(unix_path)  # a stale socket of a node that died on this path
+            self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                self._unix.bind(unix_path)  # created 0600: this user's drivers only
+            finally:
+                os.umask(old)
+            self._unix.listen(128)
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._accept_loop, name="dpool-node-accept",
                                         daemon=True)
@@ -53,19 +60,21 @@ class NodeServer:
     def close(self) -> None:
         os.write(self._stop_w, b"x")
         self._thread.join(timeout=5)
-        for s in (self._tcp, self._unix):
-            s.close()
-        try:
-            os.unlink(self.unix_path)
-        except FileNotFoundError:
-            pass
+        self._tcp.close()
+        if self._unix is not None:
+            self._unix.close()
+            try:
+                os.unlink(self.unix_path)
+            except FileNotFoundError:
+                pass
         os.close(self._stop_r)
         os.close(self._stop_w)
 
     def _accept_loop(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._tcp, selectors.EVENT_READ, "tcp")
-        sel.register(self._unix, selectors.EVENT_READ, "unix")
+        if self._unix is not None:
+            sel.register(self._unix, selectors.EVENT_READ, "unix")
         sel.register(self._stop_r, selectors.EVENT_READ, None)
         try:
             while True:
@@ -92,13 +101,19 @@ class NodeServer:
             if not frames:
                 raise ProtocolError("no Attach message after the handshake")
             msgs = decode_batch(frames[0])
-            if len(frames) != 1 or len(msgs) != 1 or not isinstance(msgs[0], m.Attach):
-                raise ProtocolError("expected exactly one Attach message first")
+            if len(frames) != 1 or len(msgs) != 1:
+                raise ProtocolError("expected exactly one hello message first")
             hello = msgs[0]
+            if not isinstance(hello, (m.Attach, m.PeerHello)) or (
+                    isinstance(hello, m.Attach) and self._on_attach is None):
+                raise ProtocolError(f"unexpected first message {type(hello).__name__}")
             if hello.version != PROTOCOL_VERSION:
-                raise ProtocolError(f"driver speaks protocol {hello.version}, this node "
+                raise ProtocolError(f"peer speaks protocol {hello.version}, this process "
                                     f"{PROTOCOL_VERSION}: run the same dpool version")
-            self._on_attach(chan, hello)
+            if isinstance(hello, m.Attach):
+                self._on_attach(chan, hello)  # type: ignore[misc]
+            else:
+                self._on_peer(chan, hello)
         except AuthenticationError as exc:
             log.warning("refused a connection from %s: %s", peer, exc)
             conn.close()

@@ -245,6 +245,89 @@ class StatusReply:
     status: str
 
 
+@dataclass(slots=True)
+class PeerHello:
+    """N->N, N->G first frame after the handshake from another node (or from a node to a
+    global scheduler): who it is, where it listens, what it offers."""
+
+    CODE: ClassVar[int] = 25
+    version: int
+    node_id: str
+    address: str
+    num_cpus: int
+
+
+@dataclass(slots=True)
+class PeerWelcome:
+    """N->N, G->N answer to ``PeerHello``: the answering process's id and the cluster's
+    description as JSON (Redis shards, global schedulers)."""
+
+    CODE: ClassVar[int] = 26
+    peer_id: str
+    info: str
+
+
+@dataclass(slots=True)
+class Load:
+    """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
+
+    CODE: ClassVar[int] = 27
+    queued: int
+    busy: int
+    num_cpus: int
+    avg_task_s: float
+
+
+@dataclass(slots=True)
+class RemoteTask:
+    """N->G a task spilled by its node (``origin``); G->N the same task placed on a node.
+
+    Self-contained: the function's pickle, the arguments and the dependency values travel
+    inline, with the configuration of the group (executor) it belongs to:
+    ``group_cfg`` = (max_workers, start_method, initializer, max_tasks, max_attempts)."""
+
+    CODE: ClassVar[int] = 28
+    task_id: int
+    origin: str  # the origin node's address: results go back there
+    group_id: int
+    group_cfg: tuple
+    fn_id: int
+    fn_payload: bytes
+    args: Optional[bytes]
+    deps: Optional[tuple]
+    cwd: str
+    sys_path: tuple
+
+
+@dataclass(slots=True)
+class SpillRejected:
+    """G->N no other node can take this spilled task now: run or retry it at home."""
+
+    CODE: ClassVar[int] = 29
+    task_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Accepted:
+    """N->N the executing node has the task (the origin now knows where it runs)."""
+
+    CODE: ClassVar[int] = 30
+    task_id: int
+    node_id: str
+
+
+@dataclass(slots=True)
+class TaskResult:
+    """N->N a spilled task's outcome, sent by the node that ran it to the origin."""
+
+    CODE: ClassVar[int] = 31
+    task_id: int
+    ok: bool
+    payload: bytes
+    duration: float
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -270,4 +353,11 @@ ALL_MESSAGES = (
     CancelTask,
     StatusRequest,
     StatusReply,
+    PeerHello,
+    PeerWelcome,
+    Load,
+    RemoteTask,
+    SpillRejected,
+    Accepted,
+    TaskResult,
 )

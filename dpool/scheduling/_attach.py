@@ -53,6 +53,21 @@ class DriverHandle(WorkerHandle):
         self.groups: set[int] = set()
 
 
+class PeerHandle(WorkerHandle):
+    """A connection with another cluster process: a node or a global scheduler.
+
+    ``outgoing``: this process connected (to send); else the peer did (to send to us)."""
+
+    __slots__ = ("peer_id", "address", "outgoing")
+    remote_values = True
+
+    def __init__(self, chan: Channel, peer_id: str, address: str, outgoing: bool) -> None:
+        super().__init__(0, None, None, chan)  # type: ignore[arg-type]
+        self.peer_id = peer_id
+        self.address = address
+        self.outgoing = outgoing
+
+
 class DriverSessions:
     """Serves the drivers attached to one local scheduler."""
 
@@ -63,6 +78,8 @@ class DriverSessions:
         self._next_session = 1
         self._lock = threading.Lock()
         self.drivers: dict[int, DriverHandle] = {}
+        self.cluster_cpus = num_cpus  # the cluster's CPUs (the node agent keeps it fresh)
+        self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
         h[m.GroupOp.CODE] = self._on_group_op
@@ -195,6 +212,15 @@ class DriverSessions:
         }
 
     # -- the driver went away ----------------------------------------------------------
+    def handle_closed(self, h: WorkerHandle) -> None:
+        """A connection without a worker process closed (lock held)."""
+        if isinstance(h, DriverHandle):
+            self.closed(h)
+        else:
+            h.alive = False
+            for hook in self.peer_closed_hooks:
+                hook(h)
+
     def closed(self, d: DriverHandle) -> None:
         """The driver's connection closed: stop its groups, drop its objects (lock held)."""
         s = self._s
@@ -242,4 +268,4 @@ def _kill_later(workers: list, grace: float) -> None:
             pass  # already reaped by the IO loop
 
 
-__all__ = ["DriverHandle", "DriverSessions"]
+__all__ = ["DriverHandle", "DriverSessions", "PeerHandle"]

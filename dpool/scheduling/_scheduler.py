@@ -100,6 +100,10 @@ class LocalScheduler:
         self._exited = threading.Condition(self._lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
         self.sessions: Any = None  # _attach.DriverSessions on a node daemon (cluster mode)
+        self.spiller: Any = None  # _spill.Spiller on a node of a multi-node cluster
+        # A node's CPUs: at most this many workers run tasks at once, over every group
+        # (None on the embedded runtime: each executor has its own max_workers only).
+        self.cpu_limit: Optional[int] = None
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,
@@ -349,6 +353,8 @@ class LocalScheduler:
         owner = t.owner
         self._dispatch(g, idle_only=not self._io.is_io_thread()
                        or (owner is not None and owner.remote_values))
+        if self.spiller is not None and g.queue:
+            self.spiller.consider(g)
 
     def _build_deps(self, t: Task) -> bool:
         """Attach ready dependency values to ``t``, pinning stored ones; False if it failed."""
@@ -537,12 +543,22 @@ class LocalScheduler:
                 continue
             if best is None or w.load < best.load:
                 best = w
-        if best is not None and not best.inflight and busy >= g.max_workers:
-            return None  # an extra worker (started while others were blocked) stays idle
+        if best is not None and not best.inflight:
+            if busy >= g.max_workers:
+                return None  # an extra worker (started while others were blocked) stays idle
+            if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
+                return None  # the node's CPUs are all in use (by other groups too)
         return best
+
+    def busy_cpus(self) -> int:
+        """Workers running tasks now, over every group (lock held)."""
+        return sum(1 for g in self._groups.values() for w in g.workers
+                   if w.inflight and w.alive and not w.blocked)
 
     def _maybe_spawn(self, g: Group) -> bool:
         if self._closed or g.broken is not None:
+            return False
+        if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
             return False
         if len(g.workers) < g.max_workers:
             return self._try_spawn(g)
@@ -710,9 +726,9 @@ class LocalScheduler:
     # ================================================================ failures
     def _on_closed(self, w: WorkerHandle) -> None:
         """The IO loop saw a worker's socket close: it exited or died."""
-        if w.remote_values:  # an attached driver disconnected (cluster mode)
+        if w.process is None:  # an attached driver or a peer (cluster mode)
             with self._lock:
-                self.sessions.closed(w)
+                self.sessions.handle_closed(w)
                 out = self._take_out()
             w.chan.close()
             self._deliver(out)
@@ -850,6 +866,11 @@ class LocalScheduler:
                 self._drain_releases()
                 if self.store.has_news:
                     self._forget_mappings()
+        if self.spiller is not None:
+            with self._lock:
+                self.spiller.tick()
+                out = self._take_out()
+            self._deliver(out)
         self._ctl.flush()
 
 

@@ -1,0 +1,1 @@
+"""A global scheduler replica: places tasks that nodes spill (see ``_daemon``)."""

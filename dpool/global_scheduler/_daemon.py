@@ -1,0 +1,187 @@
+"""The global scheduler: a stateless replica that places the tasks nodes spill.
+
+    node A ──RemoteTask──▶ GlobalScheduler ──RemoteTask──▶ node B (least estimated wait)
+    nodes ───Load (every heartbeat)──▶ │           └──SpillRejected──▶ A (no other node)
+
+Every node links to every global scheduler (finding them in the control store) and
+pushes its load over the link; placement uses those reports (``scheduling._placement``).
+It keeps no task: a spilled task is forwarded as soon as it arrives, and the origin node
+keeps the task's record until its result comes back, so killing a replica loses nothing
+(the origin takes back what was not yet placed and spills it through another). It
+registers itself and heartbeats in the control store, where nodes and ``dpool status``
+find it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from dpool.node._links import welcome_message
+from dpool.node._server import NodeServer
+from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+from dpool.scheduling._attach import PeerHandle
+from dpool.scheduling._ioloop import IOLoop
+from dpool.scheduling._placement import NodeLoad, choose
+
+log = logging.getLogger("dpool.global_scheduler")
+
+_HEARTBEAT_S = 0.5
+
+
+class GlobalScheduler:
+    def __init__(self, token: bytes, bind: str, port: int, control: Any = None,
+                 gs_id: str = "") -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[PeerHandle, NodeLoad]] = {}
+        self._control = control
+        self.placed = 0
+        self.rejected = 0
+        self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
+        self.server = NodeServer(token, bind, port, None, None, self._on_peer)
+        self.address = f"{bind}:{self.server.address[1]}"
+        self.gs_id = gs_id or f"gs-{self.address}"
+        self._last_beat = 0.0
+
+    def serve(self) -> None:
+        self.server.start()
+        if self._control is not None:
+            self._control.register_global_scheduler(self.gs_id, self.address)
+
+    def close(self) -> None:
+        self.server.close()
+        self._io.stop()
+        with self._lock:
+            for h, _ in self._nodes.values():
+                h.chan.close()
+            self._nodes.clear()
+        if self._control is not None:
+            try:
+                self._control.unregister_global_scheduler(self.gs_id)
+            except Exception:  # noqa: BLE001 - the store may be gone first at shutdown
+                pass
+
+    # -- connections ---------------------------------------------------------------------
+    def _on_peer(self, chan: Channel, hello: m.PeerHello) -> None:
+        h = PeerHandle(chan, hello.node_id, hello.address, outgoing=False)
+        chan.send(welcome_message(self.gs_id))
+        chan.set_blocking(False)
+        with self._lock:
+            old = self._nodes.get(hello.address)
+            self._nodes[hello.address] = (h, NodeLoad(hello.address, hello.num_cpus))
+        if old is not None:
+            old[0].alive = False
+        self._io.add(h)
+        log.info("node %s linked (%d CPUs)", hello.node_id, hello.num_cpus)
+
+    def _on_closed(self, h: Any) -> None:
+        with self._lock:
+            entry = self._nodes.get(h.address)
+            if entry is not None and entry[0] is h:
+                del self._nodes[h.address]
+        h.alive = False
+        h.chan.close()
+        log.info("node %s unlinked", h.peer_id)
+
+    def _send(self, h: PeerHandle, msgs: list) -> None:
+        try:
+            if not h.chan.send(encode_batch(msgs)):
+                self._io.want_write(h)
+        except ChannelClosed:
+            pass
+
+    # -- messages ------------------------------------------------------------------------
+    def _on_frames(self, h: Any, frames: list) -> None:
+        for frame in frames:
+            for msg in decode_batch(frame):
+                if isinstance(msg, m.RemoteTask):
+                    self._place(h, msg)
+                elif isinstance(msg, m.Load):
+                    with self._lock:
+                        entry = self._nodes.get(h.address)
+                        if entry is not None:
+                            load = entry[1]
+                            load.queued, load.busy = msg.queued, msg.busy
+                            load.cpus, load.avg_task_s = msg.num_cpus, msg.avg_task_s
+                            load.pending = 0
+                else:
+                    raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
+
+    def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> None:
+        size = len(msg.args or b"") + sum(len(p) for _, _, p in msg.deps or ())
+        with self._lock:
+            best = choose((load for _, load in self._nodes.values()), msg.origin, size)
+            target = self._nodes[best.address][0] if best is not None else None
+            if best is not None:
+                best.pending += 1
+        if target is None or not target.alive:
+            self.rejected += 1
+            self._send(origin, [m.SpillRejected(msg.task_id, "no other node has free CPUs")])
+            return
+        self.placed += 1
+        self._send(target, [msg])
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        if self._control is not None and now - self._last_beat >= _HEARTBEAT_S:
+            self._last_beat = now
+            try:
+                if not self._control.heartbeat_global_scheduler(self.gs_id):
+                    self._control.register_global_scheduler(self.gs_id, self.address)
+            except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
+                log.warning("heartbeat to the control store failed: %s", exc)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dpool.global_scheduler")
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--redis", default="", help="control-store shards, comma-separated")
+    p.add_argument("--ready-fd", type=int, default=None)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = os.environ.pop("DPOOL_TOKEN", "")
+    if not token:
+        sys.stderr.write("dpool global scheduler: $DPOOL_TOKEN is not set\n")
+        return 2
+    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+    control = None
+    try:
+        if args.redis:
+            from dpool.control._redis import RedisControlStore
+
+            control = RedisControlStore(args.redis.split(","), token)
+        gs = GlobalScheduler(token.encode(), args.bind, args.port, control)
+        gs.serve()
+    except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
+        if ready is not None:
+            ready.write(f"ERROR {exc}\n")
+            ready.close()
+        sys.stderr.write(f"dpool global scheduler: {exc}\n")
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("global scheduler %s serving", gs.address)
+    if ready is not None:
+        ready.write(f"READY {gs.address}\n")
+        ready.close()
+    while not stop.wait(0.5):
+        pass
+    gs.close()
+    log.info("global scheduler %s stopped (placed %d, rejected %d)", gs.address, gs.placed,
+             gs.rejected)
+    return 0

@@ -1,0 +1,89 @@
+"""The node's link to the rest of the cluster: heartbeats, load reports, discovery.
+
+A thread, off every task's path: every ``load_s`` it pushes this node's load (queue,
+busy and total CPUs, average task time) to each linked global scheduler; every
+``beat_s`` it heartbeats the same load into the node table, reads the global schedulers
+and nodes registered there, links to schedulers it has not linked yet, and refreshes the
+cluster's CPU count that drivers see. A control store that is briefly unreachable costs
+warnings, not tasks: the local path never waits on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from dpool.protocol import _messages as m
+
+log = logging.getLogger("dpool.node")
+
+
+class ClusterAgent:
+    def __init__(self, daemon: Any, control: Any, load_s: float = 0.1,
+                 beat_s: float = 0.5) -> None:
+        self._d = daemon
+        self._control = control
+        self.load_s = load_s
+        self.beat_s = beat_s
+        self.schedulers: list[str] = []  # global schedulers alive in the node table
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def linked_schedulers(self) -> list[str]:
+        links = self._d.links
+        return [a for a in self.schedulers if links.connected(a)]
+
+    def _load(self) -> dict:
+        d = self._d
+        s = d.scheduler
+        with s._lock:
+            status = d.sessions.status()
+            busy_groups = [g for g in s._groups.values() if g.queue]
+            avg = (sum(s._batch.estimate(g.queue[0].fn_id) for g in busy_groups)
+                   / len(busy_groups)) if busy_groups else s._batch.target_s
+        status["avg_task_s"] = avg
+        return status
+
+    def _push_load(self, load: dict) -> None:
+        msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"])
+        for address in self.linked_schedulers():
+            self._d.links.send(address, [msg])
+
+    def _beat(self) -> None:
+        d = self._d
+        load = self._load()
+        try:
+            if not self._control.heartbeat(d.node_id, load):
+                self._control.register_node(d.node_id, d.node_info())
+            gss = [g for g in self._control.global_schedulers() if g.get("alive")]
+            nodes = [n for n in self._control.nodes() if n.get("alive")]
+        except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
+            log.warning("control store unreachable: %s", exc)
+            return
+        self.schedulers = [g["address"] for g in gss]
+        for address in self.schedulers:
+            if not d.links.connected(address):
+                d.links.connect_soon(address)
+        d.sessions.cluster_cpus = sum(int(n.get("num_cpus", 0)) for n in nodes) or d.num_cpus
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + self.beat_s
+        while not self._stop.wait(self.load_s):
+            try:
+                self._push_load(self._load())
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.beat_s
+                    self._beat()
+            except Exception:  # noqa: BLE001 - the agent must outlive one bad round
+                log.exception("dpool node agent: a heartbeat round failed")

@@ -1,0 +1,47 @@
+"""Where a global scheduler puts a spilled task: the node with the lowest estimated wait.
+
+Pure policy over load reports (unit-tested without processes). A node's estimated wait
+for one more task is the work queued ahead of it spread over its CPUs,
+
+    wait = max(0, queued + pending + busy - cpus + 1) * avg_task_s / cpus
+           + remote input bytes / bandwidth,
+
+with ``pending`` the tasks this scheduler placed there since the node's last load report
+(so a burst of spills spreads out instead of piling onto the node that looked idlest a
+moment ago). Nodes without CPUs, and the origin itself, are not candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+DEFAULT_BANDWIDTH = 1e9  # bytes/s, until transfers are measured
+
+
+@dataclass
+class NodeLoad:
+    address: str
+    cpus: int
+    busy: int = 0
+    queued: int = 0
+    avg_task_s: float = 0.002
+    pending: int = 0
+
+    def estimated_wait(self, input_bytes: int = 0,
+                       bandwidth: float = DEFAULT_BANDWIDTH) -> float:
+        ahead = max(0, self.queued + self.pending + self.busy - self.cpus + 1)
+        return ahead * self.avg_task_s / max(1, self.cpus) + input_bytes / bandwidth
+
+
+def choose(nodes: Iterable[NodeLoad], origin: str, input_bytes: int = 0) -> Optional[NodeLoad]:
+    """The best node for a task spilled by ``origin`` (None: no other node has CPUs)."""
+    best: Optional[NodeLoad] = None
+    best_key: tuple = ()
+    for n in nodes:
+        if n.cpus <= 0 or n.address == origin:
+            continue
+        key = (n.estimated_wait(input_bytes), n.busy + n.pending + n.queued, n.address)
+        if best is None or key < best_key:
+            best, best_key = n, key
+    return best

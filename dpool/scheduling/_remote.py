@@ -1,0 +1,103 @@
+"""Bottom-up scheduling, the executing node's half: running tasks other nodes spilled.
+
+A ``RemoteTask`` placed here by a global scheduler runs in a *mirror* of its executor's
+worker group (one per origin node and group: same ``max_workers``, initializer,
+start method and ``max_tasks_per_child``; the origin's working directory and
+``sys.path``), under this node's CPU limit like any local task. Its function is
+registered under a local id and the task gets a local id, so ids of different origins
+never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` (the value
+inline) when it is done; the local record of the result is dropped right after.
+
+Mirror groups never spill again (the global scheduler already chose this node) and are
+retired when idle for ``idle_retire_s``. A worker dying under a remote task retries it
+here, as for any task, up to the group's ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import time
+from typing import Any, Callable
+
+from dpool.objects import _transfer
+from dpool.protocol import _messages as m
+from dpool.scheduling._records import Group, Task
+
+log = logging.getLogger("dpool.scheduling")
+
+_LOCAL_IDS = 1 << 62  # ids of remote tasks and functions here: above drivers' and workers'
+
+
+class RemoteRunner:
+    def __init__(self, scheduler: Any, node_id: str,
+                 send: Callable[[str, list], None], idle_retire_s: float = 30.0) -> None:
+        self._s = scheduler
+        self.node_id = node_id
+        self._send = send
+        self.idle_retire_s = idle_retire_s
+        self._ids = itertools.count(_LOCAL_IDS)
+        self._groups: dict[tuple, Group] = {}  # (origin, group id) -> mirror group
+        self._last_used: dict[int, float] = {}
+        self._fns: dict[tuple, int] = {}  # (origin, fn id) -> local fn id
+        self.mirror_ids: set[int] = set()
+        scheduler._handlers[m.RemoteTask.CODE] = self._on_task
+
+    def is_mirror(self, g: Group) -> bool:
+        return g.group_id in self.mirror_ids
+
+    def _group(self, msg: m.RemoteTask) -> Group:
+        key = (msg.origin, msg.group_id)
+        g = self._groups.get(key)
+        if g is not None and g.group_id in self._s._groups and not g.closed:
+            return g
+        max_workers, method, initializer, max_tasks, max_attempts = msg.group_cfg
+        try:
+            ctx = mp.get_context(method or None)
+        except ValueError:
+            ctx = mp.get_context()
+        g = Group(next(self._ids), max_workers, ctx, initializer, max_tasks, max_attempts)
+        g.cwd = msg.cwd
+        g.sys_path = list(msg.sys_path)
+        self._groups[key] = g
+        self._s._groups[g.group_id] = g
+        self.mirror_ids.add(g.group_id)
+        return g
+
+    def _on_task(self, h: Any, msg: m.RemoteTask) -> None:
+        s = self._s
+        g = self._group(msg)
+        self._last_used[g.group_id] = time.monotonic()
+        fkey = (msg.origin, msg.fn_id)
+        fn_id = self._fns.get(fkey)
+        if fn_id is None:
+            fn_id = self._fns[fkey] = next(self._ids)
+            s._functions[fn_id] = msg.fn_payload
+        local_id = next(self._ids)
+        origin, origin_id = msg.origin, msg.task_id
+
+        def done(ok: bool, payload: bytes) -> None:  # outside the lock, on the IO thread
+            try:
+                value = _transfer.inline_payload(payload) if ok else payload
+            finally:
+                s.release(local_id)  # the origin holds the result now
+            self._send(origin, [m.TaskResult(origin_id, ok, value,
+                                             s._batch.estimate(fn_id))])
+
+        t = Task(local_id, fn_id, msg.args, None, g, None, done)
+        t.started = True  # no future to move to RUNNING: ``done`` is a plain callback
+        t.deps = msg.deps
+        self._send(origin, [m.Accepted(origin_id, self.node_id)])
+        s._admit(t)
+
+    def tick(self) -> None:
+        """Retire mirror groups idle for a while (lock held)."""
+        now = time.monotonic()
+        for key, g in list(self._groups.items()):
+            if g.outstanding == 0 and now - self._last_used.get(g.group_id, now) \
+                    > self.idle_retire_s:
+                del self._groups[key]
+                self._last_used.pop(g.group_id, None)
+                g.closed = True
+                self._s._retire_group(g)

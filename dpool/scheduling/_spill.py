@@ -1,0 +1,217 @@
+"""Bottom-up scheduling, the origin's half: spilling tasks this node should not wait for.
+
+    local queue ──(estimated wait > threshold)──▶ RemoteTask ──▶ global scheduler
+        ▲                                                              │ places it
+        │ requeue (rejected / GS lost / node lost)                      ▼
+    _finish(task) ◀── TaskResult ◀── Accepted ◀───────────── another node runs it
+
+A node runs a task locally unless it would wait too long for one of the node's CPUs:
+the k-th queued task (with ``free`` CPUs idle, ``cpus`` in all, tasks of ``avg`` s) waits
+about ``(k - free) / cpus * avg``; the ones past ``threshold_s`` go to a global
+scheduler, tail first (the head keeps its place in line). A node with no CPUs spills
+everything. An executor's ``max_workers`` caps its tasks in flight cluster-wide: local
+busy workers plus tasks away.
+
+The task stays this node's: its record (future or owner, pinned inputs, attempts) lives
+here until a ``TaskResult`` comes back; the function, arguments and input values travel
+inline, so the node that runs it needs nothing from here. What can go wrong:
+
+- no other node can take it (``SpillRejected``): it goes back to the local queue, and
+  spilling pauses briefly;
+- the global scheduler's link closes before any node accepted it, or nobody accepts it
+  within ``place_timeout_s``: back to the local queue, uncharged (it may have started
+  elsewhere after all -- the first result to arrive wins, later ones are dropped);
+- the node running it goes away (its link closes): it is retried, charging the attempt
+  as a worker death does, up to the group's ``max_attempts``.
+
+Runs under the scheduler's lock (called from its handlers and ticks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from dpool.errors import WorkerCrashedError
+from dpool.objects import _transfer
+from dpool.protocol import _messages as m
+from dpool.runtime import _payload
+from dpool.scheduling._records import Group, Task
+
+log = logging.getLogger("dpool.scheduling")
+
+_BACKOFF_S = 0.2
+
+
+class _Away:
+    __slots__ = ("task", "gs", "node", "sent_at")
+
+    def __init__(self, task: Task, gs: str, sent_at: float) -> None:
+        self.task = task
+        self.gs = gs
+        self.node: Optional[str] = None
+        self.sent_at = sent_at
+
+
+class Spiller:
+    def __init__(self, scheduler: Any, node_address: str,
+                 send: Callable[[str, list], None], schedulers: Callable[[], list],
+                 threshold_s: float = 0.005, place_timeout_s: float = 10.0,
+                 local_groups: Optional[Callable[[Group], bool]] = None) -> None:
+        self._s = scheduler
+        self.address = node_address
+        self._send = send
+        self._schedulers = schedulers  # addresses of the global schedulers linked now
+        self.threshold_s = threshold_s
+        self.place_timeout_s = place_timeout_s
+        self._keep_local = local_groups or (lambda g: False)
+        self.away: dict[int, _Away] = {}
+        self._away_per_group: dict[int, int] = {}
+        self._paused_until = 0.0
+        self._rr = 0
+        h = scheduler._handlers
+        h[m.SpillRejected.CODE] = self._on_rejected
+        h[m.Accepted.CODE] = self._on_accepted
+        h[m.TaskResult.CODE] = self._on_result
+        scheduler.spiller = self
+
+    # -- deciding ------------------------------------------------------------------------
+    def consider(self, g: Group) -> None:
+        """Spill the tasks of ``g``'s queue that would wait too long here."""
+        q = g.queue
+        if not q or g.broken is not None or self._keep_local(g):
+            return
+        gss = self._schedulers()
+        if not gss or time.monotonic() < self._paused_until:
+            return
+        s = self._s
+        cpus = s.cpu_limit or 0
+        busy = s.busy_cpus()
+        free = max(0, cpus - busy)
+        if cpus:
+            est = max(s._batch.estimate(q[0].fn_id), 1e-6)
+            keep = free + int(self.threshold_s / est * cpus)
+        else:
+            keep = 0
+        excess = len(q) - keep
+        if excess <= 0:
+            return
+        local_busy = sum(1 for w in g.workers if w.inflight and w.alive and not w.blocked)
+        room = g.max_workers - local_busy - self._away_per_group.get(g.group_id, 0)
+        n = min(excess, room)
+        for _ in range(max(0, n)):
+            t = q.pop()  # the tail: the task that would wait longest
+            if t.future is not None and not t.started:
+                if not t.future.set_running_or_notify_cancel():
+                    s._skip_cancelled(t)
+                    continue
+            t.started = True
+            self._spill(t, g, gss[self._rr % len(gss)])
+            self._rr += 1
+
+    def _spill(self, t: Task, g: Group, gs: str) -> None:
+        s = self._s
+        t.attempts += 1
+        t.est = s._batch.estimate(t.fn_id)
+        deps = None
+        if t.deps:
+            deps = tuple((oid, ok, _transfer.inline_payload(p) if ok else p)
+                         for oid, ok, p in t.deps)
+        ctx = g.mp_context
+        cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
+               g.initializer, g.max_tasks, g.max_attempts)
+        msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
+                           s._functions[t.fn_id],
+                           _transfer.inline_payload(t.args) if t.args else t.args, deps,
+                           g.cwd or os.getcwd(), tuple(g.sys_path or sys.path))
+        self.away[t.task_id] = _Away(t, gs, time.monotonic())
+        self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
+        s._ctl.log_event(t.task_id, "spill", time.time(), 0)
+        self._send(gs, [msg])
+
+    # -- outcomes ------------------------------------------------------------------------
+    def _take(self, task_id: int) -> Optional[Task]:
+        a = self.away.pop(task_id, None)
+        if a is None:
+            return None
+        gid = a.task.group.group_id
+        self._away_per_group[gid] = self._away_per_group.get(gid, 1) - 1
+        return a.task
+
+    def _home(self, t: Task, charge: bool) -> None:
+        """Back into the local queue (front: it has waited already)."""
+        if not charge:
+            t.attempts -= 1
+        g = t.group
+        g.queue.appendleft(t)
+        self._s._dispatch(g)
+
+    def _on_rejected(self, h: Any, msg: m.SpillRejected) -> None:
+        t = self._take(msg.task_id)
+        if t is not None:
+            log.debug("spill of task %#x rejected: %s", msg.task_id, msg.reason)
+            self._paused_until = time.monotonic() + _BACKOFF_S
+            self._home(t, charge=False)
+
+    def _on_accepted(self, h: Any, msg: m.Accepted) -> None:
+        a = self.away.get(msg.task_id)
+        if a is not None:
+            a.node = h.address if h.address else msg.node_id
+
+    def _on_result(self, h: Any, msg: m.TaskResult) -> None:
+        t = self._take(msg.task_id)
+        if t is None:
+            return  # a late duplicate: it was retried and finished already
+        s = self._s
+        s._batch.observe(t.fn_id, msg.duration)
+        s._finish(t, msg.ok, msg.payload)
+
+    def unreachable(self, address: str, msgs: list) -> None:
+        """Links could not deliver these messages: take their tasks home."""
+        for msg in msgs:
+            if isinstance(msg, m.RemoteTask):
+                t = self._take(msg.task_id)
+                if t is not None:
+                    self._home(t, charge=False)
+
+    def peer_closed(self, h: Any) -> None:
+        """A link closed: a global scheduler's (unplaced tasks come home) or a node's
+        (its tasks are retried)."""
+        lost = [a for a in self.away.values()
+                if (a.node is None and a.gs == h.address) or
+                (a.node is not None and a.node in (h.address, h.peer_id))]
+        for a in lost:
+            t = self._take(a.task.task_id)
+            if t is None:
+                continue
+            if a.node is None:
+                self._home(t, charge=False)
+                continue
+            g = t.group
+            if t.attempts < g.max_attempts and g.broken is None:
+                log.warning("node %s went away running task %#x: retrying it", a.node,
+                            t.task_id)
+                self._home(t, charge=True)
+            else:
+                err = WorkerCrashedError(
+                    f"the node running this task ({a.node}) went away, on attempt "
+                    f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
+                self._s._finish(t, False, _payload.dumps_error(err))
+
+    # -- periodic ------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.monotonic()
+        stale = [a for a in self.away.values()
+                 if a.node is None and now - a.sent_at > self.place_timeout_s]
+        for a in stale:
+            t = self._take(a.task.task_id)
+            if t is not None:
+                log.warning("no node accepted spilled task %#x within %g s: taking it back",
+                            t.task_id, self.place_timeout_s)
+                self._home(t, charge=False)
+        for g in list(self._s._groups.values()):
+            if g.queue:
+                self.consider(g)
