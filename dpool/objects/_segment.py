@@ -20,7 +20,9 @@ in use while views are alive and caches their mappings for the next read of the 
 object.
 
 Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
-:func:`reap_orphans` can find and unlink the segments of a store whose owner died.
+the segments of a store whose owner died can be found and unlinked: by the owner's
+workers before they exit (:func:`reap_owner`), and by :func:`reap_orphans` when any
+runtime starts or creates an executor.
 Linux-specific bits (``/dev/shm``, ``posix_fallocate``) are used where available.
 """
 

@@ -62,5 +62,5 @@ def clean_up() -> None:
         return
     try:
         _segment.reap_owner(*_owner, exiting=True)
-    except Exception:  # noqa: BLE001 - exiting anyway; the next runtime start reaps
+    except Exception:  # exiting anyway; the next runtime start reaps
         log.debug("cleaning up after dead driver %d failed", _owner[0], exc_info=True)
