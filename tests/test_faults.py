@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,7 +159,6 @@ def test_death_charges_only_the_task_that_was_running(tmp_path, caplog):
             while len(_runs(folder)) <= kill:
                 assert time.monotonic() < deadline, "the long task did not start"
                 time.sleep(0.02)
-            time.sleep(0.2)  # the prefetched short task is in the worker by now
             os.kill(_runs(folder)[kill], signal.SIGKILL)
         with pytest.raises(dpool.WorkerCrashedError, match="attempt 2 of 2"):
             long.result(30)
@@ -167,7 +167,9 @@ def test_death_charges_only_the_task_that_was_running(tmp_path, caplog):
     assert len(deaths) == 2, deaths
     for n, msg in enumerate(deaths, 1):
         assert f"SIGKILL on task {long._oid:#x} (attempt {n} of 2)" in msg, msg
-        assert "1 task(s) it held had not started" in msg, msg
+        # the short task prefetched behind the long one: handed back, not charged
+        held = re.search(r"; (\d+) task\(s\) it held had not started", msg)
+        assert held and int(held.group(1)) >= 1, msg
 
 
 def _worker_pids():
