@@ -151,3 +151,21 @@ def test_reap_owner_races_are_harmless():
     finally:
         for n in names:
             seg.unlink(n)
+
+
+def test_a_zombie_owners_segments_are_orphans():
+    """A driver killed but not yet waited for by its parent is dead all the same."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    name = seg.segment_name(child.pid, 0x20B)
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        seg.write_object(name, serialize(b"left behind"))
+        assert seg.owner_dead(child.pid)
+        assert name in seg.reap_orphans()
+        assert not os.path.exists(seg.SHM_DIR + name)
+    finally:
+        seg.unlink(name)
+        child.wait(10)

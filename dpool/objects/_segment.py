@@ -355,7 +355,10 @@ def _reap_entry(entry: str) -> bool:
     if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
         shutil.rmtree(path, ignore_errors=True)  # several reapers may race: harmless
         return not os.path.exists(path)
-    return unlink("/" + entry)  # False if another reaper was first
+    try:
+        return unlink("/" + entry)  # False if another reaper was first
+    except (posix_ipc.Error, OSError):  # e.g. another user's: not ours to remove
+        return False
 
 
 def reap_orphans() -> list[str]:
