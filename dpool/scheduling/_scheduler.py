@@ -708,8 +708,9 @@ class LocalScheduler:
                     _segment.segment_name(self.store.owner_pid, t.task_id))
             lost = held
             if was_alive and g.broken is None and len(held) > 1:
-                # A worker runs its tasks in order: only the first it held can have
-                # started. The others go back to the queue, behind it, uncharged.
+                # A worker runs its tasks in order: those behind the first it held had
+                # not started (unless the first had just finished, its result not yet
+                # sent). They go back to the queue, behind it, uncharged.
                 self._requeue(w, tuple(t.task_id for t in held[1:]))
                 lost = held[:1]
             w.inflight.clear()
