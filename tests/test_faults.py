@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,3 +130,107 @@ def test_normal_exit_without_shutdown_finishes_work(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "last 100" in out.stdout
+
+
+# ----------------------------------------------- a death charges only the running task
+def note_and_sleep(folder, t):
+    """Record this run (pid) in ``folder``, then sleep: a long task to be killed."""
+    open(os.path.join(folder, f"{time.monotonic_ns()}-{os.getpid()}"), "w").close()
+    time.sleep(t)
+    return "long"
+
+
+def _runs(folder):
+    return [int(n.split("-")[1]) for n in sorted(os.listdir(folder))]
+
+
+def test_death_charges_only_the_task_that_was_running(tmp_path, caplog):
+    """One worker holds a long task and a short one prefetched behind it; killing it
+    twice exhausts the long task's attempts, never the short one's (it never ran)."""
+    caplog.set_level("WARNING", logger="dpool.scheduling")
+    folder = str(tmp_path)
+    with ProcessPoolExecutor(1, max_attempts=2) as ex:
+        warm = ex.submit(time.sleep, 0.5)  # busy: what follows queues up behind it
+        long = ex.submit(note_and_sleep, folder, 60)
+        short = [ex.submit(square, i) for i in range(200)]
+        warm.result(30)  # its result sends the long task and one short one (prefetch)
+        for kill in range(2):
+            deadline = time.monotonic() + 30
+            while len(_runs(folder)) <= kill:
+                assert time.monotonic() < deadline, "the long task did not start"
+                time.sleep(0.02)
+            os.kill(_runs(folder)[kill], signal.SIGKILL)
+        with pytest.raises(dpool.WorkerCrashedError, match="attempt 2 of 2"):
+            long.result(30)
+        assert [f.result(30) for f in short] == [i * i for i in range(200)]
+    deaths = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
+    assert len(deaths) == 2, deaths
+    for n, msg in enumerate(deaths, 1):
+        assert f"SIGKILL on task {long._oid:#x} (attempt {n} of 2)" in msg, msg
+        # the short task prefetched behind the long one: handed back, not charged
+        held = re.search(r"; (\d+) task\(s\) it held had not started", msg)
+        assert held and int(held.group(1)) >= 1, msg
+
+
+def _worker_pids():
+    out = []
+    for p in psutil.Process().children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and \
+                    not any("resource_tracker" in part for part in p.cmdline()):
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+class _Chaos:
+    """Kill a random worker every 20-100 ms while the block runs."""
+
+    def __enter__(self):
+        import random
+        import threading
+
+        self.kills = 0
+        self._stop = threading.Event()
+        rng = random.Random(7)
+
+        def run():
+            while not self._stop.wait(rng.uniform(0.02, 0.1)):
+                pids = _worker_pids()
+                if pids:
+                    try:
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                        self.kills += 1
+                    except ProcessLookupError:
+                        pass
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def square_slowly(x):
+    time.sleep(0.001)
+    return x * x
+
+
+def test_chaos_every_result_comes_back():
+    """A random worker SIGKILLed every 20-100 ms during 3,000 short tasks: the executor
+    and the Pool still return every result (the stdlib breaks, or hangs)."""
+    n = 3000
+    expected = [i * i for i in range(n)]
+    with ProcessPoolExecutor(2) as ex:
+        with _Chaos() as chaos:
+            fs = [ex.submit(square_slowly, i) for i in range(n)]
+            assert [f.result(60) for f in fs] == expected
+        assert chaos.kills >= 5, chaos.kills
+    with dpool.Pool(2) as p:
+        with _Chaos() as chaos:
+            assert p.map(square_slowly, range(n), chunksize=1) == expected
+            assert sorted(p.imap_unordered(square_slowly, range(n), 8)) == expected
+        assert chaos.kills >= 5, chaos.kills

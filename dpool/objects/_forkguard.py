@@ -65,3 +65,15 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                         after_in_child=_after_fork_in_child)
+
+
+def hold(timeout: float) -> bool:
+    """Stop new sections for good and wait up to ``timeout`` s for running ones to end.
+
+    For a process about to exit that must not create segments any more (a worker
+    removing its dead driver's segments). Returns whether none is running.
+    """
+    global _forking
+    with _cond:
+        _forking += 1
+        return _cond.wait_for(lambda: not _active, timeout)

@@ -20,7 +20,7 @@ lock, that the name no longer refers to its inode, and reports the object missin
 Pool segments live at most ``DPOOL_SEGMENT_POOL_TTL`` seconds (default 0.5; 0 disables
 recycling) and take at most ``max_bytes``; a timer thread of the owner unlinks expired
 ones, :meth:`SegmentPool.purge` unlinks all (shutdown, or the store needs the room), and
-``_segment.reap_orphans`` covers an owner that died.
+``_segment.reap_owner`` / ``reap_orphans`` cover an owner that died.
 """
 
 from __future__ import annotations

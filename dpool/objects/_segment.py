@@ -20,7 +20,9 @@ in use while views are alive and caches their mappings for the next read of the 
 object.
 
 Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
-:func:`reap_orphans` can find and unlink the segments of a store whose owner died.
+the segments of a store whose owner died can be found and unlinked: by the owner's
+workers before they exit (:func:`reap_owner`), and by :func:`reap_orphans` when any
+runtime starts or creates an executor.
 Linux-specific bits (``/dev/shm``, ``posix_fallocate``) are used where available.
 """
 
@@ -50,6 +52,9 @@ __all__ = [
     "unlink",
     "segment_size",
     "reap_orphans",
+    "reap_owner",
+    "owner_dead",
+    "owner_started",
     "shm_free_bytes",
     "shm_total_bytes",
 ]
@@ -315,34 +320,98 @@ def segment_size(name: str) -> int:
         shm.close_fd()
 
 
+def owner_started(pid: int) -> float | None:
+    """When process ``pid`` started (to tell it from a later process given the same
+    pid), or None if there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def owner_dead(pid: int, started: float | None = None) -> bool:
+    """Whether the store owner ``pid`` is gone, so its segments are orphans.
+
+    A zombie is dead (it can create or use nothing). ``started`` (:func:`owner_started`
+    while it lived) tells a reused pid apart: a different live process under the same pid
+    means the owner died, but the segment names ``dpool_<pid>_*`` may now be that
+    process's own, so they are left alone (False), until that process exits too.
+    """
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        if started is not None and proc.create_time() != started:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):  # e.g. AccessDenied: it exists, leave it alone
+        return False
+    return False
+
+
+def _reap_entry(entry: str) -> bool:
+    path = os.path.join(SHM_DIR, entry)
+    if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
+        shutil.rmtree(path, ignore_errors=True)  # several reapers may race: harmless
+        return not os.path.exists(path)
+    try:
+        return unlink("/" + entry)  # False if another reaper was first
+    except (posix_ipc.Error, OSError):  # e.g. another user's: not ours to remove
+        return False
+
+
 def reap_orphans() -> list[str]:
     """Unlink every ``dpool_<pid>_*`` segment whose owner process is not alive.
 
-    Called when a runtime starts, so the segments of a driver that was SIGKILLed are
-    reclaimed by the next start. Returns the names unlinked. A dead owner's pid that has
-    been reused by a live process keeps its segments until that process exits too.
+    Called when a runtime starts and when an executor or Pool is created, so the
+    segments of a driver that was SIGKILLed (and whose workers did not clean up, see
+    :func:`reap_owner`) are reclaimed. Returns the names unlinked. A dead owner's pid that
+    has been reused by a live process keeps its segments until that process exits too.
     """
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
         return []
-    alive: dict[int, bool] = {}
+    dead: dict[int, bool] = {}
     reaped: list[str] = []
     for entry in entries:
         match = _NAME_RE.match(entry)
         if match is None:
             continue
         pid = int(match.group(1))
-        if pid not in alive:
-            alive[pid] = psutil.pid_exists(pid)
-        if alive[pid]:
-            continue
-        path = os.path.join(SHM_DIR, entry)
-        if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
-            shutil.rmtree(path, ignore_errors=True)
-            reaped.append("/" + entry)
-        elif unlink("/" + entry):
+        if pid not in dead:
+            dead[pid] = owner_dead(pid)
+        if dead[pid] and _reap_entry(entry):
             reaped.append("/" + entry)
     if reaped:
         logger.info("reaped %d orphaned shared-memory segments", len(reaped))
+    return reaped
+
+
+def reap_owner(pid: int, started: float | None = None, exiting: bool = False,
+               timeout: float = 2.0) -> list[str]:
+    """Unlink the segments (and recycling pool) of store owner ``pid`` if it is dead.
+
+    For a worker whose driver died: it removes what the dead owner left before it exits,
+    so nothing stays in ``/dev/shm`` even if no dpool program starts again. ``started``:
+    see :func:`owner_dead`. ``exiting`` (the caller is about to exit): hold off this
+    process's segment writes first, for good, waiting up to ``timeout`` s for those under
+    way, so that none is created after the listing. Several workers may do this at once:
+    each name is unlinked by one of them, the others find it gone. Returns the names this
+    call unlinked.
+    """
+    if not owner_dead(pid, started):
+        return []
+    if exiting:
+        _forkguard.hold(timeout)
+    prefix = f"{_PREFIX}{pid}_"
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    reaped = ["/" + e for e in entries
+              if e.startswith(prefix) and _NAME_RE.match(e) and _reap_entry(e)]
+    if reaped:
+        logger.info("reaped %d shared-memory segments of dead owner %d", len(reaped), pid)
     return reaped

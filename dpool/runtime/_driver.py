@@ -10,6 +10,7 @@ import atexit
 import itertools
 import logging
 import os
+import time
 import weakref
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ from dpool.scheduling import GroupConfig, LocalScheduler
 
 log = logging.getLogger("dpool.runtime")
 
+_REAP_EVERY_S = 1.0  # new executors look for dead drivers' segments at most this often
+
 
 class DriverRuntime:
     gives_back_slot = False  # the driver is not a worker: waiting blocks nobody's slot
@@ -30,6 +33,7 @@ class DriverRuntime:
     def __init__(self) -> None:
         self.pid = self.owner_pid = os.getpid()
         _segment.reap_orphans()  # segments of drivers that died without cleaning up
+        self._reaped_at = time.monotonic()
         self.control = InProcessControlStore()
         self.scheduler = LocalScheduler(self.control)
         self._ids = itertools.count(1)
@@ -44,6 +48,10 @@ class DriverRuntime:
 
     # -- groups ------------------------------------------------------------------------------
     def add_group(self, cfg: GroupConfig, executor: Any) -> Any:
+        now = time.monotonic()
+        if now - self._reaped_at >= _REAP_EVERY_S:  # a long-running driver reaps too
+            self._reaped_at = now
+            _segment.reap_orphans()
         self._executors.add(executor)
         return self.scheduler.add_group(cfg)
 

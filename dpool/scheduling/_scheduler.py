@@ -743,16 +743,26 @@ class LocalScheduler:
                 g.n_blocked -= 1
             if w in g.workers:
                 g.workers.remove(w)
-            lost = list(w.inflight.values())
-            w.inflight.clear()
-            w.load = 0.0
-            if was_alive and lost:
-                log.warning("worker %d (pid %s) died with %s holding %d task(s)",
-                            w.worker_id, w.pid, _describe_exit(exitcode), len(lost))
-            for t in lost:
-                # a result segment the dead worker may have half written
+            held = list(w.inflight.values())
+            for t in held:
+                # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
                     _segment.segment_name(self.store.owner_pid, t.task_id))
+            lost = held
+            if was_alive and g.broken is None and len(held) > 1:
+                # A worker runs its tasks in order: those behind the first it held had
+                # not started (unless the first had just finished, its result not yet
+                # sent). They go back to the queue, behind it, uncharged.
+                self._requeue(w, tuple(t.task_id for t in held[1:]))
+                lost = held[:1]
+            w.inflight.clear()
+            w.load = 0.0
+            if was_alive and held:
+                log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
+                            "%d); %d task(s) it held had not started and go back uncharged",
+                            w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
+                            held[0].attempts, g.max_attempts, len(held) - len(lost))
+            for t in lost:
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     g.queue.appendleft(t)
                 else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections import deque
 from typing import Any, Callable
@@ -31,6 +30,7 @@ from dpool.objects import _mapping
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
+from dpool.worker import _watchdog
 from dpool.worker._config import WorkerConfig
 
 log = logging.getLogger("dpool.worker")
@@ -38,13 +38,6 @@ log = logging.getLogger("dpool.worker")
 _FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
 _FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this
 _FLUSH_COUNT = 256
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(0.25)
-        if os.getppid() != parent_pid:
-            os._exit(1)
 
 
 class _Worker:
@@ -202,14 +195,15 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     from dpool.objects import _values
 
     _values.set_capacity_limit(cfg.store_capacity)
-    threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True,
-                     name="dpool-parent-watch").start()
+    _watchdog.start(cfg.parent_pid)
     chan = Channel(sock, blocking=True)
     worker = _Worker(chan, cfg)
     _current.set_worker(worker)
     try:
         worker.run()
-    except (ChannelClosed, SystemExit, KeyboardInterrupt):
+    except ChannelClosed:
+        _watchdog.connection_lost()  # if the driver died: remove what it left
+    except (SystemExit, KeyboardInterrupt):
         pass
     finally:
         try:

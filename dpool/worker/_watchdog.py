@@ -1,0 +1,66 @@
+"""A worker outlives no driver, and leaves nothing of a dead one behind.
+
+A watchdog thread polls the parent pid: when the driver has died (SIGKILL sends no
+``Shutdown``, and EOF on the socket may never come, as a forked sibling may hold its other
+end open), the worker exits, even in the middle of a long task. Before exiting it removes
+the dead driver's shared-memory segments and recycling pool (``_segment.reap_owner``),
+so that ``/dev/shm`` is clean within a poll interval even if no dpool program starts
+again. The main loop's EOF path (:func:`connection_lost`) does the same without waiting
+for the next poll. Every worker of the dead driver does this; each name is unlinked by
+whichever comes first, and a segment one of them writes after another's cleanup is
+removed by its own, since writing stops before a worker cleans up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from dpool.objects import _segment
+
+log = logging.getLogger("dpool.worker")
+
+_POLL_S = 0.25
+_LOST_WAIT_S = 1.0  # after EOF: how long to wait for a dying driver to be gone
+
+_owner: tuple[int, float | None] | None = None  # (driver pid, its start time)
+
+
+def start(parent_pid: int) -> None:
+    """In a new worker: remember the driver (pid and start time), watch it."""
+    global _owner
+    _owner = (parent_pid, _segment.owner_started(parent_pid))
+    threading.Thread(target=_watch, args=(parent_pid,), daemon=True,
+                     name="dpool-parent-watch").start()
+
+
+def _watch(parent_pid: int) -> None:
+    while True:
+        time.sleep(_POLL_S)
+        if os.getppid() != parent_pid:
+            clean_up()
+            os._exit(1)
+
+
+def connection_lost() -> None:
+    """The driver's socket closed without a ``Shutdown``: if the driver died (it may
+    still be exiting: wait a little), remove what it left before this worker exits."""
+    if _owner is None:
+        return
+    deadline = time.monotonic() + _LOST_WAIT_S
+    while os.getppid() == _owner[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if os.getppid() != _owner[0]:
+        clean_up()
+
+
+def clean_up() -> None:
+    """Remove the driver's segments if it is dead (this process writes none after)."""
+    if _owner is None:
+        return
+    try:
+        _segment.reap_owner(*_owner, exiting=True)
+    except Exception:  # exiting anyway; the next runtime start reaps
+        log.debug("cleaning up after dead driver %d failed", _owner[0], exc_info=True)
