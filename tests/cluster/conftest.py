@@ -5,6 +5,7 @@ test fails (``dpool stop``, then SIGKILL of whatever is left)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -48,6 +49,7 @@ class Node:
     address: str = ""
     pid: int = 0
     env: dict = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
 
     def stop(self) -> None:
         dpool_cli(["stop", "--timeout", "5"], self.env)
@@ -96,7 +98,7 @@ def _kill_tree(pid: int) -> None:
 
 
 def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str = "",
-               num_cpus: int = 2) -> tuple[Node, str]:
+               num_cpus: int = 2, extra: tuple = ()) -> tuple[Node, str]:
     state = tmp / f"state-{ip}"
     env = base_env()
     env["DPOOL_STATE_DIR"] = str(state)
@@ -105,15 +107,63 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
         args = ["start", "--head", "--port", str(free_port(ip)), "--node-ip", ip]
     else:
         args = ["start", "--address", address, "--token", token, "--node-ip", ip]
-    out = dpool_cli([*args, "--num-cpus", str(num_cpus)], env)
+    out = dpool_cli([*args, "--num-cpus", str(num_cpus), *extra], env)
     assert out.returncode == 0, out.stderr
     values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    import json
 
     record = json.loads((state / "cluster.json").read_text())
     node.address = record["node"]["address"]
     node.pid = record["node"]["pid"]
+    node.record = record
     return node, values.get("DPOOL_TOKEN", token)
+
+
+def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2,
+                  global_schedulers: int = 1) -> Cluster:
+    """A head on 127.0.0.2 (Redis shards, global schedulers, a node) and nodes joining it
+    from 127.0.0.3, 127.0.0.4, ...; stop with ``stop_cluster``."""
+    head, token = start_node(tmp, "127.0.0.2", head=True, num_cpus=head_cpus,
+                             extra=("--shards", "2", "--global-schedulers",
+                                    str(global_schedulers)))
+    c = Cluster(head, token, [head])
+    try:
+        for i in range(1, n_nodes):
+            node, _ = start_node(tmp, f"127.0.0.{2 + i}", head=False, address=head.address,
+                                 token=token, num_cpus=cpus)
+            c.nodes.append(node)
+        wait_for_nodes(c, n_nodes)
+    except BaseException:
+        stop_cluster(c)
+        raise
+    return c
+
+
+def wait_for_nodes(c: Cluster, n: int, timeout: float = 20.0) -> dict:
+    """The head's status once ``n`` nodes are alive and linked to a global scheduler."""
+    import time
+
+    env = base_env()
+    env["DPOOL_STATE_DIR"] = c.head.state_dir
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        out = dpool_cli(["status", "--json"], env)
+        if out.returncode == 0:
+            status = json.loads(out.stdout)
+            alive = [x for x in status["nodes"] if x["alive"]]
+            if len(alive) >= n and all(x.get("linked_schedulers", 1) for x in alive):
+                return status
+        time.sleep(0.2)
+    raise AssertionError(f"the cluster did not come up with {n} nodes: {status}")
+
+
+def stop_cluster(c: Cluster) -> None:
+    for n in reversed(c.nodes):
+        n.stop()
+    for gs in c.head.record.get("global_schedulers", []):
+        _kill_tree(gs.get("pid", 0))
+    for shard in c.head.record.get("redis", []):
+        _kill_tree(shard.get("pid", 0))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,240 @@
+"""Three nodes on one machine (127.0.0.2-4, each its own store), a head with Redis shards
+and global schedulers: unchanged programs spread over the nodes, and survive failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.cluster.conftest import (TIMEOUT, base_env, dpool_cli, start_cluster, stop_cluster,
+                                    wait_for_nodes)
+
+SPREAD = textwrap.dedent("""
+    import collections, os, sys, time
+    from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+
+    def where(x):
+        time.sleep(0.2)
+        return x * x, os.environ.get("DPOOL_NODE_ID")
+
+    if __name__ == "__main__":
+        with ProcessPoolExecutor() as ex:
+            fs = [ex.submit(where, i) for i in range(30)]
+            done, not_done = wait(fs, timeout=0.01)
+            print(len(done) < 30)
+            results = [f.result(timeout=60) for f in as_completed(fs, timeout=60)]
+            print(sorted(r for r, _ in results))
+            nodes = collections.Counter(n for _, n in results)
+            sys.stderr.write(f"NODES {json.dumps(nodes)}\\n" if False else f"NODES {dict(nodes)}\\n")
+""")
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("c3"), n_nodes=3, global_schedulers=2)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+def _nodes_used(stderr: str) -> dict:
+    line = [x for x in stderr.splitlines() if x.startswith("NODES ")][-1]
+    return eval(line[6:])  # noqa: S307 - our own script's dict literal
+
+
+def test_an_unchanged_executor_spreads_over_the_nodes(cluster3, tmp_path):
+    out = cluster3.run_script(SPREAD, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True", str(sorted(i * i for i in range(30)))]
+    used = _nodes_used(out.stderr)
+    assert len(used) >= 2, used  # spilled beyond the head's 2 CPUs
+    assert set(used) <= {n.address for n in cluster3.nodes}
+
+
+def test_cpu_count_is_the_clusters(cluster3, tmp_path):
+    code = "import dpool, multiprocessing\nprint(dpool.cpu_count())\n" \
+           "print(dpool.ProcessPoolExecutor()._max_workers)\n"
+    out = cluster3.run_script(code, tmp_path)
+    assert out.stdout.split() == ["6", "6"], out.stderr
+
+
+def test_an_unchanged_pool_script_across_nodes(cluster3, tmp_path):
+    code = textwrap.dedent("""
+        import multiprocessing, os, time
+
+        def f(x):
+            time.sleep(0.05)
+            return x * 2, os.environ.get("DPOOL_NODE_ID")
+
+        if __name__ == "__main__":
+            with multiprocessing.Pool(6) as p:
+                out = p.map(f, range(60))
+                print([v for v, _ in out])
+                print(len({n for _, n in out}) >= 2)
+                print(sorted(v for v, _ in p.imap_unordered(f, range(10))))
+    """)
+    path = tmp_path / "pool_script.py"
+    path.write_text(code)
+    out = subprocess.run([sys.executable, "-m", "dpool", "run", str(path)], cwd=tmp_path,
+                         env=cluster3.driver_env(), capture_output=True, text=True,
+                         timeout=TIMEOUT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [str([x * 2 for x in range(60)]), "True",
+                                       str([x * 2 for x in range(10)])]
+
+
+def test_nested_tasks_from_a_worker_on_another_node(cluster3, tmp_path):
+    code = textwrap.dedent("""
+        import os, time
+        import dpool
+
+        def leaf(i):
+            return i + 1
+
+        def parent(n):
+            time.sleep(0.2)
+            ex = dpool.get_executor()
+            here = os.environ.get("DPOOL_NODE_ID")
+            return here, sum(dpool.get([ex.submit(leaf, i) for i in range(n)]))
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor() as ex:
+                out = [f.result(timeout=60) for f in [ex.submit(parent, 5) for _ in range(12)]]
+                print({total for _, total in out})
+                print(len({node for node, _ in out}) >= 2)
+    """)
+    out = cluster3.run_script(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["{15}", "True"]
+
+
+def test_large_values_and_errors_cross_nodes_intact(cluster3, tmp_path):
+    code = textwrap.dedent("""
+        import os, time
+        import numpy as np
+        import dpool
+
+        def work(a, i):
+            time.sleep(0.1)
+            if i == 7:
+                raise KeyError("seven")
+            return a * 2, os.environ.get("DPOOL_NODE_ID")
+
+        if __name__ == "__main__":
+            a = np.arange(2_000_000, dtype=np.float32).reshape(1000, 2000)[:, ::2]
+            with dpool.ProcessPoolExecutor() as ex:
+                fs = [ex.submit(work, a, i) for i in range(16)]
+                nodes = set()
+                for i, f in enumerate(fs):
+                    try:
+                        arr, node = f.result(timeout=60)
+                        assert np.array_equal(arr, a * 2) and arr.dtype == np.float32
+                        nodes.add(node)
+                    except KeyError as e:
+                        print("KeyError", i, "Traceback" in str(e.__cause__))
+                print(len(nodes) >= 2)
+    """)
+    out = cluster3.run_script(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["KeyError 7 True", "True"]
+
+
+def test_status_lists_every_node_scheduler_and_shard(cluster3):
+    status = wait_for_nodes(cluster3, 3)
+    assert {n["node_id"] for n in status["nodes"]} == {n.address for n in cluster3.nodes}
+    assert all(n["alive"] and n["cpus_total"] == 2 for n in status["nodes"])
+    assert len(status["global_schedulers"]) == 2
+    assert all(g["alive"] for g in status["global_schedulers"])
+    assert len(status["shards"]) == 2 and all(s["alive"] for s in status["shards"])
+    env = base_env()
+    env["DPOOL_STATE_DIR"] = cluster3.head.state_dir
+    text = dpool_cli(["status"], env).stdout
+    assert all(n.address in text for n in cluster3.nodes)
+
+
+def test_a_killed_node_loses_no_future(tmp_path):
+    c = start_cluster(tmp_path, n_nodes=3)
+    try:
+        victim = c.nodes[2]
+        code = textwrap.dedent(f"""
+            import os, signal, time
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            def slow(x):
+                time.sleep(0.5)
+                return x, os.environ.get("DPOOL_NODE_ID")
+
+            if __name__ == "__main__":
+                with ProcessPoolExecutor() as ex:
+                    fs = [ex.submit(slow, i) for i in range(24)]
+                    time.sleep(0.8)
+                    os.kill({victim.pid}, signal.SIGKILL)
+                    out = [f.result(timeout=90) for f in fs]
+                    print(sorted(x for x, _ in out))
+        """)
+        out = c.run_script(code, tmp_path, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(list(range(24)))
+    finally:
+        stop_cluster(c)
+
+
+def test_one_of_two_global_schedulers_killed_loses_no_task(tmp_path):
+    c = start_cluster(tmp_path, n_nodes=3, global_schedulers=2)
+    try:
+        gs = c.head.record["global_schedulers"][0]["pid"]
+        code = textwrap.dedent(f"""
+            import os, signal, time
+            from concurrent.futures import ProcessPoolExecutor
+
+            def slow(x):
+                time.sleep(0.3)
+                return x, os.environ.get("DPOOL_NODE_ID")
+
+            if __name__ == "__main__":
+                with ProcessPoolExecutor() as ex:
+                    first = [ex.submit(slow, i) for i in range(20)]
+                    time.sleep(0.2)
+                    os.kill({gs}, signal.SIGKILL)
+                    later = [ex.submit(slow, i) for i in range(20, 40)]
+                    out = [f.result(timeout=90) for f in first + later]
+                    print(sorted(x for x, _ in out))
+                    print(len({{n for _, n in out}}) >= 2)
+        """)
+        out = c.run_script(code, tmp_path, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [str(list(range(40))), "True"]
+    finally:
+        stop_cluster(c)
+
+
+def test_stop_on_every_host_leaves_nothing(tmp_path):
+    c = start_cluster(tmp_path, n_nodes=2)
+    pids = [n.pid for n in c.nodes]
+    pids += [g["pid"] for g in c.head.record.get("global_schedulers", [])]
+    pids += [r["pid"] for r in c.head.record.get("redis", [])]
+    out = c.run_script("import dpool\nex = dpool.ProcessPoolExecutor()\n"
+                       "print(sum(ex.map(abs, range(-50, 0))))\n", tmp_path)
+    assert out.stdout.strip() == "1275", out.stderr
+    children = []
+    for p in pids:
+        try:
+            children += [x.pid for x in psutil.Process(p).children(recursive=True)]
+        except psutil.Error:
+            pass
+    for n in reversed(c.nodes):
+        assert dpool_cli(["stop"], n.env).returncode == 0
+    gone = [p for p in pids + children if not psutil.pid_exists(p)
+            or psutil.Process(p).status() == psutil.STATUS_ZOMBIE]
+    assert sorted(gone) == sorted(pids + children)
+    assert not [s for s in os.listdir("/dev/shm")
+                if any(s.startswith(f"dpool_{p}_") for p in pids)]
