@@ -19,6 +19,7 @@ __all__ = [
     "ObjectLostError",
     "SerializationError",
     "ProtocolError",
+    "ControlStoreError",
     "CancelledError",
     "TimeoutError",
 ]
@@ -71,6 +72,16 @@ class SerializationError(Error, TypeError):
 
 class ProtocolError(Error):
     """A peer sent a message this process does not understand (wrong version or code)."""
+
+
+class ControlStoreError(Error):
+    """The cluster's control store (its Redis shards) failed a request, or could not be run.
+
+    Raised at the call that needed the store: a shard unreachable or not answering within
+    its timeout, a wrong password, an error reply; also when a ``redis-server`` cannot be
+    found or started (port in use, no binary). The message names the shard's address or
+    the port; the redis-py exception, if any, is chained as ``__cause__``.
+    """
 
 
 class CancelledError(Error, _StdCancelledError):
