@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 PREFIX = b"dpool:"
 
@@ -63,7 +63,7 @@ ID_PREFIX_LIMIT = 1 << 24
 
 _M64 = (1 << 64) - 1
 
-Id = Union[int, str]
+Id = int | str
 
 
 def fn_key(fn_id: int) -> bytes:
@@ -132,11 +132,11 @@ def channel_shards(channel: str, nshards: int) -> range:
 # -- value encodings ---------------------------------------------------------------------
 def pack_ids(ids: Iterable[int]) -> bytes:
     ids = tuple(ids)
-    return struct.pack("<%dQ" % len(ids), *ids)
+    return struct.pack(f"<{len(ids)}Q", *ids)
 
 
 def unpack_ids(data: bytes) -> tuple:
-    return struct.unpack("<%dQ" % (len(data) // 8), data)
+    return struct.unpack(f"<{len(data) // 8}Q", data)
 
 
 _EVENT = struct.Struct("<QdqB")  # task id, time, worker id, len(kind); then kind

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -113,7 +115,8 @@ class RedisControlStore:
         # One retry, on a dropped connection only (a server restart): a timeout is not
         # retried, so a silent shard costs at most ``timeout``, not a multiple of it.
         retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
-        self._clients = []
+        # Any: redis-py's annotations cannot tell that decode_responses=False means bytes
+        self._clients: list[Any] = []
         for address in self.addresses:
             host, port = _parse_address(address)
             self._clients.append(redis.Redis(
@@ -124,7 +127,7 @@ class RedisControlStore:
         self._ops: collections.deque = collections.deque()
         self._push = self._ops.append
         self._flush_lock = threading.Lock()
-        self._flusher: Optional[threading.Thread] = None
+        self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
         self._subscriptions: list[Subscription] = []
         if check:
@@ -161,7 +164,7 @@ class RedisControlStore:
     def _shard(self, key_id: K.Id) -> int:
         return K.shard_for(key_id, self._n)
 
-    def _run(self, shard: int, what: str, fill: Callable[[Any], None]) -> list:
+    def _run(self, shard: int, what: str, fill: Callable[[Any], object]) -> list:
         """One pipeline to ``shard``: ``fill(pipe)`` queues commands; returns the replies."""
         with self._errors(shard, what):
             pipe = self._clients[shard].pipeline(transaction=False)
@@ -172,12 +175,12 @@ class RedisControlStore:
     def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._push((0, fn_id, name, payload))
 
-    def add_task(self, task_id: int, fn_id: int, args: Optional[bytes], dep_ids: tuple,
-                 group_id: int, at: Optional[float] = None, worker_id: int = 0) -> None:
+    def add_task(self, task_id: int, fn_id: int, args: bytes | None, dep_ids: tuple,
+                 group_id: int, at: float | None = None, worker_id: int = 0) -> None:
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
     def set_task_state(self, task_id: int, state: str, attempts: int,
-                       at: Optional[float] = None) -> None:
+                       at: float | None = None) -> None:
         self._push((2, task_id, state, attempts, at))
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
@@ -205,11 +208,11 @@ class RedisControlStore:
             for op in batch:
                 by_shard.setdefault(K.shard_for(op[1], n) if n > 1 else 0, []).append(op)
             failed: list = []
-            error: Optional[ControlStoreError] = None
+            error: ControlStoreError | None = None
             for shard, shard_ops in by_shard.items():
                 try:
                     self._run(shard, "a batched write",
-                              lambda pipe, o=shard_ops: self._queue_ops(pipe, o))
+                              functools.partial(self._queue_ops, ops=shard_ops))
                 except ControlStoreError as e:
                     failed.extend(shard_ops)
                     error = error or e
@@ -297,14 +300,14 @@ class RedisControlStore:
         for client in self._clients:
             client.close()
 
-    def __enter__(self) -> "RedisControlStore":
+    def __enter__(self) -> RedisControlStore:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- ControlStore reads: flush, then straight to the shard ---------------------------
-    def get_task(self, task_id: int) -> Optional[TaskRecord]:
+    def get_task(self, task_id: int) -> TaskRecord | None:
         self.flush()
         shard = self._shard(task_id)
         with self._errors(shard, "get_task"):
@@ -316,13 +319,13 @@ class RedisControlStore:
                           K.unpack_ids(deps) if deps else (), int(row[b"group"]),
                           row[b"state"].decode(), int(row[b"att"]), (task_id,))
 
-    def get_function(self, fn_id: int) -> Optional[bytes]:
+    def get_function(self, fn_id: int) -> bytes | None:
         self.flush()
         shard = self._shard(fn_id)
         with self._errors(shard, "get_function"):
             return self._clients[shard].hget(K.fn_key(fn_id), b"payload")
 
-    def get_object(self, object_id: int) -> Optional[tuple[int, str]]:
+    def get_object(self, object_id: int) -> tuple[int, str] | None:
         """``(size, a location)``, or None if the object is unknown or has no copy left."""
         size, locations = self.object_locations(object_id)
         if not locations:

