@@ -5,12 +5,13 @@
     caller thread(s)                    flush() (caller's IO loop or start_flusher's thread)
     ┌──────────────────────┐  append   ┌─────────┐  group by shard_for(id)   ┌──────────┐
     │ add_task, log_event, │─────────▶│  deque   │─────────────────────────▶│ shard 0  │
-    │ set_task_state, ...  │  (1 op)   └─────────┘  one pipeline per shard   │ shard 1  │
-    └──────────────────────┘                         (transaction=False)      │ ...      │
+    │ set_task_state, ...  │  (1 op)   └─────────┘  one pipelined buffer     │ shard 1  │
+    └──────────────────────┘                         per shard (_redis_batch) │ ...      │
     reads (get_task, nodes, ...) ── flush first, then straight to the shard ─▶└──────────┘
 
 Writes of the ``ControlStore`` interface cost the caller one deque append, as in
-``InProcessControlStore``; ``flush`` turns the backlog into one pipeline per shard. The
+``InProcessControlStore``; ``flush`` turns the backlog into one pipelined buffer per shard
+(packed by ``_redis_batch``, which skips redis-py's per-command pipeline overhead). The
 events of a flush go to each shard's event stream as ONE entry (``_keys.pack_events``), so
 logging costs no command per event. Cluster operations (node and global-scheduler
 registry, heartbeats, object locations, pub/sub) are immediate: the node daemon and the
@@ -22,14 +23,14 @@ look dead.
 
 Failures: every redis-py error becomes a ``ControlStoreError`` naming the shard. A flush
 that fails puts the failed shards' ops back at the front of the queue, to be sent by the
-next flush; a retried pipeline may repeat an event batch (table writes are idempotent).
+next flush; if part of it had been applied, its event batch may be logged twice (table
+writes are idempotent).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import json
 import logging
 import threading
@@ -42,6 +43,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dpool.control import _keys as K
+from dpool.control import _redis_batch
 from dpool.control._interface import TaskRecord
 from dpool.errors import ControlStoreError
 
@@ -196,7 +198,7 @@ class RedisControlStore:
         return len(self._ops)
 
     def flush(self) -> None:
-        """Send the queued writes: one pipeline per shard. Raises ``ControlStoreError``
+        """Send the queued writes: one buffer per shard. Raises ``ControlStoreError``
         if a shard fails; its ops stay queued (at the front) for the next flush."""
         if not self._ops:
             return
@@ -209,10 +211,12 @@ class RedisControlStore:
                 by_shard.setdefault(K.shard_for(op[1], n) if n > 1 else 0, []).append(op)
             failed: list = []
             error: ControlStoreError | None = None
+            node_id = self.node_id.encode()
             for shard, shard_ops in by_shard.items():
+                commands = self._encode(shard_ops, node_id)
                 try:
-                    self._run(shard, "a batched write",
-                              functools.partial(self._queue_ops, ops=shard_ops))
+                    with self._errors(shard, "a batched write"):
+                        _redis_batch.send(self._clients[shard], commands)
                 except ControlStoreError as e:
                     failed.extend(shard_ops)
                     error = error or e
@@ -221,48 +225,29 @@ class RedisControlStore:
                 assert error is not None
                 raise error
 
-    def _queue_ops(self, pipe: Any, ops: list) -> None:
-        node = self.node_id
-        events = []
+    def _encode(self, ops: list, node_id: bytes) -> list[bytes]:
+        try:
+            return _redis_batch.encode_ops(ops, node_id, self._event_cap)
+        except Exception:  # noqa: BLE001 - found and logged one by one below
+            log.debug("a batch of %d control-store writes failed to encode", len(ops))
+        # A write with a value of the wrong type (a caller's bug): drop just that one, so
+        # it cannot block the queue forever or take the other writes down with it.
+        commands = []
         for op in ops:
-            code = op[0]
-            if code == 1:
-                _, tid, fn_id, args, dep_ids, group_id, at, worker_id = op
-                row: dict = {b"fn": fn_id, b"group": group_id, b"state": b"PENDING",
-                             b"att": 0}
-                if args is not None:
-                    row[b"args"] = args
-                if dep_ids:
-                    row[b"deps"] = K.pack_ids(dep_ids)
-                if node:
-                    row[b"node"] = node
-                if at is not None:
-                    row[b"t0"] = at
-                    events.append((tid, "submit", at, worker_id))
-                pipe.hset(K.task_key(tid), mapping=row)
-            elif code == 2:
-                _, tid, state, attempts, at = op
-                if at is None:
-                    pipe.hset(K.task_key(tid), mapping={b"state": state, b"att": attempts})
-                else:
-                    pipe.hset(K.task_key(tid),
-                              mapping={b"state": state, b"att": attempts, b"t1": at})
-                    events.append((tid, "end" if state == "FINISHED" else "error", at, 0))
-            elif code == 5:
-                events.append(op[1:])
-            elif code == 0:
-                pipe.hset(K.fn_key(op[1]), mapping={b"name": op[2], b"payload": op[3]})
-            elif code == 3:
-                pipe.hset(K.object_key(op[1]), b"size", op[2])
-                pipe.sadd(K.locations_key(op[1]), op[3])
-            elif code == 4:
-                oid = op[1]  # the lineage goes with the object (same id, same shard)
-                pipe.delete(K.object_key(oid), K.locations_key(oid), K.task_key(oid))
-            else:  # pragma: no cover - guards edits above
-                raise ValueError(f"unknown control-store op {code}")
-        if events:
-            pipe.xadd(K.EVENTS, {b"e": K.pack_events(events)}, maxlen=self._event_cap,
-                      approximate=True)
+            try:
+                commands += _redis_batch.encode_ops([op], node_id, self._event_cap)
+            except Exception:
+                log.exception("dropped a control-store write that cannot be encoded: %.200r",
+                              op)
+        return commands
+
+    def _flush_before_read(self) -> None:
+        # Reads see this process's writes; a shard that cannot take them must not fail a
+        # read from another shard (a read from that shard raises on its own).
+        try:
+            self.flush()
+        except ControlStoreError as e:
+            log.debug("read without flushing: %s", e)
 
     def start_flusher(self, interval: float = 0.005) -> None:
         """Flush every ``interval`` seconds from a daemon thread (until ``close``)."""
@@ -308,7 +293,7 @@ class RedisControlStore:
 
     # -- ControlStore reads: flush, then straight to the shard ---------------------------
     def get_task(self, task_id: int) -> TaskRecord | None:
-        self.flush()
+        self._flush_before_read()
         shard = self._shard(task_id)
         with self._errors(shard, "get_task"):
             row = self._clients[shard].hgetall(K.task_key(task_id))
@@ -320,7 +305,7 @@ class RedisControlStore:
                           row[b"state"].decode(), int(row[b"att"]), (task_id,))
 
     def get_function(self, fn_id: int) -> bytes | None:
-        self.flush()
+        self._flush_before_read()
         shard = self._shard(fn_id)
         with self._errors(shard, "get_function"):
             return self._clients[shard].hget(K.fn_key(fn_id), b"payload")
@@ -334,7 +319,7 @@ class RedisControlStore:
 
     def events(self) -> list[tuple[int, str, float, int]]:
         """Every logged event still in the capped streams, oldest first."""
-        self.flush()
+        self._flush_before_read()
         out: list[tuple[int, str, float, int]] = []
         for shard in range(self._n):
             with self._errors(shard, "XRANGE events"):
@@ -472,7 +457,7 @@ class RedisControlStore:
 
     def object_locations(self, object_id: int) -> tuple[int, set[str]]:
         """``(size, node ids holding a copy)``; ``(0, set())`` for an unknown object."""
-        self.flush()
+        self._flush_before_read()
         replies = self._run(self._shard(object_id), "object_locations", lambda p: (
             p.hget(K.object_key(object_id), b"size"),
             p.smembers(K.locations_key(object_id))))

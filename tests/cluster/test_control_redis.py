@@ -446,3 +446,57 @@ def test_no_redis_server_left_running(shards):
     children = [p for p in psutil.Process().children(recursive=True)
                 if p.status() != psutil.STATUS_ZOMBIE and "redis-server" in p.name()]
     assert {p.pid for p in children} <= ours
+
+
+def test_a_write_that_cannot_be_encoded_is_dropped_alone(store, caplog):
+    store.add_task(51, 1, None, (), 1)
+    store.add_task(52, "not an int", None, (), 1)  # type: ignore[arg-type]
+    store.add_task(53, 1, b"x", (), 1)
+    store.flush()
+    assert store.backlog() == 0
+    assert store.get_task(51) is not None and store.get_task(53).args == b"x"
+    assert store.get_task(52) is None
+    assert "cannot be encoded" in caplog.text
+
+
+def test_pubsub_listener_survives_a_shard_restart():
+    server = start_server("pw-restart")
+    port = server.port
+    try:
+        s = RedisControlStore([server.address], "pw-restart", timeout=1.0, connect_timeout=1.0)
+        got: list = []
+        s.subscribe([K.CH_NODE_DEAD], lambda c, d: got.append(K.parse_node_dead(d)))
+        s.mark_node_dead("before")
+        assert wait_for(lambda: got == ["before"])
+        server.stop()
+        server = RedisServer(port, "pw-restart").start()
+        # notices sent while the listener reconnects are lost (pub/sub keeps nothing)
+        deadline = time.monotonic() + 10
+        i = 0
+        while "after" not in " ".join(got) and time.monotonic() < deadline:
+            s.mark_node_dead(f"after-{i}")
+            i += 1
+            time.sleep(0.1)
+        assert any(n.startswith("after") for n in got)
+        s.close()
+    finally:
+        server.stop()
+
+
+def test_writes_without_hiredis(store, monkeypatch):
+    """The pure-Python RESP packer (no hiredis installed) writes the same rows."""
+    from dpool.control import _redis_batch
+
+    cmd = (b"HSET", b"k", b"f", b"\x00\r\n", b"t", b"%r" % 1.25)
+    assert _redis_batch._pack_py(cmd) == b"".join(
+        b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd).join([b"*6\r\n", b""])
+    monkeypatch.setattr(_redis_batch, "pack", _redis_batch._pack_py)
+    store.register_function(3, "g", b"\r\n")
+    store.add_task(61, 3, b"\x00" * 10, (1, 2), 4, at=5.5, worker_id=1)
+    store.set_task_state(61, "FAILED", 2, at=6.5)
+    store.add_object(61, 9, "node-1")
+    assert store.get_task(61).args == b"\x00" * 10
+    assert (store.get_task(61).dep_ids, store.get_task(61).state) == ((1, 2), "FAILED")
+    assert store.get_function(3) == b"\r\n"
+    assert store.get_object(61) == (9, "node-1")
+    assert store.events() == [(61, "submit", 5.5, 1), (61, "error", 6.5, 0)]
