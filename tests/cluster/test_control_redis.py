@@ -15,6 +15,7 @@ import pytest
 import redis
 from redis_helpers import assert_gone, free_port, start_server
 
+import dpool
 from dpool.control import InProcessControlStore
 from dpool.control import _keys as K
 from dpool.control._redis import RedisControlStore
@@ -500,3 +501,41 @@ def test_writes_without_hiredis(store, monkeypatch):
     assert store.get_function(3) == b"\r\n"
     assert store.get_object(61) == (9, "node-1")
     assert store.events() == [(61, "submit", 5.5, 1), (61, "error", 6.5, 0)]
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "fake-redis-server"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_server_that_exits_at_once_is_a_clear_error(tmp_path):
+    exe = _script(tmp_path, "echo 'FATAL CONFIG FILE ERROR' >&2; exit 1")
+    server = RedisServer(free_port(), "pw", executable=exe)
+    with pytest.raises(ControlStoreError, match="exited with code 1: .*FATAL CONFIG"):
+        server.start()
+    assert_gone([server.pid])
+
+
+def test_server_that_never_answers_is_killed(tmp_path):
+    exe = _script(tmp_path, "exec sleep 30")
+    server = RedisServer(free_port(), "pw", executable=exe)
+    t0 = time.monotonic()
+    with pytest.raises(ControlStoreError, match="did not answer within 1.0 s"):
+        server.start(timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    assert_gone([server.pid])
+
+
+def test_server_left_running_is_stopped_at_exit():
+    code = ("import sys; from dpool.control._redis_server import RedisServer;"
+            f"s = RedisServer({free_port()}, 'pw').start(); print(s.pid, flush=True);"
+            "del s; sys.exit(3)")
+    root = os.path.dirname(os.path.dirname(dpool.__file__))
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                          text=True, timeout=30, env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 3, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    assert wait_for(lambda: not psutil.pid_exists(pid)
+                    or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
