@@ -133,9 +133,14 @@ class RedisControlStore:
         self._stop_flusher = threading.Event()
         self._subscriptions: list[Subscription] = []
         if check:
-            for shard in range(self._n):
-                with self._errors(shard, "PING"):
-                    self._clients[shard].ping()
+            try:
+                for shard in range(self._n):
+                    with self._errors(shard, "PING"):
+                        self._clients[shard].ping()
+            except BaseException:
+                for client in self._clients:
+                    client.close()
+                raise
 
     # -- plumbing ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -209,20 +214,24 @@ class RedisControlStore:
             n = self._n
             for op in batch:
                 by_shard.setdefault(K.shard_for(op[1], n) if n > 1 else 0, []).append(op)
-            failed: list = []
+            unsent = set(by_shard)
             error: ControlStoreError | None = None
             node_id = self.node_id.encode()
-            for shard, shard_ops in by_shard.items():
-                commands = self._encode(shard_ops, node_id)
-                try:
-                    with self._errors(shard, "a batched write"):
-                        _redis_batch.send(self._clients[shard], commands)
-                except ControlStoreError as e:
-                    failed.extend(shard_ops)
-                    error = error or e
-            if failed:
-                ops.extendleft(reversed(failed))
-                assert error is not None
+            try:
+                for shard, shard_ops in by_shard.items():
+                    commands = self._encode(shard_ops, node_id)
+                    try:
+                        with self._errors(shard, "a batched write"):
+                            _redis_batch.send(self._clients[shard], commands)
+                        unsent.discard(shard)
+                    except ControlStoreError as e:
+                        error = error or e
+            finally:  # also on an interrupt: nothing popped is forgotten
+                if unsent:
+                    ops.extendleft(reversed([op for op in batch
+                                             if (K.shard_for(op[1], n) if n > 1 else 0)
+                                             in unsent]))
+            if error is not None:
                 raise error
 
     def _encode(self, ops: list, node_id: bytes) -> list[bytes]:

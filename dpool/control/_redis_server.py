@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import weakref
 
 from dpool.errors import ControlStoreError
 
@@ -34,7 +33,9 @@ _HOW_TO_GET_ONE = (
     "put redis-server on PATH, or set $DPOOL_REDIS_SERVER to its path"
 )
 
-_running: weakref.WeakSet[RedisServer] = weakref.WeakSet()
+# Strong references: a server whose handle was dropped without stop() is still stopped at
+# exit instead of outliving this process.
+_running: set[RedisServer] = set()
 
 
 def _executable(path: str) -> bool:
@@ -109,7 +110,7 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers ``PING`` with the password."""
-        if self._proc is not None:
+        if self.running():
             raise RuntimeError(f"redis-server on {self.address} already started")
         exe = self._executable or find_redis_server()
         if self.dir is None:
