@@ -9,6 +9,7 @@ reached the servers (the one ``INFO`` call per shard is subtracted). Time is the
 wall clock for enqueue + flush, so writes/s includes sending.
 
     PYTHONPATH=. python bench/micro/control_redis.py --tasks 10000 --batches 1,10,100,1000
+    PYTHONPATH=. python bench/micro/control_redis.py --tasks 100000 --batches 0 --flusher 0.005
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def counters(clients: list) -> tuple[int, int]:
 
 
 def run(store: RedisControlStore, clients: list, tasks: int, batch: int, args_size: int,
-        start_event: bool, base: int) -> dict:
+        start_event: bool, base: int, flusher: bool) -> dict:
     args = b"\x80" * args_size if args_size else None
     c0, b0 = counters(clients)
     c_info, b_info = counters(clients)  # what one round of INFO costs
@@ -55,8 +56,12 @@ def run(store: RedisControlStore, clients: list, tasks: int, batch: int, args_si
         if start_event:
             event(tid, "start", now, 1)
         state(tid, "FINISHED", 1, now)
-        if (i + 1) % batch == 0:
+        if not flusher and (i + 1) % batch == 0:
             flush()
+    enqueued = time.perf_counter() - t0
+    if flusher:
+        while store.backlog():
+            time.sleep(0.0005)
     flush()
     elapsed = time.perf_counter() - t0
     c1, b1 = counters(clients)
@@ -65,7 +70,7 @@ def run(store: RedisControlStore, clients: list, tasks: int, batch: int, args_si
     writes = tasks * (3 if start_event else 2)
     return {"batch": batch, "cmds_per_task": cmds / tasks, "bytes_per_task": nbytes / tasks,
             "writes_per_s": writes / elapsed, "tasks_per_s": tasks / elapsed,
-            "us_per_task": elapsed / tasks * 1e6}
+            "us_per_task": elapsed / tasks * 1e6, "enqueue_us_per_task": enqueued / tasks * 1e6}
 
 
 def main() -> None:
@@ -77,6 +82,9 @@ def main() -> None:
     ap.add_argument("--start-event", action="store_true",
                     help="also log_event('start') per task, as the scheduler does")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--flusher", type=float, default=0.0, metavar="INTERVAL",
+                    help="no explicit flush: start_flusher(INTERVAL) sends in the background "
+                         "while this thread writes (batches are whatever queued meanwhile)")
     opts = ap.parse_args()
     password = secrets.token_hex(16)
     servers = []
@@ -86,10 +94,13 @@ def main() -> None:
         addresses = [s.address for s in servers]
         clients = [redis.Redis(host=s.bind, port=s.port, password=password) for s in servers]
         store = RedisControlStore(addresses, password, node_id="node-1")
+        if opts.flusher:
+            store.start_flusher(opts.flusher)
         print(f"{opts.shards} shards, {opts.tasks} tasks, args {opts.args_size} B, "
-              f"start event: {opts.start_event}; best of {opts.repeat}")
+              f"start event: {opts.start_event}, flusher thread: {opts.flusher or 'no'}; "
+              f"best of {opts.repeat}")
         print(f"{'batch':>6} {'cmds/task':>10} {'bytes/task':>11} {'writes/s':>10} "
-              f"{'tasks/s':>9} {'us/task':>8}")
+              f"{'tasks/s':>9} {'us/task':>8} {'enqueue us/task':>16}")
         base = 1
         for batch in (int(b) for b in opts.batches.split(",")):
             best = None
@@ -97,14 +108,15 @@ def main() -> None:
                 for c in clients:
                     c.flushall()
                 r = run(store, clients, opts.tasks, batch, opts.args_size,
-                        opts.start_event, base)
+                        opts.start_event, base, bool(opts.flusher))
                 base += opts.tasks
                 if best is None or r["writes_per_s"] > best["writes_per_s"]:
                     best = r
             assert best is not None
             print(f"{best['batch']:>6} {best['cmds_per_task']:>10.3f} "
                   f"{best['bytes_per_task']:>11.1f} {best['writes_per_s']:>10.0f} "
-                  f"{best['tasks_per_s']:>9.0f} {best['us_per_task']:>8.1f}")
+                  f"{best['tasks_per_s']:>9.0f} {best['us_per_task']:>8.1f} "
+                  f"{best['enqueue_us_per_task']:>16.2f}")
         store.close()
         for c in clients:
             c.close()

@@ -205,10 +205,13 @@ class RedisControlStore:
     def flush(self) -> None:
         """Send the queued writes: one buffer per shard. Raises ``ControlStoreError``
         if a shard fails; its ops stay queued (at the front) for the next flush."""
-        if not self._ops:
-            return
+        # Take the lock even when the queue is empty: another thread (the flusher) may
+        # have popped this thread's writes and still be sending them; returning before it
+        # is done would let a read miss them.
         with self._flush_lock:
             ops = self._ops
+            if not ops:
+                return
             batch = [ops.popleft() for _ in range(len(ops))]
             by_shard: dict[int, list] = {}
             n = self._n

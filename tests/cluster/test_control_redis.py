@@ -539,3 +539,16 @@ def test_server_left_running_is_stopped_at_exit():
     pid = int(proc.stdout.split()[0])
     assert wait_for(lambda: not psutil.pid_exists(pid)
                     or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_reads_see_writes_in_flight_on_the_flusher_thread(store):
+    # flush() must wait for a flush the flusher thread has started, not return because
+    # the queue is already empty (read-your-writes)
+    store.start_flusher(0.0002)
+    misses = 0
+    for i in range(200):
+        for j in range(50):
+            store.add_task(70_000 + i * 100 + j, 1, b"x" * 1000, (), 1)
+        time.sleep(0.0003)  # let the flusher take them
+        misses += store.get_task(70_000 + i * 100 + 49) is None
+    assert misses == 0
