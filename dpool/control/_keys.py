@@ -56,6 +56,11 @@ CH_OBJECT_READY = "dpool:ch:object-ready"
 CH_NODE_DEAD = "dpool:ch:node-dead"
 CHANNELS = (CH_OBJECT_READY, CH_NODE_DEAD)
 
+# The load a node daemon reports in each heartbeat (``dpool:node:<id>`` field ``load``):
+# tasks queued, exponential average task time (s), idle CPUs, object store bytes used and
+# its capacity. Global schedulers estimate a node's wait as queue_length * avg_task_time.
+LOAD_FIELDS = ("queue_length", "avg_task_time", "free_cpus", "store_used", "store_capacity")
+
 # Ids are ``(prefix << ID_PREFIX_SHIFT) | local_counter``: 2**40 ids per process, and
 # prefixes below 2**24 so that every id fits an unsigned 64-bit field.
 ID_PREFIX_SHIFT = 40

@@ -113,6 +113,7 @@ class RedisControlStore:
         self.addresses = list(shards)
         self.node_id = node_id
         self.timeout = timeout
+        self._has_password = bool(password)
         self._event_cap = event_log_entries
         # One retry, on a dropped connection only (a server restart): a timeout is not
         # retried, so a silent shard costs at most ``timeout``, not a multiple of it.
@@ -143,15 +144,22 @@ class RedisControlStore:
                 raise
 
     # -- plumbing ------------------------------------------------------------------------
+    def _auth_error(self, address: str, e: Exception) -> ControlStoreError:
+        if not self._has_password:
+            return ControlStoreError(
+                f"control-store shard {address} requires a password and none was given; "
+                f"pass the cluster's password")
+        return ControlStoreError(
+            f"control-store shard {address} refused the password ({e}); check the "
+            f"cluster's password")
+
     @contextlib.contextmanager
     def _errors(self, shard: int, what: str) -> Iterator[None]:
         address = self.addresses[shard]
         try:
             yield
         except redis.AuthenticationError as e:
-            raise ControlStoreError(
-                f"control-store shard {address} refused the password ({e}); check the "
-                f"cluster's password") from e
+            raise self._auth_error(address, e) from e
         except redis.TimeoutError as e:
             raise ControlStoreError(
                 f"control-store shard {address} did not answer {what} within "
@@ -161,9 +169,7 @@ class RedisControlStore:
                 f"cannot reach control-store shard {address} ({what}): {e}") from e
         except redis.ResponseError as e:
             if str(e).startswith(("WRONGPASS", "NOAUTH", "invalid password")):
-                raise ControlStoreError(
-                    f"control-store shard {address} refused the password ({e}); check the "
-                    f"cluster's password") from e
+                raise self._auth_error(address, e) from e
             raise ControlStoreError(f"control-store shard {address} failed {what}: {e}") from e
         except redis.RedisError as e:
             raise ControlStoreError(f"control-store shard {address} failed {what}: {e}") from e
@@ -368,8 +374,8 @@ class RedisControlStore:
             self._clients[K.SINGLETON_SHARD].sadd(K.NODES, node_id)
 
     def heartbeat(self, node_id: str, load: dict) -> bool:
-        """Record the node's load (queue length, average task time, free CPUs, store
-        used/capacity, ...). False: the node is unknown or marked dead; register again."""
+        """Record the node's load, a JSON-able dict with (at least) the keys of
+        ``_keys.LOAD_FIELDS``. False: the node is unknown or marked dead; register again."""
         return self._beat(self._shard(node_id), K.node_key(node_id), "heartbeat",
                           b"load", json.dumps(load))
 

@@ -226,8 +226,7 @@ def test_failed_flush_keeps_the_writes_for_the_next(tmp_path):
 def test_node_registration_heartbeat_and_death(store):
     store.register_node("node-a", {"address": "127.0.0.2:7000", "resources": {"CPU": 4}})
     store.register_node("node-b", {"address": "127.0.0.3:7000", "resources": {"CPU": 2}})
-    load = {"queue": 3, "avg_task_time": 0.01, "free_cpus": 1,
-            "store_used": 10, "store_capacity": 100}
+    load = dict(zip(K.LOAD_FIELDS, (3, 0.01, 1, 10, 100)))
     assert store.heartbeat("node-a", load)
     rows = {r["node_id"]: r for r in store.nodes(dead_after=5.0)}
     assert set(rows) == {"node-a", "node-b"}
@@ -351,6 +350,8 @@ def test_wrong_password_is_a_clear_error(shards):
         RedisControlStore(addresses, "not-the-password")
     assert addresses[0] in str(ei.value) and isinstance(ei.value, Error)
     assert isinstance(ei.value.__cause__, redis.RedisError)
+    with pytest.raises(ControlStoreError, match="requires a password and none was given"):
+        RedisControlStore(addresses, "")
 
 
 def test_unreachable_shard_is_a_clear_error_in_bounded_time():
