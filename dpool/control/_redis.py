@@ -113,6 +113,7 @@ class RedisControlStore:
         self.addresses = list(shards)
         self.node_id = node_id
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._has_password = bool(password)
         self._event_cap = event_log_entries
         # One retry, on a dropped connection only (a server restart): a timeout is not
@@ -162,8 +163,8 @@ class RedisControlStore:
             raise self._auth_error(address, e) from e
         except redis.TimeoutError as e:
             raise ControlStoreError(
-                f"control-store shard {address} did not answer {what} within "
-                f"{self.timeout} s") from e
+                f"control-store shard {address} did not answer {what} in time (connect "
+                f"timeout {self.connect_timeout} s, reply timeout {self.timeout} s)") from e
         except redis.ConnectionError as e:
             raise ControlStoreError(
                 f"cannot reach control-store shard {address} ({what}): {e}") from e
@@ -489,7 +490,11 @@ class RedisControlStore:
         """Call ``callback(channel, data)`` from a listener thread for every notice on
         ``channels`` (``_keys.CH_OBJECT_READY``, ``_keys.CH_NODE_DEAD``); decode ``data``
         with ``_keys.parse_object_ready`` / ``parse_node_dead``. Returns a handle whose
-        ``stop()`` ends the listener (``close`` stops them all)."""
+        ``stop()`` ends the listener (``close`` stops them all).
+
+        Pub/sub keeps nothing: notices published while a listener is reconnecting to a
+        restarted shard are lost, so a consumer that must not miss a death also polls
+        ``nodes()``."""
         per_shard: dict[int, list[str]] = {}
         for ch in channels:
             for shard in K.channel_shards(ch, self._n):
