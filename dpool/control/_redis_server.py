@@ -15,6 +15,7 @@ still running at interpreter exit are stopped by an ``atexit`` hook.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import logging
 import os
@@ -126,9 +127,14 @@ class RedisServer:
                                               stdout=subprocess.DEVNULL, stderr=err,
                                               close_fds=True)
             _running.add(self)
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(b"requirepass %s\n" % self._quoted_password())
-            self._proc.stdin.close()
+            stdin = self._proc.stdin
+            assert stdin is not None
+            try:
+                stdin.write(b"requirepass %s\n" % self._quoted_password())
+                stdin.close()
+            except BrokenPipeError:  # it exited at once; _wait_ready reports why
+                with contextlib.suppress(OSError):
+                    stdin.close()
             self._wait_ready(timeout)
         except BaseException:
             self._kill()
