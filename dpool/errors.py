@@ -20,6 +20,7 @@ __all__ = [
     "SerializationError",
     "ProtocolError",
     "AuthenticationError",
+    "ControlStoreError",
     "CancelledError",
     "TimeoutError",
 ]
@@ -79,6 +80,16 @@ class AuthenticationError(Error):
 
     Raised when connecting to a node or global scheduler with a missing or wrong
     ``DPOOL_TOKEN``; the server logs the refusal and keeps serving others.
+    """
+
+
+class ControlStoreError(Error):
+    """The cluster's control store (its Redis shards) failed a request, or could not be run.
+
+    Raised at the call that needed the store: a shard unreachable or not answering within
+    its timeout, a wrong password, an error reply; also when a ``redis-server`` cannot be
+    found or started (port in use, no binary). The message names the shard's address or
+    the port; the redis-py exception, if any, is chained as ``__cause__``.
     """
 
 

@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import secrets
+
 import psutil
 import pytest
+
+from dpool.control._redis_server import RedisServer
+from tests.cluster.redis_helpers import assert_gone, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -177,3 +182,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         for n in c.nodes:
             n.stop()
+
+
+@pytest.fixture(scope="module")
+def shards():
+    """Two shards with a random password: ``(addresses, password, servers)``."""
+    password = secrets.token_hex(16)
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(2):
+            servers.append(start_server(password))
+        yield [s.address for s in servers], password, servers
+    finally:
+        pids = [s.pid for s in servers if s.pid is not None]
+        for s in servers:
+            s.stop()
+        assert_gone(pids)

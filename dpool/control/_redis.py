@@ -1,0 +1,547 @@
+"""The cluster's control store: ``ControlStore`` over N sharded Redis servers.
+
+::
+
+    caller thread(s)                    flush() (caller's IO loop or start_flusher's thread)
+    ┌──────────────────────┐  append   ┌─────────┐  group by shard_for(id)   ┌──────────┐
+    │ add_task, log_event, │─────────▶│  deque   │─────────────────────────▶│ shard 0  │
+    │ set_task_state, ...  │  (1 op)   └─────────┘  one pipelined buffer     │ shard 1  │
+    └──────────────────────┘                         per shard (_redis_batch) │ ...      │
+    reads (get_task, nodes, ...) ── flush first, then straight to the shard ─▶└──────────┘
+
+Writes of the ``ControlStore`` interface cost the caller one deque append, as in
+``InProcessControlStore``; ``flush`` turns the backlog into one pipelined buffer per shard
+(packed by ``_redis_batch``, which skips redis-py's per-command pipeline overhead). The
+events of a flush go to each shard's event stream as ONE entry (``_keys.pack_events``), so
+logging costs no command per event. Cluster operations (node and global-scheduler
+registry, heartbeats, object locations, pub/sub) are immediate: the node daemon and the
+global schedulers need their effect now, and they are rare.
+
+Heartbeat times are the shard's own clock (``TIME`` inside a script), and ``nodes()``
+compares them with the same shard's clock, so skew between hosts cannot make a live node
+look dead.
+
+Failures: every redis-py error becomes a ``ControlStoreError`` naming the shard. A flush
+that fails puts the failed shards' ops back at the front of the queue, to be sent by the
+next flush; if part of it had been applied, its event batch may be logged twice (table
+writes are idempotent).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dpool.control import _keys as K
+from dpool.control import _redis_batch
+from dpool.control._interface import TaskRecord
+from dpool.errors import ControlStoreError
+
+log = logging.getLogger("dpool.control")
+
+EVENT_LOG_ENTRIES = 20_000  # per shard; each entry is one flush's events (MAXLEN ~)
+DEAD_AFTER = 3.0  # seconds without a heartbeat before a node counts as dead
+
+# HSET the heartbeat (the server's clock) plus ARGV's field/value pairs. ARGV[1] == '1':
+# (re-)register, clearing a dead mark; else a beat, refused (0) for a row that is gone
+# (removed) or marked dead -- the caller must register again.
+_HEARTBEAT = """
+if ARGV[1] == '1' then
+  redis.call('HDEL', KEYS[1], 'dead')
+elseif redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'dead') == 1 then
+  return 0
+end
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'hb', t[1] .. '.' .. string.format('%06d', tonumber(t[2])),
+           unpack(ARGV, 2))
+return 1
+"""
+
+Callback = Callable[[str, bytes], None]
+
+
+def _parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ControlStoreError(
+            f"malformed control-store shard address {address!r}; expected 'host:port'")
+    return host, int(port)
+
+
+def _server_time(reply: Sequence[int]) -> float:
+    return reply[0] + reply[1] / 1e6
+
+
+class Subscription:
+    """A running pub/sub listener (one thread per shard involved); ``stop()`` ends it."""
+
+    def __init__(self, threads: list) -> None:
+        self._threads = threads
+
+    def stop(self, timeout: float = 2.0) -> None:
+        for t in self._threads:
+            t.stop()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+        self._threads = []
+
+
+class RedisControlStore:
+    """``ControlStore`` over Redis shards ``["host:port", ...]`` sharing one password.
+
+    ``node_id`` is written into the task rows this process adds. Construction PINGs every
+    shard (``check=False`` skips it). ``connect_timeout`` and ``timeout`` (seconds) bound
+    every call: an unreachable or silent shard raises ``ControlStoreError`` within them.
+    """
+
+    def __init__(self, shards: Sequence[str], password: str, *, node_id: str = "",
+                 connect_timeout: float = 2.0, timeout: float = 3.0,
+                 event_log_entries: int = EVENT_LOG_ENTRIES, check: bool = True) -> None:
+        if not shards:
+            raise ControlStoreError("a control store needs at least one shard address")
+        self.addresses = list(shards)
+        self.node_id = node_id
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._has_password = bool(password)
+        self._event_cap = event_log_entries
+        # One retry, on a dropped connection only (a server restart): a timeout is not
+        # retried, so a silent shard costs at most ``timeout``, not a multiple of it.
+        retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+        # Any: redis-py's annotations cannot tell that decode_responses=False means bytes
+        self._clients: list[Any] = []
+        for address in self.addresses:
+            host, port = _parse_address(address)
+            self._clients.append(redis.Redis(
+                host=host, port=port, password=password, decode_responses=False,
+                socket_connect_timeout=connect_timeout, socket_timeout=timeout,
+                retry=retry, client_name="dpool"))
+        self._n = len(self._clients)
+        self._ops: collections.deque = collections.deque()
+        self._push = self._ops.append
+        self._flush_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._stop_flusher = threading.Event()
+        self._subscriptions: list[Subscription] = []
+        if check:
+            try:
+                for shard in range(self._n):
+                    with self._errors(shard, "PING"):
+                        self._clients[shard].ping()
+            except BaseException:
+                for client in self._clients:
+                    client.close()
+                raise
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _auth_error(self, address: str, e: Exception) -> ControlStoreError:
+        if not self._has_password:
+            return ControlStoreError(
+                f"control-store shard {address} requires a password and none was given; "
+                f"pass the cluster's password")
+        return ControlStoreError(
+            f"control-store shard {address} refused the password ({e}); check the "
+            f"cluster's password")
+
+    @contextlib.contextmanager
+    def _errors(self, shard: int, what: str) -> Iterator[None]:
+        address = self.addresses[shard]
+        try:
+            yield
+        except redis.AuthenticationError as e:
+            raise self._auth_error(address, e) from e
+        except redis.TimeoutError as e:
+            raise ControlStoreError(
+                f"control-store shard {address} did not answer {what} in time (connect "
+                f"timeout {self.connect_timeout} s, reply timeout {self.timeout} s)") from e
+        except redis.ConnectionError as e:
+            raise ControlStoreError(
+                f"cannot reach control-store shard {address} ({what}): {e}") from e
+        except redis.ResponseError as e:
+            if str(e).startswith(("WRONGPASS", "NOAUTH", "invalid password")):
+                raise self._auth_error(address, e) from e
+            raise ControlStoreError(f"control-store shard {address} failed {what}: {e}") from e
+        except redis.RedisError as e:
+            raise ControlStoreError(f"control-store shard {address} failed {what}: {e}") from e
+
+    def _shard(self, key_id: K.Id) -> int:
+        return K.shard_for(key_id, self._n)
+
+    def _run(self, shard: int, what: str, fill: Callable[[Any], object]) -> list:
+        """One pipeline to ``shard``: ``fill(pipe)`` queues commands; returns the replies."""
+        with self._errors(shard, what):
+            pipe = self._clients[shard].pipeline(transaction=False)
+            fill(pipe)
+            return pipe.execute()
+
+    # -- ControlStore writes: one deque append each --------------------------------------
+    def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        self._push((0, fn_id, name, payload))
+
+    def add_task(self, task_id: int, fn_id: int, args: bytes | None, dep_ids: tuple,
+                 group_id: int, at: float | None = None, worker_id: int = 0) -> None:
+        self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
+
+    def set_task_state(self, task_id: int, state: str, attempts: int,
+                       at: float | None = None) -> None:
+        self._push((2, task_id, state, attempts, at))
+
+    def add_object(self, object_id: int, size: int, location: str) -> None:
+        self._push((3, object_id, size, location))
+
+    def remove_object(self, object_id: int) -> None:
+        self._push((4, object_id))
+
+    def log_event(self, task_id: int, kind: str, t: float, worker_id: int) -> None:
+        self._push((5, task_id, kind, t, worker_id))
+
+    def backlog(self) -> int:
+        return len(self._ops)
+
+    def flush(self) -> None:
+        """Send the queued writes: one buffer per shard. Raises ``ControlStoreError``
+        if a shard fails; its ops stay queued (at the front) for the next flush."""
+        # Take the lock even when the queue is empty: another thread (the flusher) may
+        # have popped this thread's writes and still be sending them; returning before it
+        # is done would let a read miss them.
+        with self._flush_lock:
+            ops = self._ops
+            if not ops:
+                return
+            batch = [ops.popleft() for _ in range(len(ops))]
+            by_shard: dict[int, list] = {}
+            n = self._n
+            for op in batch:
+                by_shard.setdefault(K.shard_for(op[1], n) if n > 1 else 0, []).append(op)
+            unsent = set(by_shard)
+            error: ControlStoreError | None = None
+            node_id = self.node_id.encode()
+            try:
+                for shard, shard_ops in by_shard.items():
+                    commands = self._encode(shard_ops, node_id)
+                    try:
+                        with self._errors(shard, "a batched write"):
+                            _redis_batch.send(self._clients[shard], commands)
+                        unsent.discard(shard)
+                    except ControlStoreError as e:
+                        error = error or e
+            finally:  # also on an interrupt: nothing popped is forgotten
+                if unsent:
+                    ops.extendleft(reversed([op for op in batch
+                                             if (K.shard_for(op[1], n) if n > 1 else 0)
+                                             in unsent]))
+            if error is not None:
+                raise error
+
+    def _encode(self, ops: list, node_id: bytes) -> list[bytes]:
+        try:
+            return _redis_batch.encode_ops(ops, node_id, self._event_cap)
+        except Exception:  # noqa: BLE001 - found and logged one by one below
+            log.debug("a batch of %d control-store writes failed to encode", len(ops))
+        # A write with a value of the wrong type (a caller's bug): drop just that one, so
+        # it cannot block the queue forever or take the other writes down with it.
+        commands = []
+        for op in ops:
+            try:
+                commands += _redis_batch.encode_ops([op], node_id, self._event_cap)
+            except Exception:
+                log.exception("dropped a control-store write that cannot be encoded: %.200r",
+                              op)
+        return commands
+
+    def _flush_before_read(self) -> None:
+        # Reads see this process's writes; a shard that cannot take them must not fail a
+        # read from another shard (a read from that shard raises on its own).
+        try:
+            self.flush()
+        except ControlStoreError as e:
+            log.debug("read without flushing: %s", e)
+
+    def start_flusher(self, interval: float = 0.005) -> None:
+        """Flush every ``interval`` seconds from a daemon thread (until ``close``)."""
+        if self._flusher is not None:
+            return
+        self._stop_flusher.clear()
+        self._flusher = threading.Thread(target=self._flush_loop, args=(interval,),
+                                         name="dpool-control-flusher", daemon=True)
+        self._flusher.start()
+
+    def _flush_loop(self, interval: float) -> None:
+        wait = interval
+        while not self._stop_flusher.wait(wait):
+            try:
+                self.flush()
+                wait = interval
+            except ControlStoreError as e:
+                wait = min(max(wait * 2, 0.1), 2.0)
+                log.warning("control-store flush failed (%d ops queued, retry in %.1f s): %s",
+                            len(self._ops), wait, e)
+
+    def close(self) -> None:
+        """Stop the flusher and listeners, send what is queued (best effort), disconnect."""
+        if self._flusher is not None:
+            self._stop_flusher.set()
+            self._flusher.join(5.0)
+            self._flusher = None
+        try:
+            self.flush()
+        except ControlStoreError as e:
+            log.warning("control store closed with %d writes unsent: %s", len(self._ops), e)
+        for sub in self._subscriptions:
+            sub.stop()
+        self._subscriptions = []
+        for client in self._clients:
+            client.close()
+
+    def __enter__(self) -> RedisControlStore:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ControlStore reads: flush, then straight to the shard ---------------------------
+    def get_task(self, task_id: int) -> TaskRecord | None:
+        self._flush_before_read()
+        shard = self._shard(task_id)
+        with self._errors(shard, "get_task"):
+            row = self._clients[shard].hgetall(K.task_key(task_id))
+        if not row or b"fn" not in row:
+            return None
+        deps = row.get(b"deps")
+        return TaskRecord(task_id, int(row[b"fn"]), row.get(b"args"),
+                          K.unpack_ids(deps) if deps else (), int(row[b"group"]),
+                          row[b"state"].decode(), int(row[b"att"]), (task_id,))
+
+    def get_function(self, fn_id: int) -> bytes | None:
+        self._flush_before_read()
+        shard = self._shard(fn_id)
+        with self._errors(shard, "get_function"):
+            return self._clients[shard].hget(K.fn_key(fn_id), b"payload")
+
+    def get_object(self, object_id: int) -> tuple[int, str] | None:
+        """``(size, a location)``, or None if the object is unknown or has no copy left."""
+        size, locations = self.object_locations(object_id)
+        if not locations:
+            return None
+        return size, min(locations)
+
+    def events(self) -> list[tuple[int, str, float, int]]:
+        """Every logged event still in the capped streams, oldest first."""
+        self._flush_before_read()
+        out: list[tuple[int, str, float, int]] = []
+        for shard in range(self._n):
+            with self._errors(shard, "XRANGE events"):
+                entries = self._clients[shard].xrange(K.EVENTS)
+            for _entry_id, fields in entries:
+                out.extend(K.unpack_events(fields[b"e"]))
+        out.sort(key=lambda e: e[2])
+        return out
+
+    # -- ids -------------------------------------------------------------------------------
+    def new_id_prefix(self) -> int:
+        """A prefix no other process got (one INCR): ids are ``make_id(prefix, counter)``."""
+        with self._errors(K.SINGLETON_SHARD, "INCR id prefix"):
+            prefix = int(self._clients[K.SINGLETON_SHARD].incr(K.ID_PREFIX_COUNTER))
+        if prefix >= K.ID_PREFIX_LIMIT:
+            raise ControlStoreError(
+                f"the cluster ran out of id prefixes ({prefix}); restart its control store")
+        return prefix
+
+    # -- node table --------------------------------------------------------------------------
+    def _beat(self, shard: int, key: bytes, what: str, *fields: Any,
+              create: bool = False) -> bool:
+        with self._errors(shard, what):
+            return bool(self._clients[shard].eval(_HEARTBEAT, 1, key, b"1" if create else b"0",
+                                                  *fields))
+
+    def register_node(self, node_id: str, info: dict) -> None:
+        """Add (or re-add, clearing a dead mark) a node; ``info``: JSON-able, e.g.
+        ``{"address": "10.0.0.2:7000", "resources": {"CPU": 8, "GPU": 1}}``."""
+        self._beat(self._shard(node_id), K.node_key(node_id), "register_node",
+                   b"info", json.dumps(info),
+                   b"load", b"{}", create=True)
+        with self._errors(K.SINGLETON_SHARD, "register_node"):
+            self._clients[K.SINGLETON_SHARD].sadd(K.NODES, node_id)
+
+    def heartbeat(self, node_id: str, load: dict) -> bool:
+        """Record the node's load, a JSON-able dict with (at least) the keys of
+        ``_keys.LOAD_FIELDS``. False: the node is unknown or marked dead; register again."""
+        return self._beat(self._shard(node_id), K.node_key(node_id), "heartbeat",
+                          b"load", json.dumps(load))
+
+    def nodes(self, dead_after: float = DEAD_AFTER) -> list[dict]:
+        """Every registered node: its ``info`` keys plus ``node_id``, ``load``,
+        ``heartbeat`` (shard clock), ``age`` (s), ``dead`` (marked), ``alive``."""
+        with self._errors(K.SINGLETON_SHARD, "SMEMBERS nodes"):
+            ids = sorted(m.decode() for m in self._clients[K.SINGLETON_SHARD].smembers(K.NODES))
+        return self._rows(ids, K.node_key, self._shard, "node_id", dead_after)
+
+    def _rows(self, ids: list[str], key: Callable[[str], bytes], route: Callable[[str], int],
+              id_field: str, dead_after: float) -> list[dict]:
+        """The registry rows ``key(id)`` (on shard ``route(id)``) with liveness."""
+        by_shard: dict[int, list[str]] = {}
+        for i in ids:
+            by_shard.setdefault(route(i), []).append(i)
+        rows = {}
+        for shard, shard_ids in by_shard.items():
+            def fill(pipe: Any, shard_ids: list = shard_ids) -> None:
+                pipe.time()
+                for i in shard_ids:
+                    pipe.hgetall(key(i))
+            now_reply, *hashes = self._run(shard, "read table", fill)
+            now = _server_time(now_reply)
+            for i, h in zip(shard_ids, hashes):
+                if not h:  # removed between SMEMBERS and HGETALL
+                    continue
+                row = json.loads(h.get(b"info", b"{}"))
+                row[id_field] = i
+                if b"load" in h:
+                    row["load"] = json.loads(h[b"load"])
+                hb = float(h.get(b"hb", 0.0))
+                row["heartbeat"] = hb
+                row["age"] = now - hb
+                row["dead"] = b"dead" in h
+                row["alive"] = not row["dead"] and row["age"] <= dead_after
+                rows[i] = row
+        return [rows[i] for i in ids if i in rows]
+
+    def mark_node_dead(self, node_id: str) -> bool:
+        """Mark the node dead and publish a node-death notice. False (and no notice) if it
+        was already marked, so K global schedulers noticing at once send one notice."""
+        shard = self._shard(node_id)
+        with self._errors(shard, "mark_node_dead"):
+            newly = self._clients[shard].hsetnx(K.node_key(node_id), b"dead", b"1")
+        if newly:
+            with self._errors(K.SINGLETON_SHARD, "PUBLISH node-dead"):
+                self._clients[K.SINGLETON_SHARD].publish(K.CH_NODE_DEAD,
+                                                         K.node_dead_message(node_id))
+            log.warning("node %s marked dead", node_id)
+        return bool(newly)
+
+    def remove_node(self, node_id: str) -> None:
+        with self._errors(K.SINGLETON_SHARD, "remove_node"):
+            self._clients[K.SINGLETON_SHARD].srem(K.NODES, node_id)
+        shard = self._shard(node_id)
+        with self._errors(shard, "remove_node"):
+            self._clients[shard].delete(K.node_key(node_id))
+
+    # -- global scheduler registry (shard 0) ----------------------------------------------
+    def register_global_scheduler(self, gs_id: str, address: str) -> None:
+        s = K.SINGLETON_SHARD
+        self._beat(s, K.gs_key(gs_id), "register_global_scheduler",
+                   b"info", json.dumps({"address": address}), create=True)
+        with self._errors(s, "register_global_scheduler"):
+            self._clients[s].sadd(K.GLOBAL_SCHEDULERS, gs_id)
+
+    def heartbeat_global_scheduler(self, gs_id: str) -> bool:
+        """False: unknown (unregistered); register again."""
+        return self._beat(K.SINGLETON_SHARD, K.gs_key(gs_id), "heartbeat_global_scheduler")
+
+    def global_schedulers(self, dead_after: float = DEAD_AFTER) -> list[dict]:
+        """Each: ``gs_id``, ``address``, ``heartbeat``, ``age``, ``dead``, ``alive``."""
+        with self._errors(K.SINGLETON_SHARD, "SMEMBERS global schedulers"):
+            ids = sorted(m.decode() for m in
+                         self._clients[K.SINGLETON_SHARD].smembers(K.GLOBAL_SCHEDULERS))
+        return self._rows(ids, K.gs_key, lambda _: K.SINGLETON_SHARD, "gs_id", dead_after)
+
+    def unregister_global_scheduler(self, gs_id: str) -> None:
+        s = K.SINGLETON_SHARD
+        self._run(s, "unregister_global_scheduler",
+                  lambda p: (p.srem(K.GLOBAL_SCHEDULERS, gs_id), p.delete(K.gs_key(gs_id))))
+
+    # -- object table (immediate) -----------------------------------------------------------
+    def add_object_location(self, object_id: int, node_id: str, size: int) -> None:
+        """Record a copy on ``node_id`` and publish an object-ready notice (one pipeline)."""
+        def fill(p: Any) -> None:
+            p.hset(K.object_key(object_id), b"size", size)
+            p.sadd(K.locations_key(object_id), node_id)
+            p.publish(K.CH_OBJECT_READY, K.object_ready_message(object_id, size, node_id))
+        self._run(self._shard(object_id), "add_object_location", fill)
+
+    def remove_object_location(self, object_id: int, node_id: str) -> None:
+        shard = self._shard(object_id)
+        with self._errors(shard, "remove_object_location"):
+            self._clients[shard].srem(K.locations_key(object_id), node_id)
+
+    def object_locations(self, object_id: int) -> tuple[int, set[str]]:
+        """``(size, node ids holding a copy)``; ``(0, set())`` for an unknown object."""
+        self._flush_before_read()
+        replies = self._run(self._shard(object_id), "object_locations", lambda p: (
+            p.hget(K.object_key(object_id), b"size"),
+            p.smembers(K.locations_key(object_id))))
+        size, members = replies
+        if size is None:
+            return 0, set()
+        return int(size), {m.decode() for m in members}
+
+    # -- pub/sub ------------------------------------------------------------------------------
+    def subscribe(self, channels: Iterable[str], callback: Callback) -> Subscription:
+        """Call ``callback(channel, data)`` from a listener thread for every notice on
+        ``channels`` (``_keys.CH_OBJECT_READY``, ``_keys.CH_NODE_DEAD``); decode ``data``
+        with ``_keys.parse_object_ready`` / ``parse_node_dead``. Returns a handle whose
+        ``stop()`` ends the listener (``close`` stops them all).
+
+        Pub/sub keeps nothing: notices published while a listener is reconnecting to a
+        restarted shard are lost, so a consumer that must not miss a death also polls
+        ``nodes()``."""
+        per_shard: dict[int, list[str]] = {}
+        for ch in channels:
+            for shard in K.channel_shards(ch, self._n):
+                per_shard.setdefault(shard, []).append(ch)
+
+        def handler(message: dict) -> None:
+            try:
+                callback(message["channel"].decode(), message["data"])
+            except Exception:
+                log.exception("control-store subscriber callback failed")
+
+        def on_error(e: BaseException, pubsub: Any, thread: Any) -> None:
+            log.warning("control-store pub/sub listener: %s; retrying", e)
+            time.sleep(0.5)
+
+        threads = []
+        try:
+            for shard, chans in per_shard.items():
+                ps = self._clients[shard].pubsub(ignore_subscribe_messages=True)
+                try:
+                    with self._errors(shard, "SUBSCRIBE"):
+                        ps.subscribe(**{ch: handler for ch in chans})
+                except BaseException:
+                    ps.close()
+                    raise
+                thread = ps.run_in_thread(sleep_time=0.2, daemon=True,
+                                          exception_handler=on_error)
+                thread.name = f"dpool-control-pubsub-{shard}"
+                threads.append(thread)
+        except BaseException:
+            Subscription(threads).stop()
+            raise
+        sub = Subscription(threads)
+        self._subscriptions.append(sub)
+        return sub
+
+    # -- status -------------------------------------------------------------------------------
+    def shard_info(self) -> list[dict]:
+        """Per shard: ``address``, ``alive`` (PING), ``used_memory``, ``keys``; ``error``
+        instead of the last two when the shard does not answer. Never raises."""
+        out = []
+        for shard, address in enumerate(self.addresses):
+            try:
+                ping, memory, keys = self._run(shard, "status", lambda p: (
+                    p.ping(), p.info("memory"), p.dbsize()))
+                out.append({"address": address, "alive": bool(ping),
+                            "used_memory": int(memory["used_memory"]), "keys": int(keys)})
+            except ControlStoreError as e:
+                out.append({"address": address, "alive": False, "error": str(e)})
+        return out
