@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the address to listen on (default: --node-ip)")
     p.add_argument("--object-store-memory", type=int, default=None, metavar="BYTES",
                    help="bytes of shared memory this node's object store may hold")
+    p.add_argument("--shards", type=int, default=2,
+                   help="head: redis-server shards of the control store (default 2), on "
+                   "the ports after --port")
+    p.add_argument("--global-schedulers", type=int, default=1,
+                   help="head: global scheduler replicas (default 1)")
+    p.add_argument("--redis-address", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="head: use these Redis servers (password: the cluster token, so "
+                   "pass --token too) instead of starting shards")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
             f"or set DPOOL_STATE_DIR to run another one\n")
         return 1
     if args.head:
-        token = secrets.token_hex(16)
+        if args.shards < 1 or args.global_schedulers < 0:
+            sys.stderr.write("dpool start: --shards must be >= 1 and --global-schedulers "
+                             ">= 0\n")
+            return 2
+        token = args.token or secrets.token_hex(16)
         port = args.port
     else:
         token = args.token or os.environ.get("DPOOL_TOKEN") or ""
@@ -66,11 +78,18 @@ def run(args: argparse.Namespace) -> int:
         port = args.node_port
     state = _address.state_dir()
     os.makedirs(state, mode=0o700, exist_ok=True)
-    record: dict = {"head": bool(args.head), "token": token}
+    record: dict = {"head": bool(args.head), "token": token, "redis": [],
+                    "global_schedulers": []}
     try:
-        node = _start_node(args, token, port, state)
-    except StartError as exc:
+        if args.head:
+            shards = _start_control_store(args, token, port, state, record)
+            _start_global_schedulers(args, token, shards, state, record)
+            node = _start_node(args, token, port, state, ["--redis", ",".join(shards)])
+        else:
+            node = _start_node(args, token, port, state, ["--join", args.address])
+    except (StartError, Error) as exc:
         sys.stderr.write(f"dpool start: {exc}\n")
+        _undo(record)
         return 1
     record["node"] = node
     record["address"] = node["address"] if args.head else args.address
@@ -82,10 +101,49 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_node(args: argparse.Namespace, token: str, port: int, state: str) -> dict:
+def _start_control_store(args: argparse.Namespace, token: str, port: int, state: str,
+                         record: dict) -> list:
+    """The Redis shards (or the given Redis servers): their addresses."""
+    if args.redis_address:
+        shards = [a.strip() for a in args.redis_address.split(",") if a.strip()]
+        for a in shards:
+            _address.parse_hostport(a, "--redis-address")
+        return shards
+    from dpool.control._redis_server import RedisServer
+
+    bind = args.bind or args.node_ip
+    for i in range(args.shards):
+        server = RedisServer(port + 1 + i, token, bind=bind,
+                             dir=os.path.join(state, f"redis-{i}"), detached=True)
+        os.makedirs(server.dir or "", exist_ok=True)
+        server.start()
+        record["redis"].append({"address": server.address, "pid": server.pid})
+    return [r["address"] for r in record["redis"]]
+
+
+def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
+                             state: str, record: dict) -> None:
+    bind = args.bind or args.node_ip
+    for i in range(args.global_schedulers):
+        proc, line = launch("dpool.global_scheduler",
+                            ["--bind", bind, "--port", "0", "--redis", ",".join(shards)],
+                            os.path.join(state, f"global-scheduler-{i}.log"),
+                            {"DPOOL_TOKEN": token})
+        record["global_schedulers"].append({"address": line.split()[1], "pid": proc.pid})
+
+
+def _undo(record: dict) -> None:
+    """A start that failed half-way stops what it started."""
+    for item in record.get("global_schedulers", []) + record.get("redis", []):
+        stop_pid(item.get("pid"), timeout=5)
+
+
+def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
+                cluster_args: list) -> dict:
     unix_path = os.path.join(state, "node.sock")
     log_path = os.path.join(state, "node.log")
-    argv = ["--node-ip", args.node_ip, "--port", str(port), "--unix-path", unix_path]
+    argv = ["--node-ip", args.node_ip, "--port", str(port), "--unix-path", unix_path,
+            *cluster_args]
     if args.bind:
         argv += ["--bind", args.bind]
     if args.num_cpus is not None:
@@ -106,5 +164,3 @@ def _node_alive(record: dict) -> bool:
     except psutil.Error:
         return False
 
-
-__all__ = ["add_arguments", "run", "stop_pid"]

@@ -30,10 +30,11 @@ def query(address: str) -> dict:
         replies = [x for f in frames for x in decode_batch(f) if isinstance(x, m.StatusReply)]
         if not replies:
             raise Error(f"node {hello.node_id} did not answer the status request")
-        node = json.loads(replies[0].status)
+        status = json.loads(replies[0].status)
     finally:
         chan.close()
-    return {"address": target.address, "nodes": [node], "global_schedulers": [], "shards": []}
+    status["address"] = target.address
+    return status
 
 
 def run(args: argparse.Namespace) -> int:

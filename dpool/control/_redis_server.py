@@ -82,7 +82,8 @@ class RedisServer:
     """
 
     def __init__(self, port: int, password: str, bind: str = "127.0.0.1",
-                 dir: str | None = None, executable: str | None = None) -> None:
+                 dir: str | None = None, executable: str | None = None,
+                 detached: bool = False) -> None:
         if not password:
             raise ValueError("a control-store shard needs a password")
         self.port = port
@@ -92,6 +93,9 @@ class RedisServer:
         self.dir = dir
         self._executable = executable
         self._proc: subprocess.Popen | None = None
+        # detached: a server of `dpool start`, outliving the command that started it (in a
+        # session of its own, not stopped at this process's exit; `dpool stop` stops it)
+        self.detached = detached
 
     @property
     def pid(self) -> int | None:
@@ -125,8 +129,9 @@ class RedisServer:
             with open(os.path.join(self.dir, "stderr.log"), "wb") as err:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                               stdout=subprocess.DEVNULL, stderr=err,
-                                              close_fds=True)
-            _running.add(self)
+                                              close_fds=True, start_new_session=self.detached)
+            if not self.detached:
+                _running.add(self)
             stdin = self._proc.stdin
             assert stdin is not None
             try:

@@ -31,6 +31,7 @@ class ClusterAgent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
+        self._failing = False
 
     def start(self) -> None:
         self._beat()
@@ -53,6 +54,7 @@ class ClusterAgent:
             avg = (sum(s._batch.estimate(g.queue[0].fn_id) for g in busy_groups)
                    / len(busy_groups)) if busy_groups else s._batch.target_s
         status["avg_task_s"] = avg
+        status["linked_schedulers"] = len(self.linked_schedulers())
         return status
 
     def _push_load(self, load: dict) -> None:
@@ -62,6 +64,8 @@ class ClusterAgent:
 
     def _beat(self) -> None:
         d = self._d
+        with d.scheduler._lock:
+            d.runner.tick()  # retire idle mirror groups
         load = self._load()
         try:
             if not self._control.heartbeat(d.node_id, load):

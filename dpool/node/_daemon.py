@@ -110,6 +110,35 @@ class NodeDaemon:
         self.spiller = Spiller(self.scheduler, self.address, self.links.send,
                                self.agent.linked_schedulers, local_groups=self.runner.is_mirror)
         self.sessions.peer_closed_hooks.append(self._peer_closed)
+        self.sessions.cluster_status = self._cluster_status
+
+    def _cluster_status(self, here: dict) -> dict:
+        """Every node (from the node table), the global schedulers and the shards."""
+        control = self.control
+        try:
+            rows = control.nodes()
+            gss = control.global_schedulers()
+        except Exception as exc:  # noqa: BLE001 - report what this node knows
+            return {"nodes": [here], "global_schedulers": [], "shards": control.shard_info(),
+                    "error": str(exc)}
+        nodes = []
+        for row in rows:
+            load = row.get("load") or {}
+            if isinstance(load, str):
+                load = json.loads(load or "{}")
+            node = {"node_id": row["node_id"], "alive": bool(row.get("alive")),
+                    "cpus_total": int(row.get("num_cpus", 0)),
+                    "cpus_used": load.get("cpus_used", 0), "queued": load.get("queued", 0),
+                    "store_used": load.get("store_used", 0),
+                    "store_capacity": load.get("store_capacity", 0),
+                    "linked_schedulers": load.get("linked_schedulers", 0)}
+            if row["node_id"] == self.node_id:
+                node.update({k: v for k, v in here.items() if k in node})
+            nodes.append(node)
+        return {"nodes": nodes,
+                "global_schedulers": [{"address": g.get("address"), "alive": g.get("alive")}
+                                      for g in gss],
+                "shards": control.shard_info()}
 
     def node_info(self) -> dict:
         return {"address": self.address, "num_cpus": self.num_cpus,

@@ -79,6 +79,7 @@ class DriverSessions:
         self._lock = threading.Lock()
         self.drivers: dict[int, DriverHandle] = {}
         self.cluster_cpus = num_cpus  # the cluster's CPUs (the node agent keeps it fresh)
+        self.cluster_status: Any = None  # (this node's status) -> the cluster's, if any
         self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
@@ -191,7 +192,21 @@ class DriverSessions:
         return dropped
 
     def _on_status(self, d: DriverHandle, msg: m.StatusRequest) -> None:
-        self._s._send(d, [m.StatusReply(json.dumps(self.status()))])
+        # the cluster's status reads the control store: not on the IO thread
+        threading.Thread(target=self._answer_status, args=(d,), daemon=True,
+                         name="dpool-status").start()
+
+    def _answer_status(self, d: DriverHandle) -> None:
+        s = self._s
+        with s._lock:
+            here = self.status()
+        if self.cluster_status is not None:
+            answer = self.cluster_status(here)
+        else:
+            answer = {"nodes": [here], "global_schedulers": [], "shards": []}
+        with s._lock:
+            if d.alive:
+                s._send(d, [m.StatusReply(json.dumps(answer))])
 
     def status(self) -> dict:
         """This node's state (lock held): what ``dpool status`` and heartbeats report."""

@@ -77,11 +77,15 @@ class Cluster:
         env.update(extra)
         return env
 
-    def run_script(self, code: str, tmp_path: Path, *args: str,
-                   env: dict | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    def run_script(self, code: str, tmp_path: Path, *args: str, env: dict | None = None,
+                   timeout: float = TIMEOUT, unchanged: bool = False,
+                   ) -> subprocess.CompletedProcess:
+        """Run ``code`` as a driver script; ``unchanged``: a stdlib program, under
+        ``python -m dpool run``."""
         script = tmp_path / "driver_script.py"
         script.write_text(code)
-        return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path,
+        prefix = [sys.executable, "-m", "dpool", "run"] if unchanged else [sys.executable]
+        return subprocess.run([*prefix, str(script), *args], cwd=tmp_path,
                               env=env or self.driver_env(), capture_output=True, text=True,
                               timeout=timeout, check=False)
 
