@@ -89,6 +89,7 @@ PROGRAM = textwrap.dedent('''
         else:  # the stdlib's, or dpool's under python -m dpool run
             pool = lambda *a, **k: ctx.Pool(*a, **k)
         on_dpool = ProcessPoolExecutor.__module__.startswith("dpool")
+        step("mp-main-alias", lambda: sys.modules["__mp_main__"] is sys.modules["__main__"])
         with ProcessPoolExecutor(1, mp_context=ctx, initializer=init,
                                  initargs=("a",)) as ex:
             step("initializer-global", lambda: ex.submit(task, 1).result())
@@ -116,6 +117,7 @@ PROGRAM = textwrap.dedent('''
 
 # What the stdlib prints for a script (every start method; under fork for python -c too).
 STDLIB = {
+    "mp-main-alias": "True",  # multiprocessing's alias of the main module, for unpickling
     "initializer-global": "('model-a', 1)",
     "recursion": "120",
     "instance-back": "True",
@@ -170,6 +172,6 @@ def test_python_c(tmp_path: Path, method: str) -> None:
     executor_steps = ("initializer-global", "recursion", "instance-back", "exception-back",
                       "defined-after-start")
     assert _run(tmp_path, "-c", method, "executor") == {
-        step: "raised BrokenProcessPool" for step in executor_steps}
+        "mp-main-alias": "True", **{step: "raised BrokenProcessPool" for step in executor_steps}}
     assert _run(tmp_path, "-c", method, "all", "dpool") == {
         **DPOOL, "pool-classmethod": "raised SerializationError"}
