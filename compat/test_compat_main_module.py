@@ -46,6 +46,9 @@ PROGRAM = textwrap.dedent('''
         return 1 if n <= 1 else n * fact(n - 1)
 
 
+    SCALE = 1
+
+
     class Holder:
         lock = threading.Lock()  # this class cannot be pickled by value
 
@@ -108,6 +111,8 @@ PROGRAM = textwrap.dedent('''
             step("defined-after-start", lambda: ex.submit(later, 4).result())
             if on_dpool:
                 step("lambda", lambda: ex.submit(lambda: (MODEL, fact(3))).result())
+                SCALE = 2  # the worker started with 1
+                step("lambda-global", lambda: ex.submit(lambda: SCALE).result())
         if parts == "all":
             with pool(1, initializer=init, initargs=("b",)) as p:
                 step("pool-classmethod", lambda: p.apply(Holder.describe))
@@ -128,7 +133,7 @@ STDLIB = {
 }
 # Where dpool does better (DIFFERENCES.md): by value, in the same namespace.
 DPOOL = {**STDLIB, "defined-after-start": "('later', 'model-a', 4)",
-         "lambda": "('model-a', 6)"}
+         "lambda": "('model-a', 6)", "lambda-global": "2"}
 
 
 def _run(tmp_path: Path, how: str, method: str, parts: str, *extra: str) -> dict[str, str]:

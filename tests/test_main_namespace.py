@@ -60,6 +60,8 @@ class Link:
         monkeypatch.setattr(_mainref, "_shipped", {})
         monkeypatch.setattr(_mainref, "_tables", {})
         monkeypatch.setattr(_mainref, "_worker_ns", None)
+        _mainref.adopt(worker)  # as at the worker's start
+        _mainref._worker_ns = None
         self.token = _mainref._TOKEN
         monkeypatch.setattr(_mainref, "_TOKEN", self.token)  # restored after the test
 
@@ -122,6 +124,18 @@ def test_lambdas_of_the_main_namespace_share_it(link: Any) -> None:
     # The initializer's state is never overwritten by the driver's (missing/None) value.
     exec("MODEL = None\nget4 = lambda: MODEL", driver)  # noqa: S102
     assert ln.send(driver["get4"])() == "model-c"
+
+
+def test_the_drivers_newer_values_replace_those_the_worker_started_with(link: Any) -> None:
+    driver = _namespace(PROGRAM + "\nSCALE = 1\nMODEL = None\n")
+    worker = _namespace(PROGRAM + "\nSCALE = 1\nMODEL = None\n")  # fork / re-import
+    ln = link(driver, worker)
+    init = ln.send(driver["init"])
+    assert init is worker["init"]
+    init("f")  # the worker assigns MODEL itself
+    exec("SCALE = 2\nget = lambda: (SCALE, MODEL)", driver)  # noqa: S102
+    assert ln.send(driver["get"])() == (2, "model-f")
+    assert worker["SCALE"] == 2  # one namespace: the script's functions see it too
 
 
 def test_a_different_definition_in_the_worker_is_not_used(link: Any) -> None:

@@ -21,11 +21,10 @@ dpool does the same, and falls back to pickling by value where the stdlib fails:
   function defined after the worker started) is pickled by value, but its ``__globals__``
   is the receiver's main namespace, not a dict of its own: all such functions, and the
   script's own, share one namespace per process. The globals a function refers to travel
-  with it and fill in the names the namespace lacks; a name the namespace already has
-  keeps its value unless that value is still the one the driver shipped (then the newer
-  value from the driver replaces it). So state set in the worker (``MODEL``) is never
-  overwritten by the driver's value, and a lambda submitted again after the driver
-  changed a global it reads sees the new value.
+  with it and replace the namespace's values, except where the worker assigned the name
+  itself since it started (or since the driver's value arrived). So state set in the
+  worker (an initializer's ``MODEL``) is never overwritten by the driver's value, and a
+  lambda submitted after the driver changed a global it reads sees the new value.
 
 The *main namespace* of a process is the driver's ``__main__`` module's dict; in a worker
 it is set at start-up by :func:`set_worker_namespace` (under ``spawn`` the globals of the
@@ -57,7 +56,7 @@ _MISSING = object()
 _PENDING = object()  # an entry whose fallback is being unpickled (a cycle); never stored
 
 _worker_ns: Optional[dict] = None
-_shipped: dict = {}  # name -> the value the driver last shipped for it (receiver side)
+_shipped: dict = {}  # name -> the driver's value of it, as last received (see adopt)
 _tls = threading.local()
 
 
@@ -73,10 +72,9 @@ def namespace() -> dict:
 
 def set_worker_namespace() -> None:
     """Called at worker start-up: find the namespace the script's functions live in."""
-    global _worker_ns
     main = sys.modules.get("__main__")
     if main is None:
-        _worker_ns = {"__name__": "__main__", "__builtins__": builtins}
+        adopt({"__name__": "__main__", "__builtins__": builtins})
         return
     ns = main.__dict__
     if main.__name__ == "__mp_main__":
@@ -88,7 +86,17 @@ def set_worker_namespace() -> None:
             if g is not None and g.get("__name__") == "__mp_main__":
                 ns = g
                 break
+    adopt(ns)
+
+
+def adopt(ns: dict) -> None:
+    """Make ``ns`` this process's main namespace. The values it holds now came from the
+    driver (fork) or its script (re-import): the driver's newer values may replace them,
+    until this process assigns the name itself."""
+    global _worker_ns
     _worker_ns = ns
+    _shipped.clear()
+    _shipped.update((k, v) for k, v in ns.items() if not k.startswith("__"))
 
 
 def _globals_of(value: Any) -> Optional[dict]:
