@@ -177,3 +177,29 @@ def test_payloads_without_main_objects_are_plain_pickles() -> None:
     assert serialize([1, "a", (2.0, None)]).meta[0] == 0x80
     assert dumps(test_payloads_without_main_objects_are_plain_pickles)[0] == 0x80
     assert pickle.loads(dumps(len)) is len
+
+
+def test_a_late_payload_does_not_roll_back_a_newer_value(link: Any) -> None:
+    driver, worker = _namespace("SCALE = 1\ndef f():\n    return SCALE\n"), _namespace()
+    ln = link(driver, worker)
+    _mainref._worker_ns = driver
+    old = dumps(driver["f"])  # made once, sent to this worker later
+    _mainref._worker_ns = None
+    exec("SCALE = 2\nget = lambda: SCALE", driver)  # noqa: S102
+    assert ln.send(driver["get"])() == 2
+    _mainref._worker_ns = worker
+    _mainref._TOKEN = b"another process"
+    try:
+        f = deserialize(old)
+    finally:
+        _mainref._worker_ns = None
+        _mainref._TOKEN = ln.token
+    assert f() == 2 and worker["SCALE"] == 2
+
+
+def test_a_function_pickled_again_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _namespace("class C:\n    def m(self):\n        return 1\nobj = C()\n"
+                        "lam = lambda: obj\n")
+    monkeypatch.setattr(_mainref, "_worker_ns", driver)
+    assert dumps(driver["obj"].m) == dumps(driver["obj"].m)  # deduplicated by bytes
+    assert dumps(driver["lam"]) == dumps(driver["lam"])

@@ -22,7 +22,8 @@ dpool does the same, and falls back to pickling by value where the stdlib fails:
   is the receiver's main namespace, not a dict of its own: all such functions, and the
   script's own, share one namespace per process. The globals a function refers to travel
   with it and replace the namespace's values, except where the worker assigned the name
-  itself since it started (or since the driver's value arrived). So state set in the
+  itself since it started (or since the driver's value arrived) or already holds a newer
+  value from the driver (a function's pickle is made once and may arrive late). So state set in the
   worker (an initializer's ``MODEL``) is never overwritten by the driver's value, and a
   lambda submitted after the driver changed a global it reads sees the new value.
 
@@ -39,6 +40,7 @@ import pickle
 import struct
 import sys
 import threading
+import time
 import types
 import weakref
 import zlib
@@ -56,7 +58,7 @@ _MISSING = object()
 _PENDING = object()  # an entry whose fallback is being unpickled (a cycle); never stored
 
 _worker_ns: Optional[dict] = None
-_shipped: dict = {}  # name -> the driver's value of it, as last received (see adopt)
+_shipped: dict = {}  # name -> (the driver's value of it as last received, when pickled)
 _tls = threading.local()
 
 
@@ -77,7 +79,9 @@ def set_worker_namespace() -> None:
         adopt({"__name__": "__main__", "__builtins__": builtins})
         return
     ns = main.__dict__
+    as_of = time.monotonic_ns()  # a fork: the driver's values as of now
     if main.__name__ == "__mp_main__":
+        as_of = 0
         # multiprocessing re-ran the script with runpy, which keeps the script's globals
         # in a dict of its own and puts a copy into the module: the functions' dict is
         # the live one (an initializer's ``global`` assignment lands there).
@@ -86,17 +90,18 @@ def set_worker_namespace() -> None:
             if g is not None and g.get("__name__") == "__mp_main__":
                 ns = g
                 break
-    adopt(ns)
+    adopt(ns, as_of)
 
 
-def adopt(ns: dict) -> None:
+def adopt(ns: dict, as_of: int = 0) -> None:
     """Make ``ns`` this process's main namespace. The values it holds now came from the
-    driver (fork) or its script (re-import): the driver's newer values may replace them,
+    driver (fork: as of ``as_of``, a ``time.monotonic_ns()``) or its script (re-import:
+    older than anything the driver sends): the driver's newer values may replace them,
     until this process assigns the name itself."""
     global _worker_ns
     _worker_ns = ns
     _shipped.clear()
-    _shipped.update((k, v) for k, v in ns.items() if not k.startswith("__"))
+    _shipped.update((k, (v, as_of)) for k, v in ns.items() if not k.startswith("__"))
 
 
 def _globals_of(value: Any) -> Optional[dict]:
@@ -181,6 +186,12 @@ def by_value(pickler: Any, obj: Any, index: int) -> Any:
     """``obj`` by value; a function gets the receiver's main namespace as its globals."""
     if type(obj) is types.FunctionType:
         _, (code, _, _, _, closure), state, *_ = pickler._dynamic_function_reduce(obj)
+        # When its globals were read: its first pickling (a function's payload is made
+        # once anyway), which also keeps a re-pickled function's bytes the same.
+        as_of = _first_pickled.get(obj)
+        if as_of is None:
+            as_of = _first_pickled[obj] = time.monotonic_ns()
+        state[1]["_dpool_as_of"] = as_of
         return (_make_function, (code, _NS, closure, index), state, None, None,
                 _function_setstate)
     red = cloudpickle.Pickler.reducer_override(pickler, obj)  # cloudpickle's own
@@ -233,7 +244,10 @@ def _table(pickler_class: type, collector: Collector, ns: dict) -> bytes:
             fallback, error = None, f"{type(exc).__name__}: {exc}"
         entries.append((obj.__qualname__, _signature(obj), id(obj), fallback, error))
         i += 1
-    return pickle.dumps((_TOKEN, entries), protocol=5)
+    return pickle.dumps((_TOKEN, time.monotonic_ns(), entries), protocol=5)
+
+
+_first_pickled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Namespace:
@@ -248,10 +262,11 @@ _NS = _Namespace()
 
 # ========================================================================= unpickling
 class _Context:
-    __slots__ = ("token", "entries", "done", "partial")
+    __slots__ = ("token", "as_of", "entries", "done", "partial")
 
-    def __init__(self, token: bytes, entries: list) -> None:
+    def __init__(self, token: bytes, as_of: int, entries: list) -> None:
         self.token = token
+        self.as_of = as_of
         self.entries = entries
         self.done: dict[int, Any] = {}
         self.partial: dict[int, Any] = {}
@@ -280,7 +295,7 @@ class _Context:
                 del self.partial[i]
             if "." not in qualname:
                 ns[qualname] = obj
-                _shipped[qualname] = obj
+                _shipped[qualname] = (obj, self.as_of)
         self.done[i] = obj
         return obj
 
@@ -297,9 +312,9 @@ def load(meta: Any, buffers: Any) -> Any:
     """Unpickle a payload that starts with a reference table."""
     _, n = _HEAD.unpack_from(meta, 0)
     start = _HEAD.size
-    token, entries = pickle.loads(meta[start:start + n])
+    token, as_of, entries = pickle.loads(meta[start:start + n])
     prev = getattr(_tls, "ctx", None)
-    _tls.ctx = _Context(token, entries)
+    _tls.ctx = _Context(token, as_of, entries)
     try:
         return pickle.loads(meta[start + n:], buffers=buffers)
     finally:
@@ -340,16 +355,20 @@ def _function_setstate(fn: Any, state: tuple) -> None:
     values = slotstate.pop("__globals__")
     closure = slotstate.pop("__closure__")
     slotstate.pop("_cloudpickle_submodules", None)
+    as_of = slotstate.pop("_dpool_as_of", 0)
     ns = fn.__globals__
     shipped = _shipped
     for name, value in values.items():
         if value is _PENDING:
             continue
         current = ns.get(name, _MISSING)
-        if current is _MISSING or (current is not value and shipped.get(name, _MISSING)
-                                   is current):
-            ns[name] = value
-            shipped[name] = value
+        if current is not _MISSING:
+            # Keep what this process assigned itself, and the driver's newer values.
+            last = shipped.get(name)
+            if last is None or last[0] is not current or last[1] > as_of or current is value:
+                continue
+        ns[name] = value
+        shipped[name] = (value, as_of)
     if "__builtins__" not in ns:
         ns["__builtins__"] = builtins
     if closure is not None:
