@@ -44,7 +44,7 @@ import time
 import types
 import weakref
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 import cloudpickle
 
@@ -57,7 +57,7 @@ _TOKEN = os.urandom(8)  # equal in a fork child, which has the same objects at t
 _MISSING = object()
 _PENDING = object()  # an entry whose fallback is being unpickled (a cycle); never stored
 
-_worker_ns: Optional[dict] = None
+_worker_ns: dict | None = None
 _shipped: dict = {}  # name -> (the driver's value of it as last received, when pickled)
 _tls = threading.local()
 
@@ -104,7 +104,7 @@ def adopt(ns: dict, as_of: int = 0) -> None:
     _shipped.update((k, (v, as_of)) for k, v in ns.items() if not k.startswith("__"))
 
 
-def _globals_of(value: Any) -> Optional[dict]:
+def _globals_of(value: Any) -> dict | None:
     if type(value) is types.FunctionType:
         return value.__globals__
     if isinstance(value, type):
@@ -139,7 +139,7 @@ def _signature(obj: Any) -> tuple:
 class Collector:
     """The table of one payload: main-namespace objects referenced while pickling it."""
 
-    __slots__ = ("objs", "index")
+    __slots__ = ("index", "objs")
 
     def __init__(self) -> None:
         self.objs: list = []
@@ -236,7 +236,7 @@ def _table(pickler_class: type, collector: Collector, ns: dict) -> bytes:
         file = io.BytesIO()
         p = pickler_class(file, protocol=5)
         p.ns, p.main, p.root, p.root_index = ns, collector, obj, i
-        fallback: Optional[bytes]
+        fallback: bytes | None
         try:
             p.dump(obj)
             fallback, error = file.getvalue(), ""
@@ -262,7 +262,7 @@ _NS = _Namespace()
 
 # ========================================================================= unpickling
 class _Context:
-    __slots__ = ("token", "as_of", "entries", "done", "partial")
+    __slots__ = ("as_of", "done", "entries", "partial", "token")
 
     def __init__(self, token: bytes, as_of: int, entries: list) -> None:
         self.token = token

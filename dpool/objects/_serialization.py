@@ -40,7 +40,7 @@ import cloudpickle
 from dpool.errors import SerializationError
 from dpool.objects import _mainref
 
-__all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "serialize", "deserialize", "dumps"]
+__all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "deserialize", "dumps", "serialize"]
 
 DEFAULT_OOB_THRESHOLD = 64 * 1024
 """Buffers of at least this many bytes are kept out-of-band."""
@@ -122,7 +122,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     oob_threshold: int = DEFAULT_OOB_THRESHOLD
     ndarray: type | None = None
-    ns: dict = {}
+    ns: Optional[dict] = None
     main: Optional[_mainref.Collector] = None
     root: Any = None
     root_index: int = -1
