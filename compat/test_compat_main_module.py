@@ -57,6 +57,14 @@ PROGRAM = textwrap.dedent('''
             return (cls.__name__, cls.lock.locked(), MODEL)
 
 
+    LOCK = threading.Lock()
+
+
+    def locked():
+        with LOCK:  # a global that cannot be pickled
+            return "locked-ok"
+
+
     class Point:
         def __init__(self, x):
             self.x = x
@@ -97,6 +105,7 @@ PROGRAM = textwrap.dedent('''
                                  initargs=("a",)) as ex:
             step("initializer-global", lambda: ex.submit(task, 1).result())
             step("recursion", lambda: ex.submit(fact, 5).result())
+            step("global-lock", lambda: ex.submit(locked).result())
             step("instance-back", lambda: type(ex.submit(make_point, 2).result()) is Point)
 
             def raises():
@@ -125,6 +134,7 @@ STDLIB = {
     "mp-main-alias": "True",  # multiprocessing's alias of the main module, for unpickling
     "initializer-global": "('model-a', 1)",
     "recursion": "120",
+    "global-lock": "'locked-ok'",
     "instance-back": "True",
     "exception-back": "('MainError', (3,))",
     "defined-after-start": "raised BrokenProcessPool",  # not in the worker's main module
@@ -174,14 +184,15 @@ def test_python_c(tmp_path: Path, method: str) -> None:
     re-import it. The stdlib then fails every call (the initializer cannot be unpickled,
     each worker dies: ``BrokenProcessPool``; its ``Pool`` would respawn dying workers
     forever, so only its executor runs here). dpool sends everything by value into one
-    namespace; only a class that cannot be pickled by value fails, for that call."""
+    namespace; only what cannot be pickled by value (a lock) fails, for that call."""
     if method == "fork":
         assert _run(tmp_path, "-c", method, "all") == STDLIB
         assert _run(tmp_path, "-c", method, "all", "dpool") == DPOOL
         return
-    executor_steps = ("initializer-global", "recursion", "instance-back", "exception-back",
-                      "defined-after-start")
+    executor_steps = ("initializer-global", "recursion", "global-lock", "instance-back",
+                      "exception-back", "defined-after-start")
     assert _run(tmp_path, "-c", method, "executor") == {
         "mp-main-alias": "True", **{step: "raised BrokenProcessPool" for step in executor_steps}}
     assert _run(tmp_path, "-c", method, "all", "dpool") == {
-        **DPOOL, "pool-classmethod": "raised SerializationError"}
+        **DPOOL, "global-lock": "raised SerializationError",
+        "pool-classmethod": "raised SerializationError"}
