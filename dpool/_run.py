@@ -135,7 +135,9 @@ def run_path(path: str, args: list[str]) -> int:
     main.__file__ = abspath
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", abspath)
     main.__builtins__ = builtins  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
+    # multiprocessing aliased __mp_main__ to the __main__ of its import (this runner's):
+    # point it at the program, as under python script.py (pickles name __mp_main__).
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = main
     code = compile(source, abspath, "exec", dont_inherit=True)
     exec(code, main.__dict__)  # noqa: S102 - running the user's program is the point
     return 0

@@ -16,6 +16,10 @@ Two details beyond plain ``cloudpickle.dumps``:
   out-of-band and reads back zero-copy; ordinary pickle would copy it into the stream and
   again on load. The value, dtype and shape round-trip; the strides do not (pickle does
   not keep them either).
+- Functions and classes of the main script travel by reference, with a by-value
+  fallback, and functions pickled by value share the receiver's main namespace, as
+  ``_mainref`` describes; such a payload starts with ``_mainref.TAG`` instead of pickle's
+  0x80, and :func:`deserialize` reads it.
 
 ``bytes``/``bytearray``/``str`` are always pickled in-band by the pickle protocol itself;
 wrap a large bytes-like object in ``pickle.PickleBuffer`` to store it out-of-band.
@@ -26,15 +30,17 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import cloudpickle
 
 from dpool.errors import SerializationError
+from dpool.objects import _mainref
 
-__all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "serialize", "deserialize"]
+__all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "deserialize", "dumps", "serialize"]
 
 DEFAULT_OOB_THRESHOLD = 64 * 1024
 """Buffers of at least this many bytes are kept out-of-band."""
@@ -104,17 +110,35 @@ def _is_plain(obj: Any) -> bool:
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle's pickler, plus out-of-band pickling of large non-contiguous arrays.
+    """cloudpickle's pickler, plus out-of-band pickling of large non-contiguous arrays,
+    plus references to the main namespace's functions and classes (``_mainref``).
 
     ``oob_threshold`` and ``ndarray`` (numpy's array type, or None while numpy has not
-    been imported: then no array can exist) are set on each instance by :func:`serialize`.
+    been imported: then no array can exist) are set on each instance by :func:`serialize`;
+    ``ns`` is this process's main namespace, ``main`` the reference table (made on the
+    first reference), ``root``/``root_index`` the table entry whose fallback this pickler
+    writes (if any).
     """
 
     oob_threshold: int = DEFAULT_OOB_THRESHOLD
     ndarray: type | None = None
+    ns: Optional[dict] = None
+    main: Optional[_mainref.Collector] = None
+    root: Any = None
+    root_index: int = -1
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is self.ndarray:
+        t = type(obj)
+        if t is _FunctionType:
+            if obj.__globals__ is self.ns:
+                return _mainref.reduce_main(self, obj, "f")
+        elif t is _MethodType:
+            fn = obj.__func__
+            if type(fn) is _FunctionType and fn.__globals__ is self.ns:
+                red = _mainref.reduce_main(self, obj, "m")
+                if red is not NotImplemented:
+                    return red
+        elif t is self.ndarray:
             arr: Any = obj
             if (
                 arr.nbytes >= self.oob_threshold
@@ -123,7 +147,30 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             ):
                 numpy = sys.modules["numpy"]
                 return numpy.ascontiguousarray(arr).__reduce_ex__(_PROTOCOL)
+        elif issubclass(t, type) and obj.__dict__.get("__module__") in _MAIN_MODULES:
+            red = _mainref.reduce_main(self, obj, "c")
+            if red is not NotImplemented:
+                return red
         return super().reducer_override(obj)
+
+
+_FunctionType = types.FunctionType
+_MethodType = types.MethodType
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj`` with every buffer in-band (functions, errors, small values).
+
+    Raises what pickling raised. Read it back with :func:`deserialize`.
+    """
+    file = io.BytesIO()
+    pickler = _Pickler(file, protocol=_PROTOCOL)
+    pickler.ns = _mainref.namespace()
+    pickler.dump(obj)
+    if pickler.main is not None:
+        return _mainref.finish(_Pickler, pickler.main, pickler.ns, file.getvalue())
+    return file.getvalue()
 
 
 def _type_name(obj: object) -> str:
@@ -150,21 +197,25 @@ def serialize(obj: object, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> Ser
         buffers.append(raw)
         return False
 
+    numpy = sys.modules.get("numpy")
     file = io.BytesIO()
     pickler = _Pickler(file, protocol=_PROTOCOL, buffer_callback=keep_in_band)
     pickler.oob_threshold = oob_threshold
-    numpy = sys.modules.get("numpy")
+    pickler.ns = _mainref.namespace()
     if numpy is not None:
         pickler.ndarray = numpy.ndarray
     try:
         pickler.dump(obj)
+        meta = file.getvalue()
+        if pickler.main is not None:
+            meta = _mainref.finish(_Pickler, pickler.main, pickler.ns, meta)
     except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
         for raw in buffers:
             raw.release()
         raise SerializationError(
             f"cannot serialize object of type {_type_name(obj)}: {type(exc).__name__}: {exc}"
         ) from exc
-    return Serialized(file.getvalue(), buffers)
+    return Serialized(meta, buffers)
 
 
 def deserialize(meta: bytes | memoryview, buffers: Iterable[Any] = ()) -> object:
@@ -175,6 +226,8 @@ def deserialize(meta: bytes | memoryview, buffers: Iterable[Any] = ()) -> object
     missing module in this process, a corrupt stream, too few buffers, ...).
     """
     try:
+        if meta[0] == _mainref.TAG:
+            return _mainref.load(meta, buffers)
         return pickle.loads(meta, buffers=buffers)
     except Exception as exc:
         raise SerializationError(

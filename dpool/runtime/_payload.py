@@ -3,8 +3,9 @@
 Everything is pickle protocol 5. Small, plain values (top-level ints, floats, strings,
 bytes, None) go through the C pickler directly -- cloudpickle costs ~4 us more per call,
 which is most of a no-op task's budget. Anything else goes through cloudpickle, so
-lambdas, closures and classes defined in ``__main__`` travel by value, and values with
-large buffers (numpy arrays) go through the shared-memory store (``objects._values``).
+lambdas and closures travel by value, functions and classes of the main script by
+reference with a by-value fallback (``objects._mainref``), and values with large buffers
+(numpy arrays) go through the shared-memory store (``objects._values``).
 
 An error travels as ``(exception, traceback text)``; the receiver attaches the text as
 ``__cause__`` (a ``RemoteTraceback``), as ``concurrent.futures`` does, so the user sees
@@ -17,15 +18,12 @@ import pickle
 import traceback
 from typing import Any, Optional
 
-import cloudpickle
-
 from dpool.errors import SerializationError
-from dpool.objects import _values
+from dpool.objects import _serialization, _values
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 _dumps = pickle.dumps
-_loads = pickle.loads
-_cp_dumps = cloudpickle.dumps
+_cp_dumps = _serialization.dumps  # cloudpickle, main-namespace aware, buffers in-band
 
 
 class RemoteTraceback(Exception):
@@ -40,10 +38,10 @@ class RemoteTraceback(Exception):
 
 
 def dumps(obj: Any) -> bytes:
-    """Serialize a small value inline (errors, control values)."""
+    """Serialize a small value inline (errors, control values); read it with ``loads``."""
     if type(obj) in _PLAIN:
         return _dumps(obj, protocol=5)
-    return _cp_dumps(obj, protocol=5)
+    return _cp_dumps(obj)
 
 
 def dumps_value(obj: Any, object_id: int, owner_pid: int) -> bytes:
@@ -77,7 +75,7 @@ loads = _values.decode
 
 def dumps_function(fn: Any) -> bytes:
     try:
-        return _cp_dumps(fn, protocol=5)
+        return _cp_dumps(fn)
     except Exception as exc:
         raise SerializationError(
             f"cannot serialize the function {fn!r} ({type(fn).__name__}): {exc}"
@@ -98,7 +96,7 @@ def dumps_error(exc: BaseException) -> bytes:
     tb = format_remote(exc)
     exc.__traceback__ = None  # tracebacks do not pickle; the text above carries them
     try:
-        return _cp_dumps((exc, tb), protocol=5)
+        return _cp_dumps((exc, tb))
     except Exception as pickling_exc:
         replacement = SerializationError(
             f"the task raised {type(exc).__qualname__}: {exc!s:.500} -- and that "
@@ -110,8 +108,10 @@ def dumps_error(exc: BaseException) -> bytes:
 def loads_error(payload: bytes) -> BaseException:
     """The exception a failed task's future raises, with the remote traceback attached."""
     try:
-        exc, tb = _loads(payload)
+        exc, tb = _values.decode(payload)
     except Exception as unpickling_exc:
+        if isinstance(unpickling_exc, SerializationError) and unpickling_exc.__cause__:
+            unpickling_exc = unpickling_exc.__cause__  # type: ignore[assignment]
         err = SerializationError(
             f"a task failed, and its exception could not be unpickled here: {unpickling_exc}"
         )

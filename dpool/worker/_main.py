@@ -189,9 +189,11 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     for p in reversed(cfg.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
+    from dpool.objects import _mainref
     from dpool.runtime import _current
 
     _current.enter_worker(cfg)
+    _mainref.set_worker_namespace()  # the script's globals, shared by its functions here
     from dpool.objects import _values
 
     _values.set_capacity_limit(cfg.store_capacity)
