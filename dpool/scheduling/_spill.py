@@ -100,8 +100,14 @@ class Spiller:
         if excess <= 0:
             return
         local_busy = sum(1 for w in g.workers if w.inflight and w.alive and not w.blocked)
-        room = g.max_workers - local_busy - self._away_per_group.get(g.group_id, 0)
+        # Tasks away per CPU of the cap: one when they are long (so max_workers bounds
+        # how many run at once, cluster-wide); a batch's worth when they are short, so a
+        # node busy with them never idles a round trip between two.
+        est = max(s._batch.estimate(q[-1].fn_id), 1e-6)
+        per_slot = max(1, min(64, int(s._batch.target_s / est)))
+        room = g.max_workers * per_slot - local_busy - self._away_per_group.get(g.group_id, 0)
         n = min(excess, room)
+        batches: dict[str, list] = {}
         for _ in range(max(0, n)):
             t = q.pop()  # the tail: the task that would wait longest
             if t.future is not None and not t.started:
@@ -109,10 +115,13 @@ class Spiller:
                     s._skip_cancelled(t)
                     continue
             t.started = True
-            self._spill(t, g, gss[self._rr % len(gss)])
+            gs = gss[self._rr % len(gss)]
             self._rr += 1
+            batches.setdefault(gs, []).append(self._spill(t, g, gs))
+        for gs, msgs in batches.items():
+            self._send(gs, msgs)
 
-    def _spill(self, t: Task, g: Group, gs: str) -> None:
+    def _spill(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
         s = self._s
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
@@ -130,7 +139,7 @@ class Spiller:
         self.away[t.task_id] = _Away(t, gs, time.monotonic())
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
-        self._send(gs, [msg])
+        return msg
 
     # -- outcomes ------------------------------------------------------------------------
     def _take(self, task_id: int) -> Optional[Task]:
@@ -168,6 +177,9 @@ class Spiller:
         s = self._s
         s._batch.observe(t.fn_id, msg.duration)
         s._finish(t, msg.ok, msg.payload)
+        g = t.group
+        if g.queue:
+            self.consider(g)  # room away again: do not wait for the next tick
 
     def unreachable(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
