@@ -159,12 +159,10 @@ def dpool_remote(tmp: str, pings: int, tasks: int) -> dict:
         c1, b1 = _redis_stats(shards, token)
         r["redis_cmds_per_task"] = (c1 - c0) / tasks
         r["redis_bytes_per_task"] = (b1 - b0) / tasks
-        log = Path(head, "global-scheduler-0.log")
         return r
     finally:
         _cli(["stop"], node)
         _cli(["stop"], head)
-        del log
 
 
 def dpool_local(tmp: str, pings: int, tasks: int) -> tuple[dict, dict]:
@@ -195,9 +193,12 @@ def _ray_python() -> str | None:
 def ray_remote(py: str, pings: int, tasks: int) -> dict:
     ray = str(Path(py).parent / "ray")
     port = _free_port("127.0.0.2")
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0")
+    import secrets
+
+    # Ray 2.60 heads require a token; joining nodes and drivers pass it the same way
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0",
+               RAY_AUTH_TOKEN=secrets.token_hex(32))
     tmp = tempfile.mkdtemp(prefix="ray-bench-")
-    env["RAY_AUTH_TOKEN_PATH"] = os.path.join(tmp, "token")
     try:
         subprocess.run([ray, "start", "--head", "--num-cpus", "0", "--port", str(port),
                         "--node-ip-address", "127.0.0.2", "--disable-usage-stats"],
