@@ -85,6 +85,8 @@ class NodeDaemon:
         self.links = Links(token, peer_hello(self.node_id, self.address, num_cpus),
                            self.scheduler._io, self._unreachable)
         self.runner = RemoteRunner(self.scheduler, self.node_id, self.links.send)
+        self.sessions.remote_origin = self.runner.origin_of
+        self.sessions.send_to_node = self.links.send
         self.control: Any = None
         self.agent: Any = None
         self.spiller: Optional[Spiller] = None

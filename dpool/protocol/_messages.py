@@ -328,6 +328,20 @@ class TaskResult:
     duration: float
 
 
+@dataclass(slots=True)
+class Output:
+    """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
+    on its way to the driver whose task it ran: the group (the driver's id), the worker's
+    pid and its node (empty for the driver's own node)."""
+
+    CODE: ClassVar[int] = 32
+    group_id: int
+    pid: int
+    node: str
+    stream: int
+    data: bytes
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -360,4 +374,5 @@ ALL_MESSAGES = (
     SpillRejected,
     Accepted,
     TaskResult,
+    Output,
 )

@@ -134,6 +134,7 @@ class ClusterRuntime:
         self._futures: dict[int, Future] = {}
         self._groups: dict[int, RemoteGroup] = {}
         self._releases: deque = deque()
+        self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._lost: Optional[str] = None
@@ -293,6 +294,8 @@ class ClusterRuntime:
                     fut.set_exception(_payload.loads_error(msg.payload))
             except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
                 pass
+        elif code == m.Output.CODE:
+            self._print(msg)
         elif code == m.GroupExited.CODE:
             g = self._groups.get(msg.group_id)
             if g is not None:
@@ -310,6 +313,25 @@ class ClusterRuntime:
                 g.cancelled.set()
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
+
+    def _print(self, msg: m.Output) -> None:
+        """A worker's output, line by line; prefixed with its pid and node when it ran on
+        another node (as Ray prints ``(pid=..., ip=...)``)."""
+        key = (msg.node, msg.pid, msg.stream)
+        text = self._partial.pop(key, "") + msg.data.decode(errors="replace")
+        lines = text.split("\n")
+        rest = lines.pop()
+        if rest:
+            self._partial[key] = rest
+        if not lines:
+            return
+        prefix = f"(pid={msg.pid}, node={msg.node}) " if msg.node else ""
+        out = sys.stdout if msg.stream == 1 else sys.stderr
+        try:
+            out.write("".join(f"{prefix}{line}\n" for line in lines))
+            out.flush()
+        except (OSError, ValueError):
+            pass  # the driver's stream is closed
 
     def _connection_lost(self, reason: str) -> None:
         if self._lost is not None:

@@ -80,6 +80,8 @@ class DriverSessions:
         self.drivers: dict[int, DriverHandle] = {}
         self.cluster_cpus = num_cpus  # the cluster's CPUs (the node agent keeps it fresh)
         self.cluster_status: Any = None  # (this node's status) -> the cluster's, if any
+        self.remote_origin: Any = None  # mirror group -> (origin node, its group id) | None
+        self.send_to_node: Any = None  # (address, msgs): a peer link's send
         self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
@@ -225,6 +227,28 @@ class DriverSessions:
             "store_used": s.store.store.used,
             "store_capacity": s.store.capacity,
         }
+
+    # -- output ------------------------------------------------------------------------
+    def forward_output(self, src: WorkerHandle, msg: m.Output) -> None:
+        """What a worker printed, on its way to its driver (lock held): straight to the
+        driver that owns the worker's group, or to the origin node of a mirror group;
+        from a peer node (``src`` is a PeerHandle), to the driver of ``msg.group_id``."""
+        s = self._s
+        if isinstance(src, PeerHandle):
+            g = s._groups.get(msg.group_id)
+        else:
+            g = src.group
+            if g is not None and self.remote_origin is not None:
+                origin = self.remote_origin(g)
+                if origin is not None:  # a task spilled here: back to its node
+                    address, gid = origin
+                    self.send_to_node(address, [m.Output(gid, msg.pid, self.node_id,
+                                                         msg.stream, msg.data)])
+                    return
+            msg = m.Output(0 if g is None else g.group_id, msg.pid, "", msg.stream, msg.data)
+        owner = None if g is None else g.owner
+        if owner is not None and owner.alive:
+            s._send(owner, [msg])
 
     # -- the driver went away ----------------------------------------------------------
     def handle_closed(self, h: WorkerHandle) -> None:

@@ -42,10 +42,15 @@ class RemoteRunner:
         self._last_used: dict[int, float] = {}
         self._fns: dict[tuple, int] = {}  # (origin, fn id) -> local fn id
         self.mirror_ids: set[int] = set()
+        self._origin: dict[int, tuple] = {}  # mirror group id -> (origin, its group id)
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
 
     def is_mirror(self, g: Group) -> bool:
         return g.group_id in self.mirror_ids
+
+    def origin_of(self, g: Group) -> "tuple | None":
+        """(origin node address, the origin's group id) of a mirror group, else None."""
+        return self._origin.get(g.group_id)
 
     def _group(self, msg: m.RemoteTask) -> Group:
         key = (msg.origin, msg.group_id)
@@ -63,6 +68,7 @@ class RemoteRunner:
         self._groups[key] = g
         self._s._groups[g.group_id] = g
         self.mirror_ids.add(g.group_id)
+        self._origin[g.group_id] = key
         return g
 
     def _on_task(self, h: Any, msg: m.RemoteTask) -> None:

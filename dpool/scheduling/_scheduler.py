@@ -116,6 +116,7 @@ class LocalScheduler:
             m.GetObjects.CODE: self._on_get_objects,
             m.Release.CODE: self._on_release,
             m.PutObject.CODE: self._on_put,
+            m.Output.CODE: self._on_output,
         }
         self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
 
@@ -584,7 +585,7 @@ class LocalScheduler:
         wid = next(self._worker_ids)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
-                           self.store.capacity)
+                           self.store.capacity, self.sessions is not None)
         proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
                                     name=f"dpool-worker-{wid}")
         try:
@@ -665,6 +666,11 @@ class LocalScheduler:
             return
         w.owned.add(msg.task_id)
         self._admit(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
+
+    def _on_output(self, w: WorkerHandle, msg: m.Output) -> None:
+        """What a worker printed (node daemons only): to the driver that owns its group."""
+        if self.sessions is not None:
+            self.sessions.forward_output(w, msg)
 
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:

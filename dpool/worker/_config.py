@@ -16,3 +16,4 @@ class WorkerConfig:
     cwd: str = ""
     sys_path: list = field(default_factory=list)
     store_capacity: Optional[int] = None
+    capture_output: bool = False  # on a node daemon: stdout/stderr go to the task's driver

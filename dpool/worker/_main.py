@@ -199,6 +199,11 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     _values.set_capacity_limit(cfg.store_capacity)
     _watchdog.start(cfg.parent_pid)
     chan = Channel(sock, blocking=True)
+    output = None
+    if cfg.capture_output:  # a node daemon's worker: its output goes to the driver
+        from dpool.worker._output import OutputForwarder
+
+        output = OutputForwarder(chan)
     worker = _Worker(chan, cfg)
     _current.set_worker(worker)
     try:
@@ -212,4 +217,6 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
             worker.flush()
         except Exception:  # noqa: BLE001 - the scheduler may be gone already
             pass
+        if output is not None:
+            output.stop()
         chan.close()

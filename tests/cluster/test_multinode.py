@@ -237,3 +237,35 @@ def test_stop_on_every_host_leaves_nothing(tmp_path):
     assert sorted(gone) == sorted(pids + children)
     assert not [s for s in os.listdir("/dev/shm")
                 if any(s.startswith(f"dpool_{p}_") for p in pids)]
+
+
+def test_what_tasks_print_reaches_the_drivers_terminal(cluster3, tmp_path):
+    code = textwrap.dedent("""
+        import logging, os, sys, time
+        import dpool
+
+        def chatty(i):
+            time.sleep(0.2)
+            print(f"out {i}")
+            sys.stderr.write(f"err {i}\\n")
+            logging.getLogger("user").warning("log %d", i)
+            os.write(1, f"fd {i}\\n".encode())
+            return os.environ["DPOOL_NODE_ID"], os.getpid()
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor() as ex:
+                ran = [f.result(timeout=60) for f in [ex.submit(chatty, i) for i in range(12)]]
+            for i, (node, pid) in enumerate(ran):
+                sys.stderr.write(f"RAN {i} {node} {pid}\\n")
+    """)
+    out = cluster3.run_script(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    ran = {int(p[1]): (p[2], p[3]) for p in (x.split() for x in out.stderr.splitlines())
+           if p and p[0] == "RAN"}
+    assert len({node for node, _ in ran.values()}) >= 2
+    for i, (node, pid) in ran.items():
+        prefix = "" if node == cluster3.head.address else f"(pid={pid}, node={node}) "
+        assert f"{prefix}out {i}" in out.stdout.splitlines()
+        assert f"{prefix}fd {i}" in out.stdout.splitlines()
+        assert f"{prefix}err {i}" in out.stderr.splitlines()
+        assert f"{prefix}log {i}" in out.stderr.splitlines()

@@ -1,0 +1,83 @@
+"""A node's worker sends what it writes to the driver whose tasks it runs.
+
+On the embedded runtime workers share the driver's terminal, as the stdlib's do. Under a
+node daemon they would write into the node's log instead, so there (``capture_output``)
+the worker points its file descriptors 1 and 2 at pipes and a thread per pipe sends what
+comes out as ``Output`` messages over the worker's connection: Python's ``print``, the
+``logging`` module and C code writing to fd 1/2 all reach the driver, whose node and
+worker pid prefix each line when the task ran on another host. ``sys.stdout`` becomes
+line-buffered, so lines arrive as they are printed, and logging starts unconfigured, as
+in a fresh process (not in the node daemon's format).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from dpool.protocol import ChannelClosed, encode_batch
+from dpool.protocol import _messages as m
+
+_CHUNK = 1 << 16
+
+
+class OutputForwarder:
+    def __init__(self, chan: Any) -> None:
+        self._chan = chan
+        self._threads: list[threading.Thread] = []
+        for stream in (1, 2):
+            _flush(stream)
+            r, w = os.pipe()
+            os.dup2(w, stream)
+            os.close(w)
+            t = threading.Thread(target=self._pump, args=(r, stream), daemon=True,
+                                 name=f"dpool-output-{stream}")
+            t.start()
+            self._threads.append(t)
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+            except (AttributeError, ValueError):
+                pass
+        # A worker forked from the node daemon would log in the daemon's format; the
+        # driver's program expects a fresh process's logging (no handlers, WARNING).
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        root.setLevel(logging.WARNING)
+
+    def _pump(self, r: int, stream: int) -> None:
+        pid = os.getpid()
+        try:
+            while True:
+                data = os.read(r, _CHUNK)
+                if not data:
+                    return
+                self._chan.send(encode_batch([m.Output(0, pid, "", stream, data)]))
+        except (ChannelClosed, OSError):
+            return
+        finally:
+            os.close(r)
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Send what is still buffered (the worker is exiting)."""
+        for stream in (1, 2):
+            _flush(stream)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (1, 2):
+            os.dup2(devnull, stream)  # the pipes' last write ends close: the pumps see EOF
+        os.close(devnull)
+        for t in self._threads:
+            t.join(timeout)
+
+
+def _flush(stream: int) -> None:
+    f = sys.stdout if stream == 1 else sys.stderr
+    try:
+        if f is not None:
+            f.flush()
+    except (OSError, ValueError):
+        pass
