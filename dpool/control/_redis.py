@@ -349,11 +349,13 @@ class RedisControlStore:
         return out
 
     # -- ids -------------------------------------------------------------------------------
-    def new_id_prefix(self) -> int:
-        """A prefix no other process got (one INCR): ids are ``make_id(prefix, counter)``."""
+    def new_id_prefix(self, count: int = 1) -> int:
+        """A prefix no other process got (one INCR): ids are ``make_id(prefix, counter)``.
+        With ``count``, the first of that many consecutive prefixes (one INCRBY)."""
         with self._errors(K.SINGLETON_SHARD, "INCR id prefix"):
-            prefix = int(self._clients[K.SINGLETON_SHARD].incr(K.ID_PREFIX_COUNTER))
-        if prefix >= K.ID_PREFIX_LIMIT:
+            last = int(self._clients[K.SINGLETON_SHARD].incrby(K.ID_PREFIX_COUNTER, count))
+        prefix = last - count + 1
+        if last >= K.ID_PREFIX_LIMIT:
             raise ControlStoreError(
                 f"the cluster ran out of id prefixes ({prefix}); restart its control store")
         return prefix

@@ -68,6 +68,10 @@ class ClusterAgent:
             d.runner.tick()  # retire idle mirror groups
         load = self._load()
         try:
+            d.prefixes.top_up()
+        except Exception as exc:  # noqa: BLE001 - taken from the store when needed instead
+            log.warning("could not reserve id prefixes: %s", exc)
+        try:
             if not self._control.heartbeat(d.node_id, load):
                 self._control.register_node(d.node_id, d.node_info())
             gss = [g for g in self._control.global_schedulers() if g.get("alive")]

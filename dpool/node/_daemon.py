@@ -33,6 +33,7 @@ import threading
 from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
+from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
 from dpool.node._server import NodeServer
 from dpool.protocol import Channel
@@ -90,6 +91,7 @@ class NodeDaemon:
         self.control: Any = None
         self.agent: Any = None
         self.spiller: Optional[Spiller] = None
+        self.prefixes: Any = None
         if join:  # the head tells a joining node where the control store is
             chan, welcome = dial(join, token, peer_hello(self.node_id, self.address,
                                                          num_cpus))
@@ -108,6 +110,10 @@ class NodeDaemon:
         self.control = store
         self.scheduler._ctl = _FlushedInBackground(store)
         store.register_node(self.node_id, self.node_info())
+        self.prefixes = IdPrefixes(store.new_id_prefix)
+        self.scheduler.id_prefix = self.prefixes.take
+        self.sessions.prefixes = self.prefixes
+        self.runner.set_id_base(self.prefixes.take() << 40)
         self.agent = ClusterAgent(self, store)
         self.spiller = Spiller(self.scheduler, self.address, self.links.send,
                                self.agent.linked_schedulers, local_groups=self.runner.is_mirror)

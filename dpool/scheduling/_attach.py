@@ -82,6 +82,7 @@ class DriverSessions:
         self.cluster_status: Any = None  # (this node's status) -> the cluster's, if any
         self.remote_origin: Any = None  # mirror group -> (origin node, its group id) | None
         self.send_to_node: Any = None  # (address, msgs): a peer link's send
+        self.prefixes: Any = None  # node._ids.IdPrefixes: each driver's ids' prefix
         self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
@@ -101,7 +102,8 @@ class DriverSessions:
             self.drivers[sid] = d
         from dpool.protocol import encode_batch
 
-        chan.send(encode_batch([m.Attached(self.node_id, sid, self.num_cpus, cluster_cpus)]))
+        prefix = self.prefixes.take() if self.prefixes is not None else sid
+        chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus)]))
         chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
         self._s._io.add(d)
         log.info("driver pid %d on %s attached (session %d)", hello.pid, hello.hostname, sid)

@@ -45,6 +45,10 @@ class RemoteRunner:
         self._origin: dict[int, tuple] = {}  # mirror group id -> (origin, its group id)
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
 
+    def set_id_base(self, base: int) -> None:
+        """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
+        self._ids = itertools.count(base)
+
     def is_mirror(self, g: Group) -> bool:
         return g.group_id in self.mirror_ids
 

@@ -104,6 +104,7 @@ class LocalScheduler:
         # A node's CPUs: at most this many workers run tasks at once, over every group
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
+        self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,
@@ -585,7 +586,8 @@ class LocalScheduler:
         wid = next(self._worker_ids)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
-                           self.store.capacity, self.sessions is not None)
+                           self.store.capacity, self.sessions is not None,
+                           (self.id_prefix() << 40) if self.id_prefix is not None else 0)
         proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
                                     name=f"dpool-worker-{wid}")
         try:

@@ -41,7 +41,7 @@ class WorkerClient:
         self.worker = worker
         self.group_id = worker.cfg.group_id
         self.owner_pid = worker.cfg.parent_pid  # the store's owner names every segment
-        base = worker.cfg.worker_id << 32
+        base = worker.cfg.id_base or (worker.cfg.worker_id << 32)
         self._ids = itertools.count(base + 1)
         self.functions = FunctionTable(self.new_id, self._register_function)
         self._futures: dict[int, Future] = {}

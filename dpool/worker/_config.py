@@ -17,3 +17,4 @@ class WorkerConfig:
     sys_path: list = field(default_factory=list)
     store_capacity: Optional[int] = None
     capture_output: bool = False  # on a node daemon: stdout/stderr go to the task's driver
+    id_base: int = 0  # first id of the worker's own (cluster-unique on a node); 0: per host
