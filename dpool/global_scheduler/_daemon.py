@@ -49,6 +49,7 @@ class GlobalScheduler:
         self.address = f"{bind}:{self.server.address[1]}"
         self.gs_id = gs_id or f"gs-{self.address}"
         self._last_beat = 0.0
+        self._alive: Optional[set] = None  # node addresses alive in the node table
 
     def serve(self) -> None:
         self.server.start()
@@ -117,7 +118,9 @@ class GlobalScheduler:
     def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> None:
         size = len(msg.args or b"") + sum(len(p) for _, _, p in msg.deps or ())
         with self._lock:
-            best = choose((load for _, load in self._nodes.values()), msg.origin, size)
+            alive = self._alive
+            best = choose((load for _, load in self._nodes.values()
+                           if alive is None or load.address in alive), msg.origin, size)
             target = self._nodes[best.address][0] if best is not None else None
             if best is not None:
                 best.pending += 1
@@ -135,6 +138,9 @@ class GlobalScheduler:
             try:
                 if not self._control.heartbeat_global_scheduler(self.gs_id):
                     self._control.register_global_scheduler(self.gs_id, self.address)
+                # a node whose link is open but which stopped heartbeating gets nothing
+                self._alive = {n.get("address") for n in self._control.nodes()
+                               if n.get("alive")}
             except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
                 log.warning("heartbeat to the control store failed: %s", exc)
 

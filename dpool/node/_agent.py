@@ -31,7 +31,7 @@ class ClusterAgent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
-        self._failing = False
+        self._buried: set[str] = set()  # nodes declared dead (until they come back)
 
     def start(self) -> None:
         self._beat()
@@ -75,15 +75,42 @@ class ClusterAgent:
             if not self._control.heartbeat(d.node_id, load):
                 self._control.register_node(d.node_id, d.node_info())
             gss = [g for g in self._control.global_schedulers() if g.get("alive")]
-            nodes = [n for n in self._control.nodes() if n.get("alive")]
+            all_nodes = self._control.nodes()
+            nodes = [n for n in all_nodes if n.get("alive")]
         except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
             log.warning("control store unreachable: %s", exc)
             return
         self.schedulers = [g["address"] for g in gss]
+        self._bury([n for n in all_nodes if not n.get("alive")])
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
         d.sessions.cluster_cpus = sum(int(n.get("num_cpus", 0)) for n in nodes) or d.num_cpus
+
+    def _bury(self, dead: list) -> None:
+        """Nodes that stopped heartbeating: mark them dead (once, cluster-wide) and retry
+        the tasks this node had sent them."""
+        d = self._d
+        for n in dead:
+            address = n.get("address") or n["node_id"]
+            if address in self._buried or address == d.address:
+                continue
+            self._buried.add(address)
+            if not n.get("dead"):
+                try:
+                    self._control.mark_node_dead(n["node_id"])
+                except Exception:  # noqa: BLE001 - another node may do it
+                    pass
+            log.warning("node %s stopped heartbeating (%.1f s ago): declared dead",
+                        address, n.get("age", 0.0))
+            s = d.scheduler
+            with s._lock:
+                if d.spiller is not None:
+                    d.spiller.node_lost(address)
+                out = s._take_out()
+            s._deliver(out)
+        still_dead = {n.get("address") or n["node_id"] for n in dead}
+        self._buried &= still_dead  # a node that comes back may die again later
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.beat_s

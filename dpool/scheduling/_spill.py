@@ -192,9 +192,16 @@ class Spiller:
     def peer_closed(self, h: Any) -> None:
         """A link closed: a global scheduler's (unplaced tasks come home) or a node's
         (its tasks are retried)."""
+        self._lost({h.address, h.peer_id})
+
+    def node_lost(self, address: str) -> None:
+        """The node table says ``address`` stopped heartbeating: retry its tasks."""
+        self._lost({address}, gs_too=False)
+
+    def _lost(self, names: set, gs_too: bool = True) -> None:
         lost = [a for a in self.away.values()
-                if (a.node is None and a.gs == h.address) or
-                (a.node is not None and a.node in (h.address, h.peer_id))]
+                if (gs_too and a.node is None and a.gs in names) or
+                (a.node is not None and a.node in names)]
         for a in lost:
             t = self._take(a.task.task_id)
             if t is None:

@@ -269,3 +269,51 @@ def test_what_tasks_print_reaches_the_drivers_terminal(cluster3, tmp_path):
         assert f"{prefix}fd {i}" in out.stdout.splitlines()
         assert f"{prefix}err {i}" in out.stderr.splitlines()
         assert f"{prefix}log {i}" in out.stderr.splitlines()
+
+
+def test_a_node_that_stops_heartbeating_is_declared_dead_and_its_tasks_rerun(tmp_path):
+    c = start_cluster(tmp_path, n_nodes=3)
+    victim = c.nodes[2]
+    try:
+        code = textwrap.dedent("""
+            import os, sys, time
+            import dpool
+
+            def slow(x):
+                time.sleep(0.5)
+                return x, os.environ.get("DPOOL_NODE_ID")
+
+            if __name__ == "__main__":
+                with dpool.ProcessPoolExecutor() as ex:
+                    fs = [ex.submit(slow, i) for i in range(18)]
+                    print("submitted", flush=True)
+                    sys.stdin.readline()
+                    out = [f.result(timeout=90) for f in fs]
+                print(sorted(x for x, _ in out))
+        """)
+        script = tmp_path / "d.py"
+        script.write_text(code)
+        proc = subprocess.Popen([sys.executable, str(script)], env=c.driver_env(),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "submitted"
+            time.sleep(0.3)
+            family = [psutil.Process(victim.pid), *psutil.Process(victim.pid).children()]
+            for p in family:  # the node and its workers freeze: no heartbeat, no EOF
+                p.send_signal(signal.SIGSTOP)
+            t0 = time.monotonic()
+            out, _ = proc.communicate("go\n", timeout=120)
+            assert out.strip().splitlines()[-1] == str(list(range(18)))
+            assert time.monotonic() - t0 < 60
+        finally:
+            proc.kill()
+            proc.wait()
+        log = open(os.path.join(c.head.state_dir, "node.log")).read()
+        assert f"node {victim.address} stopped heartbeating" in log
+    finally:
+        try:
+            for p in [psutil.Process(victim.pid), *psutil.Process(victim.pid).children()]:
+                p.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            pass
+        stop_cluster(c)
