@@ -100,10 +100,12 @@ class GlobalScheduler:
 
     # -- messages ------------------------------------------------------------------------
     def _on_frames(self, h: Any, frames: list) -> None:
+        out: dict = {}  # handle -> messages: one frame per node for this read
         for frame in frames:
             for msg in decode_batch(frame):
                 if isinstance(msg, m.RemoteTask):
-                    self._place(h, msg)
+                    target, fwd = self._place(h, msg)
+                    out.setdefault(target, []).append(fwd)
                 elif isinstance(msg, m.Load):
                     with self._lock:
                         entry = self._nodes.get(h.address)
@@ -114,8 +116,12 @@ class GlobalScheduler:
                             load.pending = 0
                 else:
                     raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
+        for target, msgs in out.items():
+            self._send(target, msgs)
 
-    def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> None:
+    def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> tuple:
+        """(where to send, what): the chosen node and the task, or the origin and a
+        ``SpillRejected``."""
         size = len(msg.args or b"") + sum(len(p) for _, _, p in msg.deps or ())
         with self._lock:
             alive = self._alive
@@ -126,10 +132,9 @@ class GlobalScheduler:
                 best.pending += 1
         if target is None or not target.alive:
             self.rejected += 1
-            self._send(origin, [m.SpillRejected(msg.task_id, "no other node has free CPUs")])
-            return
+            return origin, m.SpillRejected(msg.task_id, "no other node has free CPUs")
         self.placed += 1
-        self._send(target, [msg])
+        return target, msg
 
     def _on_tick(self) -> None:
         now = time.monotonic()
