@@ -27,6 +27,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from dpool.errors import DeserializationError
 from dpool.objects import _mapping
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -109,11 +110,15 @@ class _Worker:
     def execute(self, task: m.ExecuteTask) -> None:
         t0 = time.perf_counter()
         try:
-            fn = self.function(task.fn_id)
-            if task.args is None:
-                args, kwargs = (), {}
-            else:
-                args, kwargs = _payload.loads(task.args)
+            try:
+                fn = self.function(task.fn_id)
+                if task.args is None:
+                    args, kwargs = (), {}
+                else:
+                    args, kwargs = _payload.loads(task.args)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too (BrokenProcessPool)
+                raise DeserializationError.wrap(
+                    "the call's function or arguments in the worker", exc) from exc
             if task.deps:
                 args, kwargs = _resolve_deps(args, kwargs, task.deps)
             t0 = time.perf_counter()
