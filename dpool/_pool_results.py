@@ -197,6 +197,7 @@ class IMapIterator(Iterator[T]):
         self._finished = False  # a chunked iteration raised: nothing more is yielded
         self._stopped = False  # the pool was terminated: feed nothing more
         self._drain = False  # join(): feed the rest even if nobody reads
+        self._input_error: Optional[int] = None  # index of the input's own exception
         self._max_inflight = core.max_inflight
         self._max_buffered = core.max_buffered * chunksize
 
@@ -248,15 +249,23 @@ class IMapIterator(Iterator[T]):
             self._arrived += 1
             if not self._finished:
                 self._buffered += len(value) if ok else 1
-                if not self._ordered or index == self._next_index:
-                    self._push(ok, value)
-                    if self._ordered:
+                if self._ordered:
+                    if index == self._next_index:
+                        self._push(ok, value)
                         self._next_index += 1
                         while self._next_index in self._unsorted:
                             self._push(*self._unsorted.pop(self._next_index))
                             self._next_index += 1
-                else:
+                    else:
+                        self._unsorted[index] = (ok, value)
+                elif index == self._input_error:
+                    # The input's exception: after every chunk read before it (the
+                    # stdlib's comes from a worker after them; here it is certain).
                     self._unsorted[index] = (ok, value)
+                else:
+                    self._push(ok, value)
+                if self._unsorted and not self._ordered and self._arrived == self._submitted:
+                    self._push(*self._unsorted.popitem()[1])  # the input's exception, last
             if self._exhausted and self._arrived == self._submitted:
                 self._pool = None
             self._cond.notify_all()
@@ -264,8 +273,10 @@ class IMapIterator(Iterator[T]):
     def _push(self, ok: bool, value: Any) -> None:
         if ok and type(value) is Outcomes:
             self._items.extend(value)  # an automatic batch: each item succeeded or failed
+            value.clear()
         elif ok:
             self._items.extend([(True, v) for v in value])
+            value.clear()  # the consumer alone holds each result (freed once it drops it)
         else:
             self._items.append((False, value))
 
@@ -327,6 +338,12 @@ class IMapIterator(Iterator[T]):
                 pass
             except BaseException as exc:  # noqa: BLE001 - delivered as the next item
                 error = exc
+            if error is not None and self._chunksize > 1:
+                # As the stdlib's ``tuple(islice(it, chunksize))``: the items of a chunk
+                # the input failed in the middle of are dropped, and its error takes
+                # that chunk's place. (Items of an automatic batch of chunksize=1 calls
+                # are separate calls, and run.)
+                chunk = []
             with self._cond:
                 self._reading = 0
                 if chunk:
@@ -347,15 +364,18 @@ class IMapIterator(Iterator[T]):
                 index += 1
             if error is not None:
                 # As in the stdlib: the error is raised at the position after the last
-                # item read; the items read before it are still processed.
-                self._post_error(core, index, error)
+                # chunk submitted, once the chunks before it have been yielded.
+                self._post_error(core, index, error, input_error=True)
                 return
             if len(chunk) < size:
                 return
 
-    def _post_error(self, core: "PoolCore", index: int, error: BaseException) -> None:
+    def _post_error(self, core: "PoolCore", index: int, error: BaseException,
+                    input_error: bool = False) -> None:
         with self._cond:
             self._submitted += 1
+            if input_error:
+                self._input_error = index
         if not core.post_error(self, index, error):
             with self._cond:
                 self._submitted -= 1

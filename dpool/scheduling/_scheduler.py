@@ -809,6 +809,7 @@ class LocalScheduler:
                         target.set_exception(DeserializationError.wrap("the task's result", exc))
                         continue
                     target.set_result(value)
+                    value = None  # hold no result once delivered: its reader may free it
                 else:
                     target.set_exception(_payload.loads_error(payload))
             except Exception:  # InvalidStateError: cancelled meanwhile
