@@ -239,3 +239,17 @@ def pid_then_sleep(marker, seconds=60):
     os.rename(marker + ".tmp", marker)
     time.sleep(seconds)
     return "not killed"
+
+
+class CallableErrorAtUnpickle(ErrorAtUnpickle):
+    """A task function that raises ``UnpicklingError`` when unpickled in the worker."""
+
+    def __call__(self, *args):
+        return args
+
+
+class CallableExitAtUnpickle(ExitAtUnpickle):
+    """A task function that calls ``sys.exit()`` when unpickled in the worker."""
+
+    def __call__(self, *args):
+        return args

@@ -28,6 +28,8 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 from compat_helpers import outcome, run_isolated
 from compat_tasks import (
+    CallableErrorAtUnpickle,
+    CallableExitAtUnpickle,
     ErrorAtUnpickle,
     ErrorAtUnpickleError,
     ExitAtUnpickle,
@@ -84,6 +86,22 @@ def test_executor_unpickling_failure_is_broken_process_pool(Executor, impl, case
         it = ex.map(fn, [args[0]])
         assert _typed_as_broken_pool(outcome(next, it))
         assert list(ex.map(square, range(4))) == [0, 1, 4, 9]
+
+
+@pytest.mark.parametrize("fn_class", [CallableErrorAtUnpickle, CallableExitAtUnpickle])
+def test_executor_function_that_fails_to_unpickle(Executor, impl, fn_class):
+    fn = fn_class()
+    with Executor(1) as ex:
+        o = outcome(ex.submit(fn, 1).result, OK_S)
+        assert _typed_as_broken_pool(o), o
+        if impl == "stdlib":
+            assert outcome(ex.submit, fn, 2).raised(BrokenProcessPool)
+            return
+        # DIFFERENCES.md: "An argument that fails to unpickle ..." (the function too); a
+        # second call of it fails the same way, on the same worker.
+        again = outcome(ex.submit(fn, 2).result, OK_S)
+        assert again.raised(DeserializationError) and str(again.exc) == str(o.exc), again
+        assert ex.submit(square, 3).result(OK_S) == 9
 
 
 _STDLIB_POOL_UNPICKLE = """

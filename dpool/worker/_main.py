@@ -103,8 +103,9 @@ class _Worker:
     def function(self, fn_id: int) -> Callable[..., Any]:
         fn = self.fns.get(fn_id)
         if fn is None:
-            fn = _payload.loads(self.fn_payloads.pop(fn_id))
-            self.fns[fn_id] = fn
+            fn = _payload.loads(self.fn_payloads[fn_id])  # kept if it fails: the next call
+            self.fns[fn_id] = fn  # fails the same way
+            del self.fn_payloads[fn_id]
         return fn
 
     def execute(self, task: m.ExecuteTask) -> None:
