@@ -129,7 +129,7 @@ class Pool:
     def __repr__(self) -> str:
         cls = type(self)
         return (f"<{cls.__module__}.{cls.__qualname__} state={self._state} "
-                f"pool_size={self._processes if self._core is not None else 0}>")
+                f"pool_size={self._core.processes if self._core is not None else 0}>")
 
     def __reduce__(self) -> Any:
         raise NotImplementedError("pool objects cannot be passed between processes or pickled")
