@@ -141,6 +141,36 @@ def test_pool_unpickling_failure_is_broken_process_pool(Pool, impl, case, fn, ar
         assert list(p.imap(square, range(4))) == [0, 1, 4, 9]
 
 
+_ONE_BAD_ITEM = {  # case: (function, the bad item, dpool's exception for it)
+    "arg-error-at-unpickle": (identity, ErrorAtUnpickle(), DeserializationError),
+    "arg-exit-at-unpickle": (identity, ExitAtUnpickle(), DeserializationError),
+}
+
+
+@pytest.mark.parametrize("case", list(_ONE_BAD_ITEM))
+def test_pool_imap_one_bad_item_fails_alone(Pool, impl, case):
+    """dpool sends very short imap calls in batches: one bad item must not cost the
+    others of its batch their results (DIFFERENCES.md: "batch very short calls")."""
+    fn, bad, dpool_error = _ONE_BAD_ITEM[case]
+    items: list = list(range(40))
+    items[20] = bad
+    with Pool(2) as p:
+        for _ in range(3):  # measured as very short: dpool batches the next imap
+            assert list(p.imap(fn, range(500))) == list(range(500))
+        it = p.imap(fn, items)
+        assert [it.next(timeout=OK_S) for _ in range(20)] == items[:20]
+        if impl == "stdlib":
+            # The worker dies; the task is lost and the ordered iterator waits forever.
+            assert outcome(it.next, HANG_S).raised(multiprocessing.TimeoutError)
+            return
+        # DIFFERENCES.md: that item raises (a BrokenProcessPool), the others are yielded.
+        o = outcome(it.next, OK_S)
+        assert o.raised(dpool_error) and o.raised(BrokenProcessPool), o
+        assert [it.next(timeout=OK_S) for _ in range(19)] == items[21:]
+        assert outcome(it.next, OK_S).raised(StopIteration)
+        assert p.apply(square, (3,)) == 9
+
+
 # -- 3. no reference to a result once it is yielded -------------------------------------------
 def _alive_after_drop(it, n: int) -> list[bool]:
     """Pull ``n`` results, dropping each at once; was each still alive after the drop?"""
