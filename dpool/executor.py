@@ -219,7 +219,7 @@ class ProcessPoolExecutor(_cf.Executor):
     # -- the stdlib's private attributes that programs read (compatibility shims) ----------
     @property
     def _processes(self) -> Optional[dict[int, WorkerProcess]]:
-        """``{pid: process}`` of the live worker processes, as the stdlib's attribute.
+        """``{pid: process}`` of the worker processes, as the stdlib's attribute.
 
         Workers start on demand, so it fills as tasks arrive; ``None`` once ``shutdown()``
         has been called (as in the stdlib). A snapshot: it does not change as workers come

@@ -93,8 +93,8 @@ class Pool:
         """``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``, as the stdlib's attribute.
 
         Setting it does what the matching method does: ``CLOSE`` closes the pool,
-        ``TERMINATE`` terminates it. A closed or terminated pool cannot be set back to
-        ``RUN`` (``ValueError``). See compat/DIFFERENCES.md, "Private attributes".
+        ``TERMINATE`` terminates it; any other change (back to ``RUN``, an unknown state)
+        raises ``ValueError``. See compat/DIFFERENCES.md, "Private attributes".
         """
         return self._core.state if self._core is not None else "INIT"
 
@@ -116,7 +116,7 @@ class Pool:
 
     @property
     def _pool(self) -> list:
-        """The worker processes now alive, as the stdlib's list (read-only shim).
+        """The pool's worker processes, as the stdlib's list (a snapshot; read-only).
 
         Each has ``pid``, ``is_alive()``, ``exitcode``, ``join()``, ``terminate()`` and
         ``kill()``; a worker killed through it has its task retried. Workers start on
