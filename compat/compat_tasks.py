@@ -187,3 +187,69 @@ def init_touch(path):
     """Initializer that records that a worker started."""
     with open(path, "a"):
         pass
+
+
+# -- exceptions that fail to unpickle in the caller ----------------------------------------
+class ErrorAtUnpickleError(Exception):
+    """Raised by a task; unpickling it in the caller raises ``UnpicklingError``."""
+
+    def __reduce__(self):
+        return _raise_unpickling_error, ()
+
+
+class ExitAtUnpickleError(Exception):
+    """Raised by a task; unpickling it in the caller calls ``sys.exit()``."""
+
+    def __reduce__(self):
+        return _exit_at_unpickle, ()
+
+
+def raise_instance(cls):
+    raise cls()
+
+
+# -- results whose lifetime the caller watches -----------------------------------------------
+class Blob:
+    """A result the caller can watch with a weakref, to see when it is freed."""
+
+    def __init__(self, i):
+        self.i = i
+
+
+def make_blob(i):
+    return Blob(i)
+
+
+def make_array(i, nbytes=1 << 20):
+    """A numpy array of ``nbytes`` (large enough for dpool's shared-memory path)."""
+    import numpy
+
+    return numpy.full(nbytes // 8, i, dtype="float64")
+
+
+def pid_then_sleep(marker, seconds=60):
+    """First run: write this process's pid to ``marker`` and sleep (to be killed).
+
+    A retry (``marker`` exists) returns ``"retried"`` at once.
+    """
+    if os.path.exists(marker):
+        return "retried"
+    with open(marker + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(marker + ".tmp", marker)
+    time.sleep(seconds)
+    return "not killed"
+
+
+class CallableErrorAtUnpickle(ErrorAtUnpickle):
+    """A task function that raises ``UnpicklingError`` when unpickled in the worker."""
+
+    def __call__(self, *args):
+        return args
+
+
+class CallableExitAtUnpickle(ExitAtUnpickle):
+    """A task function that calls ``sys.exit()`` when unpickled in the worker."""
+
+    def __call__(self, *args):
+        return args

@@ -38,7 +38,7 @@ from compat_tasks import (
 )
 
 import dpool
-from dpool.errors import SerializationError, WorkerCrashedError
+from dpool.errors import DeserializationError, SerializationError, WorkerCrashedError
 
 HANG_S = 0.6  # how long a stdlib case may take before it counts as hung
 OK_S = 30  # generous bound for cases that must finish (retries included)
@@ -48,8 +48,8 @@ OK_S = 30  # generous bound for cases that must finish (retries included)
 POOL_CASES = [
     ("arg-error-at-pickle", identity, (ErrorAtPickle(),), pickle.PicklingError,
      pickle.PicklingError),
-    ("arg-error-at-unpickle", identity, (ErrorAtUnpickle(),), HANG, SerializationError),
-    ("arg-exit-at-unpickle", identity, (ExitAtUnpickle(),), HANG, SystemExit),
+    ("arg-error-at-unpickle", identity, (ErrorAtUnpickle(),), HANG, DeserializationError),
+    ("arg-exit-at-unpickle", identity, (ExitAtUnpickle(),), HANG, DeserializationError),
     ("arg-crash-at-unpickle", identity, (CrashAtUnpickle(),), HANG, WorkerCrashedError),
     ("func-crash", crash, (), HANG, WorkerCrashedError),
     ("func-sigkill", sigkill_self, (), HANG, WorkerCrashedError),
@@ -98,10 +98,10 @@ _RESULT_THREAD_CASES = {
     # case: (the same call, as source for the stdlib's interpreter and as a function)
     "result-error-at-unpickle": (
         "r = p.apply_async(t.return_instance, (t.ErrorAtUnpickle,))",
-        lambda p: p.apply_async(return_instance, (ErrorAtUnpickle,)), SerializationError),
+        lambda p: p.apply_async(return_instance, (ErrorAtUnpickle,)), DeserializationError),
     "result-exit-at-unpickle": (
         "r = p.apply_async(t.return_instance, (t.ExitAtUnpickle,))",
-        lambda p: p.apply_async(return_instance, (ExitAtUnpickle,)), SerializationError),
+        lambda p: p.apply_async(return_instance, (ExitAtUnpickle,)), DeserializationError),
     "callback-raises": (
         "r = p.apply_async(t.square, (3,), callback=t.raise_error)",
         lambda p: p.apply_async(square, (3,), callback=raise_error), None),
@@ -154,9 +154,9 @@ EXECUTOR_CASES = [
     ("arg-error-at-pickle", identity, (ErrorAtPickle(),), pickle.PicklingError, False,
      pickle.PicklingError),
     ("arg-exit-at-unpickle", identity, (ExitAtUnpickle(),), BrokenProcessPool, True,
-     SystemExit),
+     DeserializationError),
     ("arg-error-at-unpickle", identity, (ErrorAtUnpickle(),), BrokenProcessPool, True,
-     SerializationError),
+     DeserializationError),
     ("arg-crash-at-unpickle", identity, (CrashAtUnpickle(),), BrokenProcessPool, True,
      WorkerCrashedError),
     ("func-crash", crash, (), BrokenProcessPool, True, WorkerCrashedError),
@@ -170,9 +170,9 @@ EXECUTOR_CASES = [
      pickle.PicklingError),
     ("result-unpicklable", return_unpicklable, (), TypeError, False, TypeError),
     ("result-error-at-unpickle", return_instance, (ErrorAtUnpickle,), BrokenProcessPool, True,
-     SerializationError),
+     DeserializationError),
     ("result-exit-at-unpickle", return_instance, (ExitAtUnpickle,), BrokenProcessPool, True,
-     SerializationError),
+     DeserializationError),
 ]
 
 

@@ -262,6 +262,9 @@ class PoolCore:
                 exc = fut.exception()
                 if exc is None:
                     value = fut.result()
+                    # The pool's own future: let go of the result, which the runtime
+                    # may hold a moment longer, so that a consumer frees it at once.
+                    fut._result = None  # type: ignore[attr-defined]
             fut = None
         if exc is None:
             if kind == SINGLE:

@@ -66,6 +66,32 @@ class Outcomes(list):
     __slots__ = ()
 
 
+class _SplitBatch:
+    """The items of a failed automatic batch, re-run one task each (see ``_split``).
+
+    Collects their outcomes and hands them to the iterator as the batch's outcome, once
+    all have arrived.
+    """
+
+    __slots__ = ("_parent", "_index", "_left", "_outcomes", "_lock")
+    _callback = _error_callback = None  # no user callbacks: outcomes are applied directly
+
+    def __init__(self, parent: "IMapIterator", index: int, n: int) -> None:
+        self._parent = parent
+        self._index = index
+        self._left = n
+        self._outcomes: list = [None] * n
+        self._lock = threading.Lock()
+
+    def _set(self, index: int, ok: bool, value: Any, run_callbacks: bool) -> None:
+        with self._lock:
+            self._outcomes[index] = (True, value[0]) if ok else (False, value)
+            self._left -= 1
+            if self._left:
+                return
+        self._parent._set(self._index, True, Outcomes(self._outcomes), run_callbacks)
+
+
 class ApplyResult(Generic[T]):
     """The outcome of ``apply_async``: ``get``, ``wait``, ``ready``, ``successful``."""
 
@@ -197,6 +223,8 @@ class IMapIterator(Iterator[T]):
         self._finished = False  # a chunked iteration raised: nothing more is yielded
         self._stopped = False  # the pool was terminated: feed nothing more
         self._drain = False  # join(): feed the rest even if nobody reads
+        self._input_error: Optional[int] = None  # index of the input's own exception
+        self._batches: dict[int, list] = {}  # automatic batches in flight: their items
         self._max_inflight = core.max_inflight
         self._max_buffered = core.max_buffered * chunksize
 
@@ -244,28 +272,60 @@ class IMapIterator(Iterator[T]):
 
     # -- the result handler's side -----------------------------------------------------
     def _set(self, index: int, ok: bool, value: Any, run_callbacks: bool) -> None:
+        batch = self._batches.pop(index, None) if self._batches else None
+        if batch is not None and not ok and self._split(index, batch, value):
+            return  # its items run one by one; their outcomes arrive as this index's
         with self._cond:
             self._arrived += 1
             if not self._finished:
                 self._buffered += len(value) if ok else 1
-                if not self._ordered or index == self._next_index:
-                    self._push(ok, value)
-                    if self._ordered:
+                if self._ordered:
+                    if index == self._next_index:
+                        self._push(ok, value)
                         self._next_index += 1
                         while self._next_index in self._unsorted:
                             self._push(*self._unsorted.pop(self._next_index))
                             self._next_index += 1
-                else:
+                    else:
+                        self._unsorted[index] = (ok, value)
+                elif index == self._input_error:
+                    # The input's exception: after every chunk read before it (the
+                    # stdlib's comes from a worker after them; here it is certain).
                     self._unsorted[index] = (ok, value)
+                else:
+                    self._push(ok, value)
+                if self._unsorted and not self._ordered and self._arrived == self._submitted:
+                    self._push(*self._unsorted.popitem()[1])  # the input's exception, last
             if self._exhausted and self._arrived == self._submitted:
                 self._pool = None
             self._cond.notify_all()
 
+    def _split(self, index: int, items: list, error: BaseException) -> bool:
+        """A whole automatic batch failed (its worker died on every attempt, one item did
+        not unpickle, one result did not pickle...): run each item as a task of its own,
+        so that each succeeds or fails on its own, as it would have unbatched.
+
+        False if the pool no longer takes tasks (the batch's error then stands).
+        """
+        if self._stopped:
+            return False
+        split = _SplitBatch(self, index, len(items))
+        for i, x in enumerate(items):
+            if not self._core.submit(split, i, SINGLE, self._fn, (x,)):
+                if i == 0:
+                    return False
+                for j in range(i, len(items)):  # terminated meanwhile
+                    split._set(j, False, error, False)
+                break
+        return True
+
     def _push(self, ok: bool, value: Any) -> None:
         if ok and type(value) is Outcomes:
             self._items.extend(value)  # an automatic batch: each item succeeded or failed
+            value.clear()
         elif ok:
             self._items.extend([(True, v) for v in value])
+            value.clear()  # the consumer alone holds each result (freed once it drops it)
         else:
             self._items.append((False, value))
 
@@ -327,14 +387,23 @@ class IMapIterator(Iterator[T]):
                 pass
             except BaseException as exc:  # noqa: BLE001 - delivered as the next item
                 error = exc
+            if error is not None and self._chunksize > 1:
+                # As the stdlib's ``tuple(islice(it, chunksize))``: the items of a chunk
+                # the input failed in the middle of are dropped, and its error takes
+                # that chunk's place. (Items of an automatic batch of chunksize=1 calls
+                # are separate calls, and run.)
+                chunk = []
             with self._cond:
                 self._reading = 0
                 if chunk:
                     self._submitted += 1
             if chunk:
                 if len(chunk) > 1 and self._chunksize == 1:
+                    self._batches[index] = chunk  # to re-run one by one if it fails whole
                     accepted = core.submit(self, index, BATCH, core.batch_runner(self._fn),
                                            (chunk,))
+                    if not accepted:
+                        self._batches.pop(index, None)
                 elif size == 1:
                     accepted = core.submit(self, index, SINGLE, self._fn, (chunk[0],))
                 else:
@@ -347,15 +416,18 @@ class IMapIterator(Iterator[T]):
                 index += 1
             if error is not None:
                 # As in the stdlib: the error is raised at the position after the last
-                # item read; the items read before it are still processed.
-                self._post_error(core, index, error)
+                # chunk submitted, once the chunks before it have been yielded.
+                self._post_error(core, index, error, input_error=True)
                 return
             if len(chunk) < size:
                 return
 
-    def _post_error(self, core: "PoolCore", index: int, error: BaseException) -> None:
+    def _post_error(self, core: "PoolCore", index: int, error: BaseException,
+                    input_error: bool = False) -> None:
         with self._cond:
             self._submitted += 1
+            if input_error:
+                self._input_error = index
         if not core.post_error(self, index, error):
             with self._cond:
                 self._submitted -= 1

@@ -18,6 +18,7 @@ __all__ = [
     "ObjectStoreFullError",
     "ObjectLostError",
     "SerializationError",
+    "DeserializationError",
     "ProtocolError",
     "AuthenticationError",
     "ControlStoreError",
@@ -69,6 +70,30 @@ class SerializationError(Error, TypeError):
     Subclasses ``TypeError`` because that is what ``pickle`` raises for most unpicklable
     objects; the original exception is chained as ``__cause__``.
     """
+
+
+class DeserializationError(SerializationError, _StdBrokenProcessPool):
+    """A call's function or arguments could not be unpickled in the worker, or its
+    result (or exception) could not be unpickled in the caller.
+
+    The stdlib's executor raises ``BrokenProcessPool`` for exactly these failures, so this
+    error *is* a ``concurrent.futures.process.BrokenProcessPool`` (and a
+    :class:`SerializationError`, hence a ``TypeError``). Unlike the stdlib, only the call
+    whose data failed fails; the executor or ``Pool`` stays usable. Whatever unpickling
+    raised -- even ``SystemExit`` from a ``sys.exit()`` in a ``__reduce__`` -- becomes this
+    error, chained as ``__cause__``.
+    """
+
+    @classmethod
+    def wrap(cls, what: str, exc: BaseException) -> "DeserializationError":
+        """``DeserializationError("could not unpickle <what>: ...")`` caused by ``exc``."""
+        if isinstance(exc, SerializationError) and exc.__cause__ is not None:
+            detail = str(exc)  # already names the original error
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        err = cls(f"could not unpickle {what}: {detail}")
+        err.__cause__ = exc
+        return err
 
 
 class ProtocolError(Error):

@@ -49,10 +49,88 @@ def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
         yield chunk
 
 
+class WorkerProcess:
+    """One worker process, as the stdlib's ``executor._processes``/``pool._pool`` show it.
+
+    A compatibility shim over the runtime's own process object: ``pid``, ``name``,
+    ``ident``, ``daemon``, ``sentinel``, ``exitcode``, ``is_alive()``, ``join(timeout)``,
+    ``terminate()`` and ``kill()`` behave as ``multiprocessing.Process``'s do. Killing a
+    worker through it is an ordinary worker death for dpool: its task is retried (see
+    ``max_attempts``) and the worker replaced.
+    """
+
+    __slots__ = ("_process", "pid")
+
+    def __init__(self, process: Any, pid: Optional[int]) -> None:
+        self._process = process
+        self.pid = pid
+
+    name = property(lambda self: self._process.name)
+    ident = property(lambda self: self.pid)
+    daemon = property(lambda self: self._process.daemon)
+    sentinel = property(lambda self: self._process.sentinel)
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """None while the process runs; its exit code, or ``-signal``, once it has ended."""
+        return self._process.exitcode
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def terminate(self) -> None:
+        """Send SIGTERM (the task it was running is retried)."""
+        self._process.terminate()
+
+    def kill(self) -> None:
+        """Send SIGKILL (the task it was running is retried)."""
+        self._process.kill()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait until the process has ended, at most ``timeout`` seconds."""
+        # The runtime reaps its workers itself, so this waits on the process's sentinel
+        # rather than in waitpid (two waiters on one pid would race), then briefly for the
+        # exit code the reaper records.
+        from multiprocessing.connection import wait
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            sentinel = self._process.sentinel
+        except ValueError:  # the process object was closed: it has ended
+            return
+        if not wait([sentinel], timeout):
+            return
+        while self._process.exitcode is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
+    def __repr__(self) -> str:
+        code = self.exitcode
+        status = "started" if code is None else f"stopped exitcode={code}"
+        return f"<WorkerProcess name={self.name!r} pid={self.pid} {status}>"
+
+
+def _chain_from_lists(lists: Iterator[list]) -> Iterator[Any]:
+    """The items of each list in turn, popping each so that none stays referenced here."""
+    for chunk in lists:
+        chunk.reverse()
+        while chunk:
+            yield chunk.pop()
+
+
 def _result_or_cancel(fut: _cf.Future, timeout: Optional[float] = None) -> Any:
+    """``fut``'s result (for ``map``, whose futures nobody else sees), and forget it.
+
+    The future lets go of the result as well: the runtime may still hold the future for
+    a moment after completing it, and the result must be freed as soon as the consumer
+    drops it (bpo-14406).
+    """
     try:
         try:
-            return fut.result(timeout)
+            value = fut.result(timeout)
+            fut._result = None  # type: ignore[attr-defined]
+            return value
         finally:
             fut.cancel()
     finally:
@@ -117,6 +195,7 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
         self._view = False
+        self._process_views: dict[int, WorkerProcess] = {}
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
         self._finalizer = weakref.finalize(self, self._runtime.scheduler.close_group_soon,
@@ -134,7 +213,44 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
         self._view = True
+        self._process_views = {}
         return self
+
+    # -- the stdlib's private attributes that programs read (compatibility shims) ----------
+    @property
+    def _processes(self) -> Optional[dict[int, WorkerProcess]]:
+        """``{pid: process}`` of the worker processes, as the stdlib's attribute.
+
+        Workers start on demand, so it fills as tasks arrive; ``None`` once ``shutdown()``
+        has been called (as in the stdlib). A snapshot: it does not change as workers come
+        and go. See compat/DIFFERENCES.md, "Private attributes".
+        """
+        if self._shutdown_thread:
+            return None
+        return self._worker_processes()
+
+    def _worker_processes(self) -> dict[int, WorkerProcess]:
+        """``{pid: process}`` of the group's worker processes (also after shutdown)."""
+        if self._view:
+            return {}
+        views = self._process_views
+        out: dict[int, WorkerProcess] = {}
+        for w in list(self._group.workers):
+            if w.process is None or w.pid is None:
+                continue
+            view = views.get(w.pid)
+            if view is None or view._process is not w.process:
+                view = WorkerProcess(w.process, w.pid)
+            out[w.pid] = view
+        self._process_views = out
+        return dict(out)
+
+    @property
+    def _broken(self) -> Any:
+        """False, or why the executor cannot run tasks (a string), as the stdlib's."""
+        if self._view:
+            return False
+        return self._group.broken or False
 
     # -- the concurrent.futures API ------------------------------------------------------
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
@@ -166,22 +282,23 @@ class ProcessPoolExecutor(_cf.Executor):
             fs = [self.submit(runner, chunk) for chunk in _chunks(rows, chunksize)]
 
         def result_iterator() -> Iterator[Any]:
+            # Holds no reference to a result once it is yielded (bpo-14406): neither in a
+            # local variable nor through its future, so a consumer that drops each result
+            # frees it at once.
             try:
                 fs.reverse()
                 while fs:
                     if end_time is None:
-                        value = _result_or_cancel(fs.pop())
+                        yield _result_or_cancel(fs.pop())
                     else:
-                        value = _result_or_cancel(fs.pop(), end_time - time.monotonic())
-                    if chunksize == 1:
-                        yield value
-                    else:
-                        yield from value
+                        yield _result_or_cancel(fs.pop(), end_time - time.monotonic())
             finally:
                 for future in fs:
                     future.cancel()
 
-        return result_iterator()
+        if chunksize == 1:
+            return result_iterator()
+        return _chain_from_lists(result_iterator())
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop accepting work; with ``wait``, return once every worker has exited.

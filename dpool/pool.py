@@ -19,7 +19,7 @@ import types
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from dpool._pool_core import RUN, PoolCore
+from dpool._pool_core import CLOSE, RUN, TERMINATE, PoolCore
 from dpool._pool_results import (
     APPLY,
     ApplyResult,
@@ -91,15 +91,49 @@ class Pool:
         self._ctx = executor._mp_context
         self._core = PoolCore(executor, processes)
 
+    # -- the stdlib's private attributes that programs read (compatibility shims) ----------
     @property
     def _state(self) -> str:
-        """``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``, as the stdlib's attribute."""
+        """``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``, as the stdlib's attribute.
+
+        Setting it does what the matching method does: ``CLOSE`` closes the pool,
+        ``TERMINATE`` terminates it; any other change (back to ``RUN``, an unknown state)
+        raises ``ValueError``. See compat/DIFFERENCES.md, "Private attributes".
+        """
         return self._core.state if self._core is not None else "INIT"
+
+    @_state.setter
+    def _state(self, value: str) -> None:
+        current = self._state
+        if value == current:
+            return
+        if value == CLOSE and current == RUN:
+            self.close()
+        elif value == TERMINATE and current in (RUN, CLOSE):
+            self.terminate()
+        elif value in (RUN, CLOSE, TERMINATE):
+            raise ValueError(f"cannot change the state of a dpool.Pool from {current} to "
+                             f"{value}: a closed or terminated pool cannot be reopened")
+        else:
+            raise ValueError(f"unknown pool state {value!r} (expected one of "
+                             f"{RUN!r}, {CLOSE!r}, {TERMINATE!r})")
+
+    @property
+    def _pool(self) -> list:
+        """The pool's worker processes, as the stdlib's list (a snapshot; read-only).
+
+        Each has ``pid``, ``is_alive()``, ``exitcode``, ``join()``, ``terminate()`` and
+        ``kill()``; a worker killed through it has its task retried. Workers start on
+        demand, so the list fills as tasks arrive.
+        """
+        if self._core is None:
+            return []
+        return list(self._core.executor._worker_processes().values())
 
     def __repr__(self) -> str:
         cls = type(self)
         return (f"<{cls.__module__}.{cls.__qualname__} state={self._state} "
-                f"pool_size={self._processes if self._core is not None else 0}>")
+                f"pool_size={self._core.processes if self._core is not None else 0}>")
 
     def __reduce__(self) -> Any:
         raise NotImplementedError("pool objects cannot be passed between processes or pickled")
@@ -180,7 +214,7 @@ class Pool:
         length = len(iterable)  # type: ignore[arg-type]
         if chunksize is None:
             # The stdlib's default: about four chunks per worker process.
-            chunksize, extra = divmod(length, self._processes * 4)
+            chunksize, extra = divmod(length, core.processes * 4)
             if extra:
                 chunksize += 1
         else:

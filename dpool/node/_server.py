@@ -61,7 +61,7 @@ class NodeServer:
         os.write(self._stop_w, b"x")
         self._thread.join(timeout=5)
         self._tcp.close()
-        if self._unix is not None:
+        if self._unix is not None and self.unix_path is not None:
             self._unix.close()
             try:
                 os.unlink(self.unix_path)

@@ -34,7 +34,7 @@ from collections import deque
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional
 
-from dpool.errors import Error
+from dpool.errors import DeserializationError, Error
 from dpool.futures import Future, ObjectRef
 from dpool.objects import _transfer
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
@@ -281,15 +281,12 @@ class ClusterRuntime:
                 if msg.ok:
                     try:
                         value = _payload.loads(msg.payload)
-                    except BaseException as exc:  # noqa: BLE001 - reported on the future
-                        from dpool.errors import SerializationError
-
-                        err = SerializationError(
-                            f"could not unpickle the task's result: {exc}")
-                        err.__cause__ = exc
-                        fut.set_exception(err)
+                    except BaseException as exc:  # noqa: BLE001 - SystemExit too
+                        fut.set_exception(
+                            DeserializationError.wrap("the task's result", exc))
                         return
                     fut.set_result(value)
+                    value = None  # the future holds it; this frame must not (bpo-14406)
                 else:
                     fut.set_exception(_payload.loads_error(msg.payload))
             except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile

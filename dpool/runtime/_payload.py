@@ -18,7 +18,7 @@ import pickle
 import traceback
 from typing import Any, Optional
 
-from dpool.errors import SerializationError
+from dpool.errors import DeserializationError, SerializationError
 from dpool.objects import _serialization, _values
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
@@ -109,14 +109,8 @@ def loads_error(payload: bytes) -> BaseException:
     """The exception a failed task's future raises, with the remote traceback attached."""
     try:
         exc, tb = _values.decode(payload)
-    except Exception as unpickling_exc:
-        if isinstance(unpickling_exc, SerializationError) and unpickling_exc.__cause__:
-            unpickling_exc = unpickling_exc.__cause__  # type: ignore[assignment]
-        err = SerializationError(
-            f"a task failed, and its exception could not be unpickled here: {unpickling_exc}"
-        )
-        err.__cause__ = unpickling_exc
-        return err
+    except BaseException as unpickling_exc:  # noqa: BLE001 - SystemExit too (BrokenProcessPool)
+        return DeserializationError.wrap("the exception a task raised", unpickling_exc)
     if tb:
         exc.__cause__ = RemoteTraceback(tb)
     return exc

@@ -864,13 +864,12 @@ class LocalScheduler:
                     try:
                         value = loads(payload)
                     except BaseException as exc:  # noqa: BLE001 - report on the future
-                        from dpool.errors import SerializationError
+                        from dpool.errors import DeserializationError
 
-                        err = SerializationError(f"could not unpickle the task's result: {exc}")
-                        err.__cause__ = exc
-                        target.set_exception(err)
+                        target.set_exception(DeserializationError.wrap("the task's result", exc))
                         continue
                     target.set_result(value)
+                    value = None  # hold no result once delivered: its reader may free it
                 else:
                     target.set_exception(_payload.loads_error(payload))
             except Exception:  # InvalidStateError: cancelled meanwhile

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from dpool.errors import DeserializationError
 from dpool.objects import _mapping
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -95,18 +96,23 @@ class _Worker:
     def function(self, fn_id: int) -> Callable[..., Any]:
         fn = self.fns.get(fn_id)
         if fn is None:
-            fn = _payload.loads(self.fn_payloads.pop(fn_id))
-            self.fns[fn_id] = fn
+            fn = _payload.loads(self.fn_payloads[fn_id])  # kept if it fails: the next call
+            self.fns[fn_id] = fn  # fails the same way
+            del self.fn_payloads[fn_id]
         return fn
 
     def execute(self, task: m.ExecuteTask) -> None:
         t0 = time.perf_counter()
         try:
-            fn = self.function(task.fn_id)
-            if task.args is None:
-                args, kwargs = (), {}
-            else:
-                args, kwargs = _payload.loads(task.args)
+            try:
+                fn = self.function(task.fn_id)
+                if task.args is None:
+                    args, kwargs = (), {}
+                else:
+                    args, kwargs = _payload.loads(task.args)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too (BrokenProcessPool)
+                raise DeserializationError.wrap(
+                    "the call's function or arguments in the worker", exc) from exc
             if task.deps:
                 args, kwargs = _resolve_deps(args, kwargs, task.deps)
             t0 = time.perf_counter()
