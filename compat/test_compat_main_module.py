@@ -194,5 +194,5 @@ def test_python_c(tmp_path: Path, method: str) -> None:
     assert _run(tmp_path, "-c", method, "executor") == {
         "mp-main-alias": "True", **{step: "raised BrokenProcessPool" for step in executor_steps}}
     assert _run(tmp_path, "-c", method, "all", "dpool") == {
-        **DPOOL, "global-lock": "raised SerializationError",
-        "pool-classmethod": "raised SerializationError"}
+        **DPOOL, "global-lock": "raised DeserializationError",
+        "pool-classmethod": "raised DeserializationError"}

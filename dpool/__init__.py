@@ -8,8 +8,12 @@ worker dies.
 """
 
 from dpool.errors import (
+    AuthenticationError,
     CancelledError,
+    ControlStoreError,
+    DeserializationError,
     Error,
+    NodeLostError,
     ObjectLostError,
     ObjectStoreFullError,
     ProtocolError,
@@ -20,6 +24,7 @@ from dpool.errors import (
 from dpool.executor import Executor, ProcessPoolExecutor, get_executor
 from dpool.futures import Future, ObjectRef, get, put, wait
 from dpool.pool import Pool, cpu_count
+from dpool.runtime._current import node_id
 
 __version__ = "0.1.0"
 
@@ -27,6 +32,7 @@ __all__ = [
     "ProcessPoolExecutor",
     "Pool",
     "cpu_count",
+    "node_id",
     "Executor",
     "Future",
     "ObjectRef",
@@ -39,6 +45,10 @@ __all__ = [
     "ObjectStoreFullError",
     "ObjectLostError",
     "SerializationError",
+    "DeserializationError",
+    "AuthenticationError",
+    "NodeLostError",
+    "ControlStoreError",
     "ProtocolError",
     "CancelledError",
     "TimeoutError",

@@ -22,6 +22,7 @@ __all__ = [
     "ProtocolError",
     "AuthenticationError",
     "ControlStoreError",
+    "NodeLostError",
     "CancelledError",
     "TimeoutError",
 ]
@@ -106,6 +107,14 @@ class AuthenticationError(Error):
     Raised when connecting to a node or global scheduler with a missing or wrong
     ``DPOOL_TOKEN``; the server logs the refusal and keeps serving others.
     """
+
+
+class NodeLostError(Error, _StdBrokenProcessPool):
+    """The connection between this driver and the node it is attached to broke (the node
+    died or was stopped). Every unfinished future of the driver fails with it, and later
+    submits raise it; a ``BrokenProcessPool``, as the stdlib's pools report a lost worker.
+    (A node that dies while running tasks *for* a live node is not this error: those tasks
+    are retried elsewhere.)"""
 
 
 class ControlStoreError(Error):

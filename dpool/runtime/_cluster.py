@@ -31,10 +31,9 @@ import sys
 import threading
 import weakref
 from collections import deque
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional
 
-from dpool.errors import DeserializationError, Error
+from dpool.errors import DeserializationError, Error, NodeLostError
 from dpool.futures import Future, ObjectRef
 from dpool.objects import _transfer
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
@@ -48,11 +47,6 @@ log = logging.getLogger("dpool.runtime")
 
 CONNECT_TIMEOUT = 10.0
 _FLUSH_S = 0.02
-
-
-class NodeLostError(Error, BrokenProcessPool):
-    """The connection to the node this driver is attached to broke (the node died or was
-    stopped): every unfinished future of the driver fails with it."""
 
 
 class RemoteGroup:

@@ -47,6 +47,17 @@ def cluster_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def node_id() -> str:
+    """The cluster node this process runs on or is attached to (``$DPOOL_NODE_ID`` inside
+    a task); ``"local"`` on the embedded runtime, which is no cluster's node."""
+    here = os.environ.get("DPOOL_NODE_ID")
+    if here:
+        return here
+    if os.environ.get("DPOOL_ADDRESS") and _worker is None:
+        return driver().node_id
+    return "local"
+
+
 def in_worker() -> bool:
     return _worker is not None
 

@@ -798,6 +798,8 @@ class LocalScheduler:
 
     def _fail_group(self, g: Group, reason: str) -> None:
         err = _payload.dumps_error(_broken_error(reason))
+        if self.spiller is not None:  # its tasks running on other nodes fail too
+            self.spiller.fail_group(g, err)
         while g.queue:
             t = g.queue.popleft()
             if t.future is not None and not t.started:

@@ -220,6 +220,14 @@ class Spiller:
                     f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
                 self._s._finish(t, False, _payload.dumps_error(err))
 
+    def fail_group(self, g: Group, err: bytes) -> None:
+        """The group broke or was terminated: its tasks away fail now (late results are
+        dropped)."""
+        for a in [a for a in self.away.values() if a.task.group is g]:
+            t = self._take(a.task.task_id)
+            if t is not None:
+                self._s._finish(t, False, err)
+
     # -- periodic ------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()

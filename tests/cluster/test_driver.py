@@ -122,12 +122,13 @@ def test_dpool_extras_on_the_cluster(cluster, tmp_path):
                 done, rest = dpool.wait(fs, num_returns=3, timeout=30)
                 print(len(done) >= 3, sorted(dpool.get(fs)))
                 print(dpool.get(ref)[-1])
+                print(dpool.node_id() == ex.submit(dpool.node_id).result() != "local")
     """)
     out = cluster.run_script(code, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "2 2", "21", "20", str(sum(range(1_000_000))), "(1000, 1000) 1000000.0",
-        f"True {list(range(10))}", "999999"]
+        f"True {list(range(10))}", "999999", "True"]
 
 
 def test_failures_are_typed_and_the_pool_stays_usable(cluster, tmp_path):
