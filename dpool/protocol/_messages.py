@@ -342,6 +342,17 @@ class Output:
     data: bytes
 
 
+@dataclass(slots=True)
+class DropGroup:
+    """N->N the origin's group is gone (its driver left, or it was terminated): stop its
+    tasks here and the mirror group's workers."""
+
+    CODE: ClassVar[int] = 33
+    origin: str
+    group_id: int
+    reason: str
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -375,4 +386,5 @@ ALL_MESSAGES = (
     Accepted,
     TaskResult,
     Output,
+    DropGroup,
 )

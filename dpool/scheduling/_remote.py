@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
+import threading
 import time
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ class RemoteRunner:
         self.mirror_ids: set[int] = set()
         self._origin: dict[int, tuple] = {}  # mirror group id -> (origin, its group id)
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
+        scheduler._handlers[m.DropGroup.CODE] = self._on_drop
 
     def set_id_base(self, base: int) -> None:
         """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
@@ -100,6 +102,14 @@ class RemoteRunner:
         t.deps = msg.deps
         self._send(origin, [m.Accepted(origin_id, self.node_id)])
         s._admit(t)
+
+    def _on_drop(self, h: Any, msg: m.DropGroup) -> None:
+        """The origin's group is gone: terminate its mirror here (lock held, so in a
+        thread: terminating takes the lock and waits for workers)."""
+        g = self._groups.pop((msg.origin, msg.group_id), None)
+        if g is not None:
+            threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
+                             daemon=True, name="dpool-drop-group").start()
 
     def tick(self) -> None:
         """Retire mirror groups idle for a while (lock held)."""

@@ -8,7 +8,8 @@
 A node runs a task locally unless it would wait too long for one of the node's CPUs:
 the k-th queued task (with ``free`` CPUs idle, ``cpus`` in all, tasks of ``avg`` s) waits
 about ``(k - free) / cpus * avg``; the ones past ``threshold_s`` go to a global
-scheduler, tail first (the head keeps its place in line). A node with no CPUs spills
+scheduler, tail first (the head keeps its place in line). A function never measured may
+be long: what cannot start at once goes. A node with no CPUs spills
 everything. An executor's ``max_workers`` caps its tasks in flight cluster-wide: local
 busy workers plus tasks away.
 
@@ -91,11 +92,11 @@ class Spiller:
         cpus = s.cpu_limit or 0
         busy = s.busy_cpus()
         free = max(0, cpus - busy)
-        if cpus:
+        if cpus and s._batch.known(q[0].fn_id):
             est = max(s._batch.estimate(q[0].fn_id), 1e-6)
             keep = free + int(self.threshold_s / est * cpus)
         else:
-            keep = 0
+            keep = free  # never measured: it may be long, so what cannot start now goes
         excess = len(q) - keep
         if excess <= 0:
             return
@@ -223,10 +224,16 @@ class Spiller:
     def fail_group(self, g: Group, err: bytes) -> None:
         """The group broke or was terminated: its tasks away fail now (late results are
         dropped)."""
+        nodes = set()
         for a in [a for a in self.away.values() if a.task.group is g]:
+            if a.node is not None:
+                nodes.add(a.node)
             t = self._take(a.task.task_id)
             if t is not None:
                 self._s._finish(t, False, err)
+        for node in nodes:  # they stop running its tasks, and free its workers there
+            self._send(node, [m.DropGroup(self.address, g.group_id,
+                                          g.broken or "the pool was terminated")])
 
     # -- periodic ------------------------------------------------------------------------
     def tick(self) -> None:

@@ -317,3 +317,46 @@ def test_a_node_that_stops_heartbeating_is_declared_dead_and_its_tasks_rerun(tmp
         except psutil.Error:
             pass
         stop_cluster(c)
+
+
+def test_a_killed_driver_releases_its_tasks_on_every_node(cluster3, tmp_path):
+    """Its tasks running on other nodes stop too: their workers are gone within seconds."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = textwrap.dedent(f"""
+        import os, time
+        import dpool
+
+        def sleepy(_):
+            open(os.path.join({str(pids)!r}, str(os.getpid())), "w").write(
+                os.environ["DPOOL_NODE_ID"])
+            time.sleep(60)
+
+        if __name__ == "__main__":
+            ex = dpool.ProcessPoolExecutor()
+            fs = [ex.submit(sleepy, i) for i in range(6)]   # over the three nodes
+            time.sleep(120)
+    """)
+    script = tmp_path / "victim.py"
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script)], env=cluster3.driver_env())
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(pids)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = {int(p): (pids / p).read_text() for p in os.listdir(pids)}
+        assert len(running) == 6
+        assert len(set(running.values())) >= 2  # some ran on other nodes
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            alive = [p for p in running if psutil.pid_exists(p)
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            if not alive:
+                break
+            time.sleep(0.1)
+        assert not alive
+    finally:
+        proc.kill()
+        proc.wait()
