@@ -222,9 +222,19 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=10_000)
     ap.add_argument("--pings", type=int, default=1000)
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--local-only", action="store_true",
+                    help="only the attached-vs-embedded figures (prints JSON, no report)")
     ap.add_argument("--out", default=str(ROOT / "bench/CLUSTER.md"))
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dpool-bench-")
+    if args.local_only:
+        try:
+            attached, embedded = dpool_local(tmp, args.pings, args.tasks)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(json.dumps({"attached": attached, "embedded": embedded,
+                          "rtt_ratio": attached["rtt_median_us"] / embedded["rtt_median_us"]}))
+        return 0
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "tasks": args.tasks,
                      "pings": args.pings, "cpus": os.cpu_count()}
     try:

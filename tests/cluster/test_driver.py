@@ -337,3 +337,27 @@ def test_cli_errors(tmp_path):
     out = dpool_cli(["stop"], env)
     assert out.returncode == 0 and "nothing" in out.stdout
     assert ROOT.exists()
+
+
+def test_a_head_on_an_existing_redis(tmp_path, shards):
+    """``dpool start --head --redis-address``: no shards of its own; stop leaves the
+    user's Redis running."""
+    from tests.cluster.conftest import start_node
+
+    addresses, password, servers = shards
+    node, token = start_node(tmp_path, "127.0.0.6", head=True,
+                             extra=("--redis-address", ",".join(addresses), "--token", password))
+    try:
+        assert token == password
+        assert node.record["redis"] == []
+        env = base_env()
+        env.update(DPOOL_ADDRESS=node.address, DPOOL_TOKEN=token)
+        out = subprocess.run([sys.executable, "-c", "import dpool\n"
+                              "print(dpool.ProcessPoolExecutor(2).submit(abs, -3).result())\n"],
+                             env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.stdout.strip() == "3", out.stderr
+        status = json.loads(dpool_cli(["status", "--json"], node.env).stdout)
+        assert [s["address"] for s in status["shards"]] == addresses
+    finally:
+        node.stop()
+    assert all(s.running() for s in servers)
