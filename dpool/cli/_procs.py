@@ -63,10 +63,33 @@ def _read_line(fd: int, timeout: float) -> str:
     return buf.decode(errors="replace").strip()
 
 
-def stop_pid(pid: Optional[int], timeout: float = 10.0) -> bool:
-    """SIGTERM ``pid`` and its children, SIGKILL what is left after ``timeout``.
-    True if something was running."""
+def started_at(pid: Optional[int]) -> Optional[float]:
+    """A process's start time: with its pid, what names it (pids are reused)."""
+    try:
+        return psutil.Process(pid).create_time() if pid else None
+    except psutil.Error:
+        return None
+
+
+def same_process(pid: Optional[int], started: Optional[float]) -> bool:
+    """Whether ``pid`` still runs and is the process started at ``started`` (None: any)."""
     if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 0.01:
+            return False  # the pid now belongs to another process
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_pid(pid: Optional[int], timeout: float = 10.0,
+             started: Optional[float] = None) -> bool:
+    """SIGTERM ``pid`` and its children, SIGKILL what is left after ``timeout``.
+    True if something was running. With ``started``, a pid that now names another
+    process is left alone."""
+    if not pid or not same_process(pid, started):
         return False
     try:
         proc = psutil.Process(pid)

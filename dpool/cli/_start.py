@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 
-from dpool.cli._procs import StartError, launch, stop_pid
+from dpool.cli._procs import StartError, launch, same_process, started_at, stop_pid
 from dpool.errors import Error
 from dpool.runtime import _address
 
@@ -76,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"dpool start: {exc}\n")
             return 2
         port = args.node_port
-    state = _address.state_dir()
-    os.makedirs(state, mode=0o700, exist_ok=True)
+    try:
+        state = _address.ensure_state_dir()
+    except Error as exc:
+        sys.stderr.write(f"dpool start: {exc}\n")
+        return 1
     record: dict = {"head": bool(args.head), "token": token, "redis": [],
                     "global_schedulers": []}
     try:
@@ -117,7 +120,8 @@ def _start_control_store(args: argparse.Namespace, token: str, port: int, state:
                              dir=os.path.join(state, f"redis-{i}"), detached=True)
         os.makedirs(server.dir or "", exist_ok=True)
         server.start()
-        record["redis"].append({"address": server.address, "pid": server.pid})
+        record["redis"].append({"address": f"{args.node_ip}:{server.port}",
+                                "pid": server.pid, "started": started_at(server.pid)})
     return [r["address"] for r in record["redis"]]
 
 
@@ -126,16 +130,18 @@ def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
     bind = args.bind or args.node_ip
     for i in range(args.global_schedulers):
         proc, line = launch("dpool.global_scheduler",
-                            ["--bind", bind, "--port", "0", "--redis", ",".join(shards)],
+                            ["--bind", bind, "--advertise", args.node_ip, "--port", "0",
+                             "--redis", ",".join(shards)],
                             os.path.join(state, f"global-scheduler-{i}.log"),
                             {"DPOOL_TOKEN": token})
-        record["global_schedulers"].append({"address": line.split()[1], "pid": proc.pid})
+        record["global_schedulers"].append({"address": line.split()[1], "pid": proc.pid,
+                                            "started": started_at(proc.pid)})
 
 
 def _undo(record: dict) -> None:
     """A start that failed half-way stops what it started."""
     for item in record.get("global_schedulers", []) + record.get("redis", []):
-        stop_pid(item.get("pid"), timeout=5)
+        stop_pid(item.get("pid"), timeout=5, started=item.get("started"))
 
 
 def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
@@ -152,15 +158,11 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         argv += ["--object-store-memory", str(args.object_store_memory)]
     proc, line = launch("dpool.node", argv, log_path, {"DPOOL_TOKEN": token})
     node_id = line.split()[1]
-    return {"address": node_id, "pid": proc.pid, "unix_path": unix_path, "log": log_path}
+    return {"address": node_id, "pid": proc.pid, "started": started_at(proc.pid),
+            "unix_path": unix_path, "log": log_path}
 
 
 def _node_alive(record: dict) -> bool:
-    import psutil
-
-    pid = record.get("node", {}).get("pid")
-    try:
-        return bool(pid) and psutil.Process(pid).is_running()
-    except psutil.Error:
-        return False
+    node = record.get("node", {})
+    return same_process(node.get("pid"), node.get("started"))
 

@@ -9,6 +9,7 @@ import sys
 
 from dpool.cli._procs import stop_pid
 from dpool.objects import _segment
+from dpool.errors import Error
 from dpool.runtime import _address
 
 
@@ -18,19 +19,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    record = _address.read_record()
+    try:
+        record = _address.read_record()
+    except Error as exc:
+        sys.stderr.write(f"dpool stop: {exc}\n")
+        return 1
     if record is None:
         print("dpool stop: nothing was started on this host")
         return 0
     stopped = []
     for gs in record.get("global_schedulers", []):
-        if stop_pid(gs.get("pid"), args.timeout):
+        if stop_pid(gs.get("pid"), args.timeout, gs.get("started")):
             stopped.append(f"global scheduler {gs.get('address')}")
     node = record.get("node", {})
-    if stop_pid(node.get("pid"), args.timeout):
+    if stop_pid(node.get("pid"), args.timeout, node.get("started")):
         stopped.append(f"node {node.get('address')}")
     for shard in record.get("redis", []):
-        if stop_pid(shard.get("pid"), args.timeout):
+        if stop_pid(shard.get("pid"), args.timeout, shard.get("started")):
             stopped.append(f"redis shard {shard.get('address')}")
     _segment.reap_orphans()  # segments of a node that was killed rather than stopped
     _address.remove_record()

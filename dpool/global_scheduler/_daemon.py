@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Any, Optional
 
 from dpool.node._links import welcome_message
@@ -38,7 +37,7 @@ _HEARTBEAT_S = 0.5
 
 class GlobalScheduler:
     def __init__(self, token: bytes, bind: str, port: int, control: Any = None,
-                 gs_id: str = "") -> None:
+                 gs_id: str = "", advertise: str = "") -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[PeerHandle, NodeLoad]] = {}
         self._control = control
@@ -46,17 +45,23 @@ class GlobalScheduler:
         self.rejected = 0
         self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
         self.server = NodeServer(token, bind, port, None, None, self._on_peer)
-        self.address = f"{bind}:{self.server.address[1]}"
+        self.address = f"{advertise or bind}:{self.server.address[1]}"
         self.gs_id = gs_id or f"gs-{self.address}"
-        self._last_beat = 0.0
+        self._stop = threading.Event()
+        self._beater = threading.Thread(target=self._beat_loop, daemon=True,
+                                        name="dpool-gs-heartbeat")
         self._alive: Optional[set] = None  # node addresses alive in the node table
 
     def serve(self) -> None:
         self.server.start()
         if self._control is not None:
             self._control.register_global_scheduler(self.gs_id, self.address)
+            self._beater.start()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._beater.is_alive():
+            self._beater.join(timeout=10)
         self.server.close()
         self._io.stop()
         with self._lock:
@@ -79,6 +84,7 @@ class GlobalScheduler:
             self._nodes[hello.address] = (h, NodeLoad(hello.address, hello.num_cpus))
         if old is not None:
             old[0].alive = False
+            old[0].chan.close()  # the node linked again: its old link is dead
         self._io.add(h)
         log.info("node %s linked (%d CPUs)", hello.node_id, hello.num_cpus)
 
@@ -132,28 +138,34 @@ class GlobalScheduler:
                 best.pending += 1
         if target is None or not target.alive:
             self.rejected += 1
-            return origin, m.SpillRejected(msg.task_id, "no other node has free CPUs")
+            return origin, m.SpillRejected(
+                msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1
         return target, msg
 
     def _on_tick(self) -> None:
-        now = time.monotonic()
-        if self._control is not None and now - self._last_beat >= _HEARTBEAT_S:
-            self._last_beat = now
+        pass
+
+    def _beat_loop(self) -> None:
+        """Heartbeat, and learn which nodes are alive, off the IO thread: a slow shard
+        must never stall placement."""
+        control = self._control
+        while not self._stop.wait(_HEARTBEAT_S):
             try:
-                if not self._control.heartbeat_global_scheduler(self.gs_id):
-                    self._control.register_global_scheduler(self.gs_id, self.address)
+                if not control.heartbeat_global_scheduler(self.gs_id):
+                    control.register_global_scheduler(self.gs_id, self.address)
                 # a node whose link is open but which stopped heartbeating gets nothing
-                self._alive = {n.get("address") for n in self._control.nodes()
-                               if n.get("alive")}
+                self._alive = {n.get("address") for n in control.nodes() if n.get("alive")}
             except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
-                log.warning("heartbeat to the control store failed: %s", exc)
+                log.warning("control store unreachable: %s", exc)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dpool.global_scheduler")
     p.add_argument("--bind", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--advertise", default="", help="the address nodes reach it at "
+                   "(default: --bind)")
     p.add_argument("--redis", default="", help="control-store shards, comma-separated")
     p.add_argument("--ready-fd", type=int, default=None)
     p.add_argument("--log-level", default="INFO")
@@ -175,7 +187,8 @@ def main(argv: Optional[list] = None) -> int:
             from dpool.control._redis import RedisControlStore
 
             control = RedisControlStore(args.redis.split(","), token)
-        gs = GlobalScheduler(token.encode(), args.bind, args.port, control)
+        gs = GlobalScheduler(token.encode(), args.bind, args.port, control,
+                             advertise=args.advertise)
         gs.serve()
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
         if ready is not None:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 class IdPrefixes:
     def __init__(self, reserve: Optional[Callable[[int], int]] = None,
-                 block: int = 256) -> None:
+                 block: int = 1024) -> None:
         self._reserve = reserve
         self.block = block
         self._lock = threading.Lock()

@@ -116,16 +116,17 @@ class Links:
             return
         h = PeerHandle(chan, welcome.peer_id, address, outgoing=True)
         chan.set_blocking(False)
+        self._io.add(h)  # before any write that may need the loop's write interest
         with self._lock:
             try:
                 self.welcome[address] = json.loads(welcome.info or "{}")
             except ValueError:
                 self.welcome[address] = {}
+            # the queued messages go first, then the link is published: nothing sent
+            # meanwhile can overtake them
+            self._write(h, self._waiting.pop(address, []))
             self._links[address] = h
-            msgs = self._waiting.pop(address, [])
-        self._io.add(h)
         log.info("linked to %s (%s)", welcome.peer_id, address)
-        self._write(h, msgs)
 
     def forget(self, h: PeerHandle) -> None:
         """A link closed: the next ``send`` to its address connects again."""

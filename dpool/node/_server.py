@@ -27,6 +27,7 @@ from dpool.protocol import _messages as m
 log = logging.getLogger("dpool.node")
 
 _ATTACH_TIMEOUT = 10.0
+_MAX_HANDSHAKES = 64  # connections being authenticated at once; more are shed
 
 
 class NodeServer:
@@ -51,6 +52,7 @@ class NodeServer:
                 os.umask(old)
             self._unix.listen(128)
         self._stop_r, self._stop_w = os.pipe()
+        self._admitting = threading.BoundedSemaphore(_MAX_HANDSHAKES)
         self._thread = threading.Thread(target=self._accept_loop, name="dpool-node-accept",
                                         daemon=True)
 
@@ -86,12 +88,28 @@ class NodeServer:
                     except OSError:
                         continue
                     name = f"{peer[0]}:{peer[1]}" if key.data == "tcp" else "unix socket"
-                    threading.Thread(target=self._admit, args=(conn, name, key.data == "tcp"),
-                                     name="dpool-node-admit", daemon=True).start()
+                    if not self._admitting.acquire(blocking=False):
+                        log.warning("refused a connection from %s: %d handshakes already "
+                                    "in progress", name, _MAX_HANDSHAKES)
+                        conn.close()
+                        continue
+                    try:
+                        threading.Thread(target=self._admit,
+                                         args=(conn, name, key.data == "tcp"),
+                                         name="dpool-node-admit", daemon=True).start()
+                    except RuntimeError:  # cannot start a thread: shed this connection
+                        self._admitting.release()
+                        conn.close()
         finally:
             sel.close()
 
     def _admit(self, conn: socket.socket, peer: str, tcp: bool) -> None:
+        try:
+            self._admit_one(conn, peer, tcp)
+        finally:
+            self._admitting.release()
+
+    def _admit_one(self, conn: socket.socket, peer: str, tcp: bool) -> None:
         try:
             if tcp:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import os
 import socket
+import time
 
 from dpool.errors import AuthenticationError, Error
 
@@ -34,9 +35,15 @@ def _mac(token: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, role + nonce, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes, or fewer if the peer closed; ``socket.timeout`` at ``deadline`` (a
+    peer trickling a byte at a time cannot stretch the handshake)."""
     buf = bytearray()
     while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("handshake deadline passed")
+        sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             break
@@ -50,10 +57,11 @@ def server_handshake(sock: socket.socket, token: bytes,
     (the caller logs it and closes the socket); nothing else is read from it before."""
     old = sock.gettimeout()
     sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
     try:
         nonce = os.urandom(_NONCE)
         sock.sendall(MAGIC + nonce)
-        reply = _recv_exact(sock, _MAC + _NONCE)
+        reply = _recv_exact(sock, _MAC + _NONCE, deadline)
         if len(reply) != _MAC + _NONCE:
             raise AuthenticationError("the peer closed the connection during the handshake")
         if not hmac.compare_digest(reply[:_MAC], _mac(token, b"client", nonce)):
@@ -77,14 +85,17 @@ def client_handshake(sock: socket.socket, token: bytes, peer: str = "the server"
     """Answer a server's challenge and check the server's answer to ours."""
     old = sock.gettimeout()
     sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
     try:
-        hello = _recv_exact(sock, len(MAGIC) + _NONCE)
+        hello = _recv_exact(sock, len(MAGIC) + _NONCE, deadline)
         if len(hello) < len(MAGIC) or hello[:len(MAGIC)] != MAGIC:
             raise Error(f"{peer} is not a dpool process (or speaks another handshake "
                         "version): check DPOOL_ADDRESS")
         nonce = os.urandom(_NONCE)
         sock.sendall(_mac(token, b"client", hello[len(MAGIC):]) + nonce)
-        answer = _recv_exact(sock, 2 + _MAC)
+        answer = _recv_exact(sock, 2 + _MAC, deadline)
+        if not answer:
+            raise Error(f"{peer} closed the connection during the handshake")
         if answer[:2] != b"OK":
             raise AuthenticationError(
                 f"{peer} refused the cluster token: set DPOOL_TOKEN to the token that "

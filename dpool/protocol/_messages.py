@@ -196,7 +196,8 @@ class CreateGroup:
 @dataclass(slots=True)
 class GroupOp:
     """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
-    ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason)."""
+    ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
+    S->D "cancelled": the answer to "cancel_queued", after its ``CancelTask`` list."""
 
     CODE: ClassVar[int] = 19
     group_id: int

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -35,19 +36,51 @@ def record_path() -> str:
     return os.path.join(state_dir(), "cluster.json")
 
 
+def ensure_state_dir() -> str:
+    """The state dir, created private if missing; refused (``dpool.Error``) unless it is a
+    real directory of this user's that nobody else may write: under a shared ``/tmp``
+    another user could otherwise plant a record (an address and token of theirs: the
+    driver would run their pickles) or symlinks to files of ours."""
+    d = state_dir()
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    _check_private(d, directory=True)
+    return d
+
+
+def _check_private(path: str, directory: bool) -> None:
+    st = os.lstat(path)
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not kind_ok or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise Error(f"{path} is not a private {'directory' if directory else 'file'} of "
+                    f"this user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): "
+                    "refusing to use it; remove it, or set DPOOL_STATE_DIR")
+
+
 def read_record() -> Optional[dict]:
+    path = record_path()
     try:
-        with open(record_path()) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        _check_private(os.path.dirname(path), directory=True)
+        _check_private(path, directory=False)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
         return None
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        try:
+            return json.load(f)
+        except ValueError:
+            return None
 
 
 def write_record(record: dict) -> None:
-    d = state_dir()
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    ensure_state_dir()
     tmp = record_path() + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.unlink(tmp)  # whatever is there (a symlink included) is replaced, never followed
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=2)
     os.replace(tmp, record_path())

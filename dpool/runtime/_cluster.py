@@ -23,6 +23,7 @@ those, as the stdlib does.
 from __future__ import annotations
 
 import atexit
+import codecs
 import itertools
 import logging
 import os
@@ -105,7 +106,7 @@ def connect(target: Target, timeout: float = CONNECT_TIMEOUT) -> tuple[Channel, 
             raise Error(f"{where} did not accept this driver within {timeout:g} s")
         sock.settimeout(None)
         return chan, msgs[0]
-    except ChannelClosed as exc:
+    except (ChannelClosed, OSError) as exc:  # reset, refused mid-way, timed out
         sock.close()
         raise Error(f"{where} closed the connection while attaching: {exc}") from exc
     except BaseException:
@@ -129,6 +130,7 @@ class ClusterRuntime:
         self._groups: dict[int, RemoteGroup] = {}
         self._releases: deque = deque()
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
+        self._decoders: dict[tuple, Any] = {}
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._lost: Optional[str] = None
@@ -300,7 +302,9 @@ class ClusterRuntime:
                 fut = self._futures.pop(tid, None)
                 if fut is not None:
                     fut.cancel()
-            for g in self._groups.values():
+        elif code == m.GroupOp.CODE and msg.op == "cancelled":  # after that list
+            g = self._groups.get(msg.group_id)
+            if g is not None:
                 g.cancelled.set()
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
@@ -309,7 +313,10 @@ class ClusterRuntime:
         """A worker's output, line by line; prefixed with its pid and node when it ran on
         another node (as Ray prints ``(pid=..., ip=...)``)."""
         key = (msg.node, msg.pid, msg.stream)
-        text = self._partial.pop(key, "") + msg.data.decode(errors="replace")
+        decoder = self._decoders.get(key)
+        if decoder is None:  # a character split over two chunks decodes whole
+            decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
+        text = self._partial.pop(key, "") + decoder.decode(msg.data)
         lines = text.split("\n")
         rest = lines.pop()
         if rest:
@@ -356,6 +363,8 @@ class ClusterRuntime:
             except (NodeLostError, OSError):
                 pass
         self._closed = True
+        for (node, pid, stream), rest in list(self._partial.items()):  # unfinished lines
+            self._print(m.Output(0, pid, node, stream, b"\n"))
         self._wake.set()
         try:
             self._chan.sock.shutdown(socket.SHUT_RDWR)
@@ -390,13 +399,17 @@ class _RemoteScheduler:
             group.cancelled.wait(CONNECT_TIMEOUT)
 
     def wait_group_exited(self, group: RemoteGroup, timeout: float = 30.0) -> None:
+        """Until the group's tasks are done and its workers exited (the node answers
+        then, however long its tasks run, as ``shutdown(wait=True)`` waits in the
+        stdlib), or the connection to the node is lost."""
         if group.exited.is_set():
             return
         try:
             self._rt.send([m.GroupOp(group.group_id, "close_notify", "")])
         except NodeLostError:
             return
-        group.exited.wait(timeout)
+        while not group.exited.wait(1.0) and self._rt._lost is None:
+            pass
 
     def terminate_group(self, group: RemoteGroup, reason: str) -> None:
         group.broken = group.broken or reason

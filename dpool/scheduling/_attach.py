@@ -98,13 +98,14 @@ class DriverSessions:
             sid = self._next_session
             self._next_session += 1
         d = DriverHandle(sid, chan, hello)
-        with self._s._lock:
-            self.drivers[sid] = d
         from dpool.protocol import encode_batch
 
-        prefix = self.prefixes.take() if self.prefixes is not None else sid
+        # without the control store's prefixes: above every worker's ids (wid << 32)
+        prefix = self.prefixes.take() if self.prefixes is not None else (1 << 23) + sid
         chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus)]))
         chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
+        with self._s._lock:
+            self.drivers[sid] = d
         self._s._io.add(d)
         log.info("driver pid %d on %s attached (session %d)", hello.pid, hello.hostname, sid)
         return d
@@ -135,6 +136,8 @@ class DriverSessions:
         if g is None:
             if msg.op == "close_notify":
                 s._send(d, [m.GroupExited(msg.group_id)])
+            elif msg.op == "cancel_queued":
+                s._send(d, [m.GroupOp(msg.group_id, "cancelled", "")])
             return
         if msg.op == "close":
             g.closed = True
@@ -148,7 +151,8 @@ class DriverSessions:
                              name="dpool-group-exit").start()
         elif msg.op == "cancel_queued":
             dropped = self._cancel(d, [t.task_id for t in g.queue if not t.started])
-            s._send(d, [m.CancelTask(tuple(dropped))])  # the driver cancels exactly these
+            # the driver cancels exactly these, then stops waiting for this group
+            s._send(d, [m.CancelTask(tuple(dropped)), m.GroupOp(g.group_id, "cancelled", "")])
         elif msg.op == "terminate":
             # terminate_group takes the lock and reaps workers: not on the IO thread
             threading.Thread(target=s.terminate_group, args=(g, msg.arg), daemon=True,

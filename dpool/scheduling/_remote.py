@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from dpool.objects import _transfer
 from dpool.protocol import _messages as m
+from dpool.runtime import _payload
 from dpool.scheduling._records import Group, Task
 
 log = logging.getLogger("dpool.scheduling")
@@ -92,6 +93,8 @@ class RemoteRunner:
         def done(ok: bool, payload: bytes) -> None:  # outside the lock, on the IO thread
             try:
                 value = _transfer.inline_payload(payload) if ok else payload
+            except Exception as exc:  # noqa: BLE001 - the origin must hear *something*
+                ok, value = False, _payload.dumps_error(exc)
             finally:
                 s.release(local_id)  # the origin holds the result now
             self._send(origin, [m.TaskResult(origin_id, ok, value,
@@ -108,8 +111,15 @@ class RemoteRunner:
         thread: terminating takes the lock and waits for workers)."""
         g = self._groups.pop((msg.origin, msg.group_id), None)
         if g is not None:
+            self._forget(g)
             threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
                              daemon=True, name="dpool-drop-group").start()
+
+    def _forget(self, g: Group) -> None:
+        """A mirror group ends: drop what this runner kept for it (lock held)."""
+        self._last_used.pop(g.group_id, None)
+        self._origin.pop(g.group_id, None)
+        self.mirror_ids.discard(g.group_id)
 
     def tick(self) -> None:
         """Retire mirror groups idle for a while (lock held)."""
@@ -118,6 +128,6 @@ class RemoteRunner:
             if g.outstanding == 0 and now - self._last_used.get(g.group_id, now) \
                     > self.idle_retire_s:
                 del self._groups[key]
-                self._last_used.pop(g.group_id, None)
+                self._forget(g)
                 g.closed = True
                 self._s._retire_group(g)

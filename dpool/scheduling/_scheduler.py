@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, cast
 
-from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
+from dpool.errors import Error, ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
 from dpool.objects import _mapping, _segment
 from dpool.objects._host import HostStore
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
@@ -575,7 +575,7 @@ class LocalScheduler:
         try:
             self._spawn(g)
             return True
-        except OSError as exc:  # out of processes / file descriptors / memory
+        except (OSError, Error) as exc:  # out of processes / fds / memory / id prefixes
             log.error("dpool: cannot start a worker process: %s", exc)
             if not any(w.alive for w in g.workers):
                 self._fail_group(g, f"cannot start a worker process: {exc}")

@@ -118,16 +118,27 @@ class Spiller:
             t.started = True
             gs = gss[self._rr % len(gss)]
             self._rr += 1
-            batches.setdefault(gs, []).append(self._spill(t, g, gs))
+            try:
+                msg = self._spill(t, g, gs)
+            except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
+                log.warning("could not spill task %#x (%s): it stays here", t.task_id, exc)
+                q.append(t)
+                break
+            batches.setdefault(gs, []).append(msg)
         for gs, msgs in batches.items():
             self._send(gs, msgs)
 
     def _spill(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
+        """The message for ``t`` (raises, leaving ``t`` unchanged, if its values cannot be
+        read); records it as away."""
         s = self._s
-        t.attempts += 1
-        t.est = s._batch.estimate(t.fn_id)
         deps = None
+        if t.args:
+            s.store.restore_payload(t.args)  # a spilled-to-disk argument block comes back
         if t.deps:
+            for _oid, ok, p in t.deps:
+                if ok:
+                    s.store.restore_payload(p)
             deps = tuple((oid, ok, _transfer.inline_payload(p) if ok else p)
                          for oid, ok, p in t.deps)
         ctx = g.mp_context
@@ -137,6 +148,8 @@ class Spiller:
                            s._functions[t.fn_id],
                            _transfer.inline_payload(t.args) if t.args else t.args, deps,
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path))
+        t.attempts += 1
+        t.est = s._batch.estimate(t.fn_id)
         self.away[t.task_id] = _Away(t, gs, time.monotonic())
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
@@ -148,7 +161,11 @@ class Spiller:
         if a is None:
             return None
         gid = a.task.group.group_id
-        self._away_per_group[gid] = self._away_per_group.get(gid, 1) - 1
+        left = self._away_per_group.get(gid, 1) - 1
+        if left > 0:
+            self._away_per_group[gid] = left
+        else:
+            self._away_per_group.pop(gid, None)
         return a.task
 
     def _home(self, t: Task, charge: bool) -> None:

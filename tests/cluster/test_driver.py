@@ -361,3 +361,21 @@ def test_a_head_on_an_existing_redis(tmp_path, shards):
     finally:
         node.stop()
     assert all(s.running() for s in servers)
+
+
+def test_a_state_dir_others_can_write_is_refused(tmp_path):
+    """Under a shared /tmp another user could plant a record (their address and token):
+    dpool refuses a state dir that is not private to this user."""
+    state = tmp_path / "shared"
+    state.mkdir()
+    state.chmod(0o777)
+    env = base_env()
+    env["DPOOL_STATE_DIR"] = str(state)
+    out = dpool_cli(["start", "--head", "--port", str(free_port("127.0.0.7")),
+                     "--node-ip", "127.0.0.7"], env)
+    assert out.returncode == 1 and "not a private directory" in out.stderr
+    (state / "cluster.json").write_text('{"address": "127.0.0.7:1", "token": "theirs"}')
+    env.update(DPOOL_ADDRESS="auto")
+    run = subprocess.run([sys.executable, "-c", "import dpool\ndpool.ProcessPoolExecutor(1)\n"],
+                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode != 0 and "not a private directory" in run.stderr
