@@ -42,7 +42,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, cast
 
-from dpool.errors import Error, ObjectLostError, ObjectStoreFullError, ProtocolError, WorkerCrashedError
+from dpool.errors import (Error, ObjectLostError, ObjectStoreFullError, ProtocolError,
+                          WorkerCrashedError)
 from dpool.objects import _mapping, _segment
 from dpool.objects._host import HostStore
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
