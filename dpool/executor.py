@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures as _cf
 import itertools
 import multiprocessing as mp
-import os
 import threading
 import time
 import weakref
