@@ -276,7 +276,8 @@ def _report(r: dict) -> str:
     lines += ["", "| figure | attached driver | embedded runtime | attached / embedded |",
               "|---|---|---|---|",
               f"| local no-op round trip, median | {att['rtt_median_us']:,.0f} us | "
-              f"{emb['rtt_median_us']:,.0f} us | {att['rtt_median_us'] / emb['rtt_median_us']:.2f}x |",
+              f"{emb['rtt_median_us']:,.0f} us | "
+              f"{att['rtt_median_us'] / emb['rtt_median_us']:.2f}x |",
               f"| local no-op throughput | {att['tasks_per_s']:,.0f} tasks/s | "
               f"{emb['tasks_per_s']:,.0f} tasks/s | "
               f"{att['tasks_per_s'] / emb['tasks_per_s']:.2f}x |", "",
