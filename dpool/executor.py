@@ -144,6 +144,9 @@ class ProcessPoolExecutor(_cf.Executor):
     - ``max_attempts`` (default 3): how many times a task runs when its worker process
       dies under it (``os._exit``, a signal, a segfault) before its future raises
       ``dpool.WorkerCrashedError`` (a ``BrokenProcessPool``). The executor stays usable.
+    - ``working_dir`` (cluster mode): the directory whose code is shipped to the nodes
+      for this executor's tasks (default ``$DPOOL_WORKING_DIR``, else the current
+      directory; ``"off"``: nothing). Ignored on the embedded runtime.
     - ``object_store_memory``: bytes of shared memory the host's object store may hold
       (default: ``$DPOOL_OBJECT_STORE_MEMORY``, else 30% of RAM capped by /dev/shm). The
       store is shared by every executor of the process; the last value given applies.
@@ -159,6 +162,7 @@ class ProcessPoolExecutor(_cf.Executor):
         max_tasks_per_child: Optional[int] = None,
         max_attempts: int = 3,
         object_store_memory: Optional[int] = None,
+        working_dir: Optional[str] = None,
     ) -> None:
         if max_workers is None:
             max_workers = _current.cluster_cpus()
@@ -188,7 +192,7 @@ class ProcessPoolExecutor(_cf.Executor):
             self._runtime.scheduler.set_store_capacity(object_store_memory)
         self._group = self._runtime.add_group(
             GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
-                        max_attempts),
+                        max_attempts, working_dir),
             self,
         )
         self._shutdown_thread = False

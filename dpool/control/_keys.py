@@ -75,6 +75,11 @@ def fn_key(fn_id: int) -> bytes:
     return b"dpool:fn:%d" % fn_id
 
 
+def workdir_key(digest: str) -> bytes:
+    """A driver's working directory, packed (``runtime._workdir``), by content hash."""
+    return b"dpool:workdir:" + digest.encode()
+
+
 def task_key(task_id: int) -> bytes:
     return b"dpool:task:%d" % task_id
 

@@ -329,6 +329,18 @@ class RedisControlStore:
         with self._errors(shard, "get_function"):
             return self._clients[shard].hget(K.fn_key(fn_id), b"payload")
 
+    # -- code packages ---------------------------------------------------------------------
+    def put_workdir(self, digest: str, archive: bytes, ttl_s: int = 7 * 24 * 3600) -> None:
+        """Store a packed working directory once (by content hash) for other nodes."""
+        shard = self._shard(digest)
+        with self._errors(shard, "put_workdir"):
+            self._clients[shard].set(K.workdir_key(digest), archive, ex=ttl_s, nx=True)
+
+    def get_workdir(self, digest: str) -> bytes | None:
+        shard = self._shard(digest)
+        with self._errors(shard, "get_workdir"):
+            return self._clients[shard].get(K.workdir_key(digest))
+
     def get_object(self, object_id: int) -> tuple[int, str] | None:
         """``(size, a location)``, or None if the object is unknown or has no copy left."""
         size, locations = self.object_locations(object_id)

@@ -29,12 +29,14 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
 from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
+from dpool.node._workdirs import WorkdirCache
 from dpool.node._server import NodeServer
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
@@ -70,7 +72,8 @@ class _FlushedInBackground:
 class NodeDaemon:
     def __init__(self, token: bytes, node_ip: str, bind: str, port: int, num_cpus: int,
                  unix_path: Optional[str], object_store_memory: Optional[int] = None,
-                 redis: Optional[list] = None, join: Optional[str] = None) -> None:
+                 redis: Optional[list] = None, join: Optional[str] = None,
+                 state_dir: Optional[str] = None) -> None:
         self.token = token
         self.num_cpus = num_cpus
         self.redis: list = list(redis or [])
@@ -85,7 +88,12 @@ class NodeDaemon:
         self.sessions = DriverSessions(self.scheduler, self.node_id, num_cpus)
         self.links = Links(token, peer_hello(self.node_id, self.address, num_cpus),
                            self.scheduler._io, self._unreachable)
-        self.runner = RemoteRunner(self.scheduler, self.node_id, self.links.send)
+        self.workdirs = WorkdirCache(os.path.join(
+            state_dir or tempfile.mkdtemp(prefix="dpool-node-"),
+            f"workdirs-{self.server.address[1]}"))
+        self.sessions.workdir_cache = self.workdirs
+        self.runner = RemoteRunner(self.scheduler, self.node_id, self.links.send,
+                                   workdirs=self.workdirs)
         self.sessions.remote_origin = self.runner.origin_of
         self.sessions.send_to_node = self.links.send
         self.control: Any = None
@@ -119,6 +127,8 @@ class NodeDaemon:
                                self.agent.linked_schedulers, local_groups=self.runner.is_mirror)
         self.sessions.peer_closed_hooks.append(self._peer_closed)
         self.sessions.cluster_status = self._cluster_status
+        self.sessions.publish_workdir = store.put_workdir
+        self.runner.fetch_workdir = store.get_workdir
 
     def _cluster_status(self, here: dict) -> dict:
         """Every node (from the node table), the global schedulers and the shards."""
@@ -198,6 +208,7 @@ class NodeDaemon:
         self.server.close()
         self.links.close()
         self.scheduler.shutdown()
+        self.workdirs.clear()
         if self.control is not None:
             try:
                 self.control.remove_node(self.node_id)
@@ -236,7 +247,8 @@ def main(argv: Optional[list] = None) -> int:
     try:
         daemon = NodeDaemon(token.encode(), args.node_ip, bind, args.port, num_cpus,
                             args.unix_path, args.object_store_memory,
-                            [a for a in args.redis.split(",") if a], args.join)
+                            [a for a in args.redis.split(",") if a], args.join,
+                            os.path.dirname(args.unix_path) if args.unix_path else None)
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
         msg = f"ERROR {exc}" if not isinstance(exc, OSError) else \
             f"ERROR cannot listen on {bind}:{args.port}: {exc}"

@@ -14,7 +14,7 @@ from typing import Iterable
 from dpool.errors import ProtocolError
 from dpool.protocol import _messages as m
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 _BY_CODE: dict[int, type] = {}
 for _cls in m.ALL_MESSAGES:

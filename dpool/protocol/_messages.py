@@ -191,6 +191,7 @@ class CreateGroup:
     initializer: Optional[bytes]
     max_tasks: Optional[int]
     max_attempts: int
+    workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
 
 
 @dataclass(slots=True)
@@ -298,6 +299,7 @@ class RemoteTask:
     deps: Optional[tuple]
     cwd: str
     sys_path: tuple
+    workdir: tuple  # (digest, the driver's directory) of the group's shipped code, or ()
 
 
 @dataclass(slots=True)
@@ -354,6 +356,17 @@ class DropGroup:
     reason: str
 
 
+@dataclass(slots=True)
+class WorkingDir:
+    """D->S the driver's working directory, packed (``runtime._workdir``), sent once per
+    content digest before the groups that use it."""
+
+    CODE: ClassVar[int] = 34
+    digest: str
+    root: str
+    archive: bytes
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -388,4 +401,5 @@ ALL_MESSAGES = (
     TaskResult,
     Output,
     DropGroup,
+    WorkingDir,
 )

@@ -40,7 +40,7 @@ from dpool.objects import _transfer
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _auth
 from dpool.protocol import _messages as m
-from dpool.runtime import _calls, _payload
+from dpool.runtime import _calls, _payload, _workdir
 from dpool.runtime._address import Target
 from dpool.runtime._functions import FunctionTable
 
@@ -131,6 +131,7 @@ class ClusterRuntime:
         self._releases: deque = deque()
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._decoders: dict[tuple, Any] = {}
+        self._shipped: set[str] = set()  # digests of working directories sent
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._lost: Optional[str] = None
@@ -187,13 +188,23 @@ class ClusterRuntime:
 
     # -- groups ----------------------------------------------------------------------------
     def add_group(self, cfg: Any, executor: Any) -> RemoteGroup:
+        workdir: tuple = ()
+        msgs: list = []
+        root = _workdir.chosen(getattr(cfg, "working_dir", None))  # raises a clear Error
+        if root is not None:
+            digest, archive = _workdir.package(root)
+            workdir = (digest, root)
+            if digest not in self._shipped:  # once per content
+                msgs.append(m.WorkingDir(digest, root, archive))
+                self._shipped.add(digest)
         gid = self.new_id()
         g = RemoteGroup(gid, cfg.max_workers, cfg.max_tasks)
         self._groups[gid] = g
         self._executors.add(executor)
         method = cfg.mp_context.get_start_method() if cfg.mp_context is not None else ""
-        self._send([m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
-                                  cfg.max_tasks, cfg.max_attempts)])
+        msgs.append(m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
+                                  cfg.max_tasks, cfg.max_attempts, workdir))
+        self._send(msgs)
         return g
 
     # -- the task API ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import multiprocessing as mp
 import threading
 import time
@@ -32,6 +33,7 @@ from dpool.objects import _transfer
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
+from dpool.runtime._workdir import map_path
 from dpool.scheduling._records import Group, WorkerHandle
 
 log = logging.getLogger("dpool.node")
@@ -40,7 +42,7 @@ log = logging.getLogger("dpool.node")
 class DriverHandle(WorkerHandle):
     """The scheduler's view of an attached driver: a worker handle without a process."""
 
-    __slots__ = ("groups", "hostname", "cwd", "sys_path", "session_id")
+    __slots__ = ("groups", "hostname", "cwd", "sys_path", "session_id", "local", "workdirs")
     remote_values = True  # values sent to it must not refer to this host's store
 
     def __init__(self, session_id: int, chan: Channel, attach: m.Attach) -> None:
@@ -51,6 +53,9 @@ class DriverHandle(WorkerHandle):
         self.cwd = attach.cwd
         self.sys_path = list(attach.sys_path)
         self.groups: set[int] = set()
+        # over the node's unix socket: on this host, its directories are ours to use
+        self.local = chan.sock.family == socket.AF_UNIX
+        self.workdirs: dict[str, str] = {}  # digest -> where its code is on this node
 
 
 class PeerHandle(WorkerHandle):
@@ -83,12 +88,15 @@ class DriverSessions:
         self.remote_origin: Any = None  # mirror group -> (origin node, its group id) | None
         self.send_to_node: Any = None  # (address, msgs): a peer link's send
         self.prefixes: Any = None  # node._ids.IdPrefixes: each driver's ids' prefix
+        self.workdir_cache: Any = None  # node._workdirs.WorkdirCache
+        self.publish_workdir: Any = None  # (digest, archive): for other nodes (a thread)
         self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
         h[m.GroupOp.CODE] = self._on_group_op
         h[m.CancelTask.CODE] = self._on_cancel_task
         h[m.StatusRequest.CODE] = self._on_status
+        h[m.WorkingDir.CODE] = self._on_workdir
         scheduler.sessions = self
 
     # -- from the accept thread -----------------------------------------------------------
@@ -111,6 +119,17 @@ class DriverSessions:
         return d
 
     # -- handlers (IO thread, scheduler lock held) ----------------------------------------
+    def _on_workdir(self, d: DriverHandle, msg: m.WorkingDir) -> None:
+        """A driver's packed code: unpacked here unless the driver is on this host, and
+        published for the nodes its tasks may spill to."""
+        if d.local or self.workdir_cache is None:
+            d.workdirs[msg.digest] = msg.root
+        else:
+            d.workdirs[msg.digest] = self.workdir_cache.add(msg.digest, msg.archive)
+        if self.publish_workdir is not None:
+            threading.Thread(target=self.publish_workdir, args=(msg.digest, msg.archive),
+                             daemon=True, name="dpool-publish-workdir").start()
+
     def _on_create_group(self, d: DriverHandle, msg: m.CreateGroup) -> None:
         s = self._s
         try:
@@ -121,6 +140,13 @@ class DriverSessions:
                   msg.max_attempts)
         g.cwd = d.cwd
         g.sys_path = d.sys_path
+        if msg.workdir:
+            digest, root = msg.workdir
+            here = d.workdirs.get(digest, root)
+            g.workdir = (digest, here)  # the root as the group's paths name it
+            if here != root:  # the unpacked copy stands in for the driver's directory
+                g.cwd = map_path(d.cwd, root, here)
+                g.sys_path = [here, *(map_path(p, root, here) for p in d.sys_path)]
         g.owner = d
         s._groups[g.group_id] = g
         d.groups.add(g.group_id)

@@ -92,3 +92,4 @@ class Group:
     cwd: Optional[str] = None  # workers' directory and sys.path (default: this process's)
     sys_path: Optional[list] = None
     owner: Any = None  # the attached driver whose group this is (cluster mode)
+    workdir: tuple = ()  # (digest, driver's directory) of the driver's shipped code

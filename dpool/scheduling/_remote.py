@@ -20,11 +20,13 @@ import logging
 import multiprocessing as mp
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from dpool.errors import Error
 from dpool.objects import _transfer
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
+from dpool.runtime._workdir import map_path
 from dpool.scheduling._records import Group, Task
 
 log = logging.getLogger("dpool.scheduling")
@@ -34,7 +36,9 @@ _LOCAL_IDS = 1 << 62  # ids of remote tasks and functions here: above drivers' a
 
 class RemoteRunner:
     def __init__(self, scheduler: Any, node_id: str,
-                 send: Callable[[str, list], None], idle_retire_s: float = 30.0) -> None:
+                 send: Callable[[str, list], None], idle_retire_s: float = 30.0,
+                 workdirs: Any = None,
+                 fetch_workdir: Optional[Callable[[str], Optional[bytes]]] = None) -> None:
         self._s = scheduler
         self.node_id = node_id
         self._send = send
@@ -45,6 +49,9 @@ class RemoteRunner:
         self._fns: dict[tuple, int] = {}  # (origin, fn id) -> local fn id
         self.mirror_ids: set[int] = set()
         self._origin: dict[int, tuple] = {}  # mirror group id -> (origin, its group id)
+        self.workdirs = workdirs  # node._workdirs.WorkdirCache
+        self.fetch_workdir = fetch_workdir  # digest -> archive (the control store's copy)
+        self._fetching: dict[str, list] = {}  # digest -> tasks waiting for its code
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
         scheduler._handlers[m.DropGroup.CODE] = self._on_drop
 
@@ -72,6 +79,12 @@ class RemoteRunner:
         g = Group(next(self._ids), max_workers, ctx, initializer, max_tasks, max_attempts)
         g.cwd = msg.cwd
         g.sys_path = list(msg.sys_path)
+        if msg.workdir and self.workdirs is not None:
+            digest, root = msg.workdir
+            here = self.workdirs.path(digest) or root
+            g.cwd = map_path(msg.cwd, root, here)
+            g.sys_path = [here, *(map_path(p, root, here) for p in msg.sys_path)]
+            g.workdir = (digest, here)
         self._groups[key] = g
         self._s._groups[g.group_id] = g
         self.mirror_ids.add(g.group_id)
@@ -79,6 +92,43 @@ class RemoteRunner:
         return g
 
     def _on_task(self, h: Any, msg: m.RemoteTask) -> None:
+        if msg.workdir and self.workdirs is not None and \
+                self.workdirs.path(msg.workdir[0]) is None:
+            self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
+            waiting = self._fetching.get(msg.workdir[0])
+            if waiting is not None:
+                waiting.append(msg)
+                return
+            self._fetching[msg.workdir[0]] = [msg]
+            threading.Thread(target=self._fetch, args=(msg.workdir[0],), daemon=True,
+                             name="dpool-fetch-workdir").start()
+            return
+        self._run(msg)
+
+    def _fetch(self, digest: str) -> None:
+        """Bring a driver's code from the control store, then run what waited for it."""
+        s = self._s
+        error: Optional[BaseException] = None
+        try:
+            archive = self.fetch_workdir(digest) if self.fetch_workdir else None
+            if archive is None:
+                raise Error(f"the driver's working directory {digest} is not in the "
+                            "control store (expired or never stored)")
+            self.workdirs.add(digest, archive)
+        except Exception as exc:  # noqa: BLE001 - reported on each waiting task
+            error = exc
+        with s._lock:
+            waiting = self._fetching.pop(digest, [])
+            for msg in waiting:
+                if error is None:
+                    self._run(msg, accepted=True)
+                else:
+                    self._send(msg.origin, [m.TaskResult(
+                        msg.task_id, False, _payload.dumps_error(error), 0.0)])
+            out = s._take_out()
+        s._deliver(out)
+
+    def _run(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
         g = self._group(msg)
         self._last_used[g.group_id] = time.monotonic()
@@ -103,7 +153,8 @@ class RemoteRunner:
         t = Task(local_id, fn_id, msg.args, None, g, None, done)
         t.started = True  # no future to move to RUNNING: ``done`` is a plain callback
         t.deps = msg.deps
-        self._send(origin, [m.Accepted(origin_id, self.node_id)])
+        if not accepted:
+            self._send(origin, [m.Accepted(origin_id, self.node_id)])
         s._admit(t)
 
     def _on_drop(self, h: Any, msg: m.DropGroup) -> None:

@@ -68,6 +68,7 @@ class GroupConfig:
     initializer: Optional[bytes] = None
     max_tasks: Optional[int] = None
     max_attempts: int = 3
+    working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
 
 
 def _describe_exit(code: Optional[int]) -> str:

@@ -147,7 +147,7 @@ class Spiller:
         msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
                            s._functions[t.fn_id],
                            _transfer.inline_payload(t.args) if t.args else t.args, deps,
-                           g.cwd or os.getcwd(), tuple(g.sys_path or sys.path))
+                           g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir)
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
         self.away[t.task_id] = _Away(t, gs, time.monotonic())

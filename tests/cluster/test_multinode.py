@@ -360,3 +360,62 @@ def test_a_killed_driver_releases_its_tasks_on_every_node(cluster3, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_drivers_own_modules_follow_its_tasks(cluster3, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "shipme.py").write_text(textwrap.dedent("""
+        import os, time
+        VERSION = 1
+
+        def where(x):
+            time.sleep(0.2)
+            return x * VERSION, os.environ["DPOOL_NODE_ID"], __file__
+    """))
+    (project / ".git").mkdir()
+    (project / ".git" / "big").write_bytes(b"x" * 1000)  # never shipped
+    (project / "main.py").write_text(textwrap.dedent("""
+        import sys
+        import dpool
+        import shipme
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor() as ex:
+                for value, node, path in ex.map(shipme.where, range(18)):
+                    print(value, node, path)
+    """))
+    env = cluster3.driver_env()
+
+    def run() -> list:
+        out = subprocess.run([sys.executable, "main.py"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr
+        return [line.split() for line in out.stdout.splitlines()]
+
+    rows = run()
+    assert [int(v) for v, _, _ in rows] == list(range(18))
+    remote = [(node, path) for _, node, path in rows if node != cluster3.head.address]
+    assert remote  # some ran on the other nodes, which cannot import the project...
+    for node, path in remote:  # ...but got a copy of it
+        assert not path.startswith(str(project)) and "workdirs-" in path, path
+        assert not os.path.exists(os.path.join(os.path.dirname(path), ".git"))
+    (project / "shipme.py").write_text(
+        (project / "shipme.py").read_text().replace("VERSION = 1", "VERSION = 3"))
+    rows = run()  # the next run sees the change everywhere
+    assert [int(v) for v, _, _ in rows] == [3 * i for i in range(18)]
+    assert any(node != cluster3.head.address for _, node, _ in rows)
+
+
+def test_a_working_dir_over_the_limit_says_how_to_fix_it(cluster3, tmp_path):
+    (tmp_path / "data.bin").write_bytes(b"x" * 4096)
+    env = cluster3.driver_env(DPOOL_WORKING_DIR_LIMIT="1000")
+    out = subprocess.run([sys.executable, "-c", "import dpool\ndpool.ProcessPoolExecutor(1)\n"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode != 0
+    assert "dpool.errors.Error" in out.stderr and "DPOOL_WORKING_DIR_LIMIT" in out.stderr
+    env = cluster3.driver_env(DPOOL_WORKING_DIR_LIMIT="1000", DPOOL_WORKING_DIR="off")
+    out = subprocess.run([sys.executable, "-c", "import dpool\n"
+                          "print(dpool.ProcessPoolExecutor(1).submit(abs, -2).result())\n"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.stdout.strip() == "2", out.stderr
