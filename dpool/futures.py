@@ -63,14 +63,22 @@ class Future(_cf.Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         client = self._client
-        if client is not None and client.gives_back_slot and not self.done():
-            return client.blocking(_cf.Future.result, self, timeout)
+        if client is not None and not self.done():
+            if client.gives_back_slot:
+                return client.blocking(_cf.Future.result, self, timeout)
+            lead = getattr(client, "lead", None)  # a driver reads the result itself
+            if lead is not None:
+                timeout = lead(self, timeout)
         return _cf.Future.result(self, timeout)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         client = self._client
-        if client is not None and client.gives_back_slot and not self.done():
-            return client.blocking(_cf.Future.exception, self, timeout)
+        if client is not None and not self.done():
+            if client.gives_back_slot:
+                return client.blocking(_cf.Future.exception, self, timeout)
+            lead = getattr(client, "lead", None)
+            if lead is not None:
+                timeout = lead(self, timeout)
         return _cf.Future.exception(self, timeout)
 
     def __reduce__(self) -> tuple:

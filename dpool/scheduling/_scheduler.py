@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -58,6 +59,8 @@ log = logging.getLogger("dpool.scheduling")
 
 # (future-or-callable, ok, payload): completions to deliver once the lock is released.
 Completion = tuple
+
+_LEAD_S = 0.01  # a driver thread reads its worker's socket itself this long at most (lead)
 
 
 @dataclass
@@ -119,6 +122,7 @@ class LocalScheduler:
             m.PutObject.CODE: self._on_put,
             m.Output.CODE: self._on_output,
         }
+        self._leading = threading.Lock()  # held by the one driver thread that leads
         self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
 
     # ================================================================ public (any thread)
@@ -152,6 +156,87 @@ class LocalScheduler:
             self._admit(Task(task_id, fn_id, args, dep_ids, group, None, future))
             out = self._take_out()
         self._deliver(out)
+
+    def lead(self, future: Any, timeout: Optional[float]) -> Optional[float]:
+        """Wait for a driver ``future`` by reading its worker's socket on this thread.
+
+        The leader/follower read (``_ioloop``): while this thread waits, the IO thread
+        leaves the socket of the worker running the task alone, and this thread reads and
+        handles that worker's messages itself, so a result wakes the thread waiting for it
+        directly. It leads for at most ``_LEAD_S`` (longer tasks: the latency of a hop
+        does not matter) and only while no other thread leads; completions whose
+        futures have done-callbacks go to the IO thread, which runs the callbacks as
+        before. Returns what is left of ``timeout`` for the ordinary wait that follows.
+        """
+        if future.done() or self._io.is_io_thread() or not self._leading.acquire(blocking=False):
+            return timeout  # (the IO thread, in a done-callback, must not stop serving)
+        try:
+            return self._lead(future, timeout)
+        finally:
+            self._leading.release()
+
+    def _lead(self, future: Any, timeout: Optional[float]) -> Optional[float]:
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        with self._lock:
+            w = self._holder(future._oid)
+        if w is None:
+            return timeout
+        chan = w.chan
+        fd = chan.fileno
+        if not self._io.suspend(fd):
+            return timeout
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            end = now + _LEAD_S if deadline is None else min(deadline, now + _LEAD_S)
+            while not future.done() and w.alive:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                # Slices of 1 ms: the IO thread may have read the result just before
+                # it left the socket alone; then only future.done() tells.
+                if not poller.poll(min(left, 0.001) * 1000.0 + 0.5):
+                    continue
+                with chan.read_lock:
+                    try:
+                        frames = chan.recv_ready()
+                    except ChannelClosed:
+                        break  # the IO thread sees the EOF too and handles the death
+                    if not frames:
+                        continue
+                    out = self._handle_frames(w, frames)
+                if out:
+                    self._deliver_leading(out)
+        except Exception:  # noqa: BLE001 - as the IO loop does: the worker is dropped
+            log.exception("dpool scheduler: error handling worker %s", w.worker_id)
+            self._io.call_soon(lambda: self._io.close_handle(w))
+        finally:
+            self._io.resume(fd)
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _holder(self, task_id: int) -> Optional[WorkerHandle]:
+        """The live worker of this host that runs ``task_id`` now (lock held)."""
+        for g in self._groups.values():
+            for w in g.workers:
+                if task_id in w.inflight:
+                    return w if w.alive and w.process is not None else None
+        return None
+
+    def _deliver_leading(self, out: list) -> None:
+        """``_deliver`` on a leader: futures with done-callbacks (and object callbacks)
+        are completed by the IO thread, so callbacks run there as they always do."""
+        here = []
+        there = []
+        for item in out:
+            target = item[0]
+            if getattr(target, "_done_callbacks", True):
+                there.append(item)
+            else:
+                here.append(item)
+        self._deliver(here)
+        if there:
+            self._io.call_soon(lambda: self._deliver(there))
 
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
@@ -612,6 +697,10 @@ class LocalScheduler:
 
     # ================================================================ worker messages
     def _on_frames(self, w: WorkerHandle, frames: list) -> None:
+        self._deliver(self._handle_frames(w, frames))
+
+    def _handle_frames(self, w: WorkerHandle, frames: list) -> list:
+        """Handle a worker's frames; returns the completions to deliver (takes the lock)."""
         with self._lock:
             if self._releases:
                 self._drain_releases()
@@ -622,8 +711,7 @@ class LocalScheduler:
                     if h is None:
                         raise ProtocolError(f"scheduler got unexpected {type(msg).__name__}")
                     h(w, msg)
-            out = self._take_out()
-        self._deliver(out)
+            return self._take_out()
 
     def _on_hello(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
