@@ -120,7 +120,8 @@ class IOLoop:
             self._thread.join(timeout=5)
 
     def is_io_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        # get_ident(): one C call; current_thread() costs ~0.5 us more on every submit
+        return threading.get_ident() == self._thread.ident
 
     def _command(self, cmd: tuple) -> None:
         with self._cmd_lock:
