@@ -23,27 +23,43 @@ from timing import repeat_capped, summarize
 MESSAGE = b"x" * 64  # about the size of a no-op task's frame
 
 
-def _echo(sock: socket.socket, other: socket.socket) -> None:
-    other.close()  # the parent's end, inherited through fork: its close must reach us as EOF
+def _recv_spinning(sock: socket.socket) -> bytes:
+    """``recv`` on a non-blocking socket, retried without sleeping."""
     while True:
-        data = sock.recv(4096)
+        try:
+            return sock.recv(4096)
+        except BlockingIOError:
+            pass
+
+
+def _echo(sock: socket.socket, other: socket.socket, spin: bool) -> None:
+    other.close()  # the parent's end, inherited through fork: its close must reach us as EOF
+    sock.setblocking(not spin)
+    while True:
+        data = _recv_spinning(sock) if spin else sock.recv(4096)
         if not data:
             return
         sock.sendall(data)
 
 
-def measure(p: Params) -> list[float]:
-    """Round-trip samples (seconds) of ``MESSAGE`` to a child process and back."""
+def measure(p: Params, spin: bool = False) -> list[float]:
+    """Round-trip samples (seconds) of ``MESSAGE`` to a child process and back.
+
+    ``spin``: both sides poll without sleeping (no wake-up of a sleeping process: on a
+    VM that can be most of the blocking figure); a reference, not the floor itself.
+    """
     parent, child = socket.socketpair()
-    proc = multiprocessing.Process(target=_echo, args=(child, parent), daemon=True)
+    proc = multiprocessing.Process(target=_echo, args=(child, parent, spin), daemon=True)
     proc.start()
     child.close()
+    parent.setblocking(not spin)
+    recv = _recv_spinning if spin else (lambda s: s.recv(4096))
     try:
         def ping() -> None:
             parent.sendall(MESSAGE)
             got = 0
             while got < len(MESSAGE):
-                got += len(parent.recv(4096))
+                got += len(recv(parent))
 
         for _ in range(p.warmup * 10):
             ping()
@@ -61,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder()
     rec.meta(version=f"Python {sys.version.split()[0]}, {multiprocessing.get_start_method()}")
     with rec.workload("floor_s"):
-        samples = measure(p)
-        stats = summarize(samples)
-        rec.metric("floor_s", stats["median"], **stats)
+        stats = summarize(measure(p))
+        spinning = summarize(measure(p, spin=True))
+        rec.metric("floor_s", stats["median"], **stats, spin_median=spinning["median"],
+                   spin_p10=spinning["p10"], spin_p90=spinning["p90"])
     rec.done()
     return 0
 

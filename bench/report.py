@@ -173,6 +173,9 @@ def _floor_rows(metric: Metric, group: Group, gres: dict[str, Any], params: _Par
     ratio = f"{_ratio(metric, base, ref_value):.2f}x" if ref_value else "—"
     data = gres["floor"]["metrics"][floor.key]
     note = f"{floor.detail.format_map(params)}; {_extra(metric, data)}"
+    if "spin_median" in data:
+        note += (f"; both sides polling without sleeping instead: {_fmt(metric, data['spin_median'])} "
+                 f"{metric.unit} (p10–p90 {_fmt(metric, data['spin_p10'])}–{_fmt(metric, data['spin_p90'])})")
     met = f"dpool ÷ floor, project goal: {floor_verdict(floor, gres)[1]}"
     return [f"| _{floor.title}_ | {_fmt(metric, base)} | {ratio} | {_cell(met)} | {_cell(note)} |"]
 
