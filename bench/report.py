@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spec import DISPLAY, GROUPS, OPS, Group, Metric, Target
+from spec import DISPLAY, FLOORS, GROUPS, OPS, Floor, Group, Metric, Target
 
 PRETTY_OP = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
 
@@ -143,7 +143,45 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _metric_table(metric: Metric, group: Group, peers: dict[str, Any], params: _Params) -> list[str]:
+def _floor_value(gres: dict[str, Any], floor: Floor) -> float | None:
+    m = gres.get("floor", {}).get("metrics", {}).get(floor.key, {})
+    v = m.get("value")
+    return float(v) if v is not None else None
+
+
+def floor_verdict(floor: Floor, gres: dict[str, Any]) -> tuple[bool | None, str]:
+    """(met?, explanation) for dpool's figure ÷ the floor against the project goal."""
+    base = _floor_value(gres, floor)
+    value = _value(gres["peers"], "dpool", floor.metric)
+    if base is None or value is None or base == 0:
+        what = "floor" if base is None else "dpool"
+        return None, f"❔ {what} not measured"
+    x = value / base
+    ok = x <= floor.goal
+    return ok, f"{'✅ yes' if ok else '❌ no'} ({x:.3g}x {'≤' if ok else '>'} {floor.goal:g}x)"
+
+
+def _floor_rows(metric: Metric, group: Group, gres: dict[str, Any], params: _Params) -> list[str]:
+    floor = FLOORS.get(group.name)
+    if floor is None or floor.metric != metric.key or "floor" not in gres:
+        return []
+    base = _floor_value(gres, floor)
+    if base is None:
+        notes = "; ".join(n.splitlines()[0] for n in gres["floor"].get("notes", []))
+        return [f"| _{floor.title}_ | — | — | | {_cell(notes or 'not measured')} |"]
+    ref_value = _value(gres["peers"], _ref_name(metric, group), metric.key)
+    ratio = f"{_ratio(metric, base, ref_value):.2f}x" if ref_value else "—"
+    data = gres["floor"]["metrics"][floor.key]
+    note = f"{floor.detail.format_map(params)}; {_extra(metric, data)}"
+    if "spin_median" in data:
+        note += (f"; both sides polling without sleeping instead: {_fmt(metric, data['spin_median'])} "
+                 f"{metric.unit} (p10–p90 {_fmt(metric, data['spin_p10'])}–{_fmt(metric, data['spin_p90'])})")
+    met = f"dpool ÷ floor, project goal: {floor_verdict(floor, gres)[1]}"
+    return [f"| _{floor.title}_ | {_fmt(metric, base)} | {ratio} | {_cell(met)} | {_cell(note)} |"]
+
+
+def _metric_table(metric: Metric, group: Group, gres: dict[str, Any], params: _Params) -> list[str]:
+    peers = gres["peers"]
     ref = _ref_name(metric, group)
     ref_value = _value(peers, ref, metric.key)
     out = [f"### {metric.title.format_map(params)}", "", f"_{metric.detail.format_map(params)}._  "]
@@ -166,6 +204,7 @@ def _metric_table(metric: Metric, group: Group, peers: dict[str, Any], params: _
             met = verdict(metric, group, peers)[1] if value is not None else "—"
         name = f"**{DISPLAY[peer]}**" if peer == "dpool" else DISPLAY[peer]
         out.append(f"| {name} | {fig} | {ratio} | {_cell(met)} | {_cell(note)} |")
+    out += _floor_rows(metric, group, gres, params)
     return out + [""]
 
 
@@ -219,13 +258,25 @@ def render(results: dict[str, Any]) -> str:
                 f"| {gname} | {_cell(metric.title.format_map(params))} | {_cell(targets_text(metric, group))} "
                 f"| {fig} | {_cell(text)} |"
             )
+        floor = FLOORS.get(gname)
+        if floor is not None and "floor" in gres:
+            metric = next(x for x in group.metrics if x.key == floor.metric)
+            base = _floor_value(gres, floor)
+            value = _value(gres["peers"], "dpool", floor.metric)
+            fig = (f"{_fmt(metric, value)} / {_fmt(metric, base)} {metric.unit}"
+                   if base is not None and value is not None else "—")
+            out.append(
+                f"| {gname} | {_cell(metric.title.format_map(params))} ÷ {floor.title} | "
+                f"dpool ≤ {floor.goal:g}x floor (project goal) | {fig} | "
+                f"{_cell(floor_verdict(floor, gres)[1])} |"
+            )
     out.append("")
     for gname, gres in results["groups"].items():
         group = GROUPS[gname]
         out += [f"## {group.title} — reference: {DISPLAY[group.reference]}", ""]
         out += _peer_table(group, gres["peers"])
         for metric in group.metrics:
-            out += _metric_table(metric, group, gres["peers"], params)
+            out += _metric_table(metric, group, gres, params)
     return "\n".join(out)
 
 

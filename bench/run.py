@@ -34,7 +34,7 @@ from params import DEFAULT, QUICK, Params  # noqa: E402
 from procs import run_child  # noqa: E402
 from recorder import MARKER  # noqa: E402
 from report import render  # noqa: E402
-from spec import ALL_PEERS, DISPLAY, GROUPS  # noqa: E402
+from spec import ALL_PEERS, DISPLAY, FLOOR_GROUPS, GROUPS  # noqa: E402
 
 DISTRIBUTIONS = ("numpy", "cloudpickle", "psutil", "loky", "ray", "dask", "distributed", "mpire", "dpool")
 
@@ -161,6 +161,23 @@ def run_peer(group: str, peer: str, params: Params) -> dict[str, Any]:
     return rec
 
 
+def run_floor(params: Params) -> dict[str, Any]:
+    """The socketpair ping-pong floor (``floor.py``), in a child like the peers'."""
+    cmd = [sys.executable, str(BENCH_DIR / "floor.py"), "--params", json.dumps(params.to_json())]
+    work = Path(tempfile.mkdtemp(prefix="dpb-"))
+    load_before = os.getloadavg()[0]
+    try:
+        out = run_child(cmd, cwd=work, env=_child_env(work), timeout_s=params.timeout_s, out_dir=work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rec = collect(out.stdout)
+    rec["wall_s"] = round(out.wall_s, 2)
+    rec["loadavg_1m_before"] = load_before
+    if rec["status"] != "ok":
+        rec["notes"].append(f"exit code {out.returncode}; stderr tail:\n{_tail(out.stderr, 25)}")
+    return rec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes: ~1 min with all peers, ~30 s without Ray/dask")
@@ -185,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         group = GROUPS[gname]
         gres: dict[str, Any] = {"reference": group.reference, "peers": {}}
         results["groups"][gname] = gres
+        if gname in FLOOR_GROUPS:
+            print(f"[{gname}] socketpair floor ...", file=sys.stderr, flush=True)
+            gres["floor"] = run_floor(params)
         for peer in group.peers:
             if peer not in peers:
                 continue

@@ -219,3 +219,32 @@ GROUPS: dict[str, Group] = {
         ),
     ),
 }
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A lower bound measured in the same run (``floor.py``), for one of a group's metrics.
+
+    The report shows dpool's figure as a multiple of it, against the project's goal.
+    """
+
+    metric: str  # the group's metric it bounds
+    key: str  # its key in the floor child's metrics
+    title: str
+    detail: str
+    goal: float  # project goal: dpool's figure ≤ goal × floor
+
+
+FLOORS: dict[str, Floor] = {
+    "executor": Floor(
+        metric="roundtrip_s",
+        key="floor_s",
+        title="socketpair floor",
+        detail="bare ping-pong of a 64-byte message between two Python processes over a "
+        "socketpair (blocking send/recv, no framing or pickling); median of {roundtrip_n}",
+        goal=4.0,
+    ),
+}
+
+FLOOR_GROUPS: tuple[str, ...] = tuple(FLOORS)
+

@@ -29,7 +29,8 @@ class ChannelClosed(ConnectionError):
 
 
 class Channel:
-    __slots__ = ("sock", "_buf", "_out", "_send_lock", "_blocking", "fileno", "_chunk")
+    __slots__ = ("sock", "_buf", "_out", "_send_lock", "_blocking", "fileno", "_chunk",
+                 "read_lock")
 
     def __init__(self, sock: socket.socket, *, blocking: bool = True) -> None:
         self.sock = sock
@@ -39,6 +40,9 @@ class Channel:
         self._chunk = memoryview(bytearray(_RECV_CHUNK))
         self._out = bytearray()
         self._send_lock = threading.Lock()
+        # Held by whoever reads (and handles what it read) when two threads may: the
+        # scheduler's IO loop and a leader (see scheduling/_ioloop.py). Others ignore it.
+        self.read_lock = threading.Lock()
         self._blocking = blocking
         sock.setblocking(blocking)
         self.fileno = sock.fileno()

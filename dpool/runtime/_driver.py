@@ -69,6 +69,11 @@ class DriverRuntime:
         self.scheduler.submit(group, oid, fn_id, payload, deps, fut)
         return fut
 
+    def lead(self, future: Future, timeout: Any) -> Any:
+        """Wait a while for ``future`` by reading its worker's socket on this thread
+        (see ``LocalScheduler.lead``); returns what is left of ``timeout``."""
+        return self.scheduler.lead(future, timeout)
+
     def put(self, value: Any) -> ObjectRef:
         return self._put(value)[0]
 

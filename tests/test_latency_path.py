@@ -1,0 +1,98 @@
+"""The driver's latency path: a thread blocked in result() reads its worker's socket
+itself (``LocalScheduler.lead``). What it must keep: callbacks on the IO thread, timeouts,
+worker deaths, many waiting threads at once, and the IO thread serving the others."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import time
+
+import pytest
+
+from dpool import ProcessPoolExecutor
+
+
+def noop(x=None):
+    return x
+
+
+def sleepy(s):
+    time.sleep(s)
+    return s
+
+
+def die_once(marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return "second attempt"
+
+
+def test_results_are_read_by_the_waiting_thread():
+    from dpool.runtime import _current
+    from dpool.scheduling import _scheduler
+
+    with ProcessPoolExecutor(2) as ex:
+        for _ in range(20):  # measured: no-ops become short enough to spin for
+            ex.submit(noop).result()
+        sched = _current.driver().scheduler
+        led = []
+        orig = sched._deliver_leading
+
+        def spy(out):
+            led.append(len(out))
+            return orig(out)
+
+        sched._deliver_leading = spy
+        try:
+            assert [ex.submit(noop, i).result() for i in range(50)] == list(range(50))
+        finally:
+            del sched._deliver_leading
+        assert led, "no result was delivered by the thread waiting for it"
+        assert _scheduler._SPIN_S < _scheduler._LEAD_S
+
+
+def test_done_callbacks_still_run_on_the_io_thread():
+    with ProcessPoolExecutor(2) as ex:
+        ex.submit(noop).result()
+        names = []
+        for i in range(20):
+            f = ex.submit(noop, i)
+            f.add_done_callback(lambda _f: names.append(threading.current_thread().name))
+            assert f.result() == i
+        deadline = time.monotonic() + 5
+        while len(names) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert names == ["dpool-scheduler-io"] * 20
+
+
+def test_timeout_while_leading():
+    with ProcessPoolExecutor(1) as ex:
+        ex.submit(noop).result()
+        f = ex.submit(sleepy, 0.5)
+        t0 = time.monotonic()
+        with pytest.raises(cf.TimeoutError):
+            f.result(timeout=0.05)
+        assert time.monotonic() - t0 < 0.4
+        assert f.result() == 0.5
+
+
+def test_many_threads_waiting_at_once():
+    with ProcessPoolExecutor(2) as ex:
+        ex.submit(noop).result()
+
+        def client(k):
+            return [ex.submit(noop, (k, i)).result() for i in range(100)]
+
+        with cf.ThreadPoolExecutor(4) as threads:
+            outs = list(threads.map(client, range(4)))
+        assert outs == [[(k, i) for i in range(100)] for k in range(4)]
+
+
+def test_worker_death_while_the_waiter_reads(tmp_path):
+    with ProcessPoolExecutor(1) as ex:
+        ex.submit(noop).result()
+        assert ex.submit(die_once, str(tmp_path / "m")).result(timeout=30) == "second attempt"
+        assert ex.submit(noop, 7).result() == 7
