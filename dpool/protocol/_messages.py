@@ -178,6 +178,7 @@ class Attached:
     id_prefix: int
     num_cpus: int
     cluster_cpus: int
+    store_owner: int  # the node's store (its pid) for a driver on its host, else 0
 
 
 @dataclass(slots=True)

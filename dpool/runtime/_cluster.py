@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from dpool.errors import DeserializationError, Error, NodeLostError
 from dpool.futures import Future, ObjectRef
-from dpool.objects import _transfer
+from dpool.objects import _mapping, _transfer
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _auth
 from dpool.protocol import _messages as m
@@ -123,6 +123,12 @@ class ClusterRuntime:
         self._chan, hello = connect(target)
         self.node_id = hello.node_id
         self.cluster_cpus = hello.cluster_cpus
+        # A driver on its node's host writes large values straight into the node's store
+        # (segments named for it, adopted by it) and maps results in place: zero-copy
+        # both ways, as on the embedded runtime. Elsewhere values travel inline.
+        self.store_owner = hello.store_owner
+        if self.store_owner:
+            self.owner_pid = self.store_owner
         self._ids = itertools.count((hello.id_prefix << 40) + 1)
         self.functions = FunctionTable(self.new_id, self._register_function)
         self.scheduler = _RemoteScheduler(self)
@@ -213,14 +219,18 @@ class ClusterRuntime:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
         try:
-            fn_id = self.functions.fn_id(fn)
-            try:
-                payload = _transfer.dumps_call_inline(args, kwargs)
-            except Exception as exc:
-                if hasattr(exc, "add_note"):
-                    exc.add_note("dpool: this happened while pickling the task's arguments")
-                raise
-            deps = _calls.dependency_ids(args, kwargs)
+            if self.store_owner:  # on the node's host: large values go to its store
+                fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+            else:
+                fn_id = self.functions.fn_id(fn)
+                try:
+                    payload = _transfer.dumps_call_inline(args, kwargs)
+                except Exception as exc:
+                    if hasattr(exc, "add_note"):
+                        exc.add_note("dpool: this happened while pickling the task's "
+                                     "arguments")
+                    raise
+                deps = _calls.dependency_ids(args, kwargs)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
@@ -231,7 +241,11 @@ class ClusterRuntime:
 
     def put(self, value: Any) -> ObjectRef:
         oid = self.new_id()
-        self._send([m.PutObject(oid, _transfer.dumps_value_inline(value))])
+        if self.store_owner:
+            payload = _payload.dumps_value(value, oid, self.store_owner)
+        else:
+            payload = _transfer.dumps_value_inline(value)
+        self._send([m.PutObject(oid, payload)])
         return ObjectRef(oid, self)
 
     def future_for(self, ref: ObjectRef) -> Future:
@@ -300,6 +314,8 @@ class ClusterRuntime:
                 pass
         elif code == m.Output.CODE:
             self._print(msg)
+        elif code == m.Forget.CODE:  # freed segments of the node's: drop cached mappings
+            _mapping.forget(msg.names)
         elif code == m.GroupExited.CODE:
             g = self._groups.get(msg.group_id)
             if g is not None:

@@ -110,7 +110,9 @@ class DriverSessions:
 
         # without the control store's prefixes: above every worker's ids (wid << 32)
         prefix = self.prefixes.take() if self.prefixes is not None else (1 << 23) + sid
-        chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus)]))
+        owner = self._s.store.owner_pid if d.local else 0
+        chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus,
+                                           owner)]))
         chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
         with self._s._lock:
             self.drivers[sid] = d
@@ -323,8 +325,12 @@ class DriverSessions:
 
     # -- values to a driver --------------------------------------------------------------
     @staticmethod
-    def value_message(oid: int, ok: bool, payload: bytes) -> m.ObjectValue:
-        return m.ObjectValue(oid, ok, _transfer.inline_payload(payload) if ok else payload)
+    def value_message(w: WorkerHandle, oid: int, ok: bool, payload: bytes) -> m.ObjectValue:
+        """A value for a driver or node: a stored value as is for a driver on this host
+        (it maps the segment, zero-copy), its bytes inline for anyone else."""
+        if ok and not getattr(w, "local", False):
+            payload = _transfer.inline_payload(payload)
+        return m.ObjectValue(oid, ok, payload)
 
 
 def _kill_later(workers: list, grace: float) -> None:

@@ -566,6 +566,10 @@ class LocalScheduler:
             for w in g.workers:
                 if w.alive:
                     self._send(w, msg)
+        if self.sessions is not None:  # drivers on this host map our segments too
+            for d in self.sessions.drivers.values():
+                if d.local and d.alive:
+                    self._send(d, msg)
 
     def _resident_value(self, obj: Obj) -> tuple[bool, bytes]:
         """A ready object's (ok, payload), brought back from disk first if it was spilled."""
@@ -584,7 +588,7 @@ class LocalScheduler:
     def _value_message(self, w: WorkerHandle, oid: int, ok: bool,
                        payload: bytes) -> m.ObjectValue:
         if w.remote_values:  # an attached driver, maybe on another host
-            return self.sessions.value_message(oid, ok, payload)
+            return self.sessions.value_message(w, oid, ok, payload)
         return m.ObjectValue(oid, ok, payload)
 
     def _drain_releases(self) -> None:

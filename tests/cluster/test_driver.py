@@ -379,3 +379,43 @@ def test_a_state_dir_others_can_write_is_refused(tmp_path):
     run = subprocess.run([sys.executable, "-c", "import dpool\ndpool.ProcessPoolExecutor(1)\n"],
                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert run.returncode != 0 and "not a private directory" in run.stderr
+
+
+def test_a_driver_on_its_nodes_host_shares_its_store_zero_copy(cluster, tmp_path):
+    """Attached over the unix socket, large values go straight into the node's store and
+    results are mapped in place; over TCP they travel inline. Both give the same values."""
+    code = textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        import dpool
+
+        def shm_backed(arr):
+            addr = arr.__array_interface__["data"][0]
+            for line in open("/proc/self/maps"):
+                span, *rest = line.split()
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if lo <= addr < hi:
+                    return rest[-1] if rest[-1].startswith("/dev/shm/") else "heap"
+            return "?"
+
+        if __name__ == "__main__":
+            ex = dpool.ProcessPoolExecutor(2)
+            big = np.arange(8_000_000, dtype=np.int64)                  # 64 MB
+            ref = dpool.put(big)
+            sums = [ex.submit(lambda a: int(a.sum()), ref) for _ in range(8)]
+            print(all(f.result() == int(big.sum()) for f in sums))
+            out = ex.submit(lambda n: np.full(n, 7, dtype=np.int32), 4_000_000).result()
+            print(out.shape, int(out.sum()), out.flags.writeable)
+            print(shm_backed(out).split("_")[1] if "dpool" in shm_backed(out) else "copied")
+            out[0] = 1                                                  # copy-on-write
+            print(int(ex.submit(lambda a: int(a[0]), big).result()))
+            ex.shutdown()
+    """)
+    local = cluster.run_script(code, tmp_path, env=cluster.driver_env(
+        DPOOL_STATE_DIR=cluster.head.state_dir))
+    assert local.returncode == 0, local.stderr
+    assert local.stdout.splitlines() == [
+        "True", "(4000000,) 28000000 True", str(cluster.head.pid), "0"]
+    remote = cluster.run_script(code, tmp_path)  # over TCP: the same values, copied
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout.splitlines() == ["True", "(4000000,) 28000000 True", "copied", "0"]
