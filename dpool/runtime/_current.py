@@ -10,6 +10,7 @@ _lock = threading.Lock()
 _driver: Any = None
 _worker: Any = None  # the _Worker of this process when it is a dpool worker
 _worker_client: Any = None
+_client_class: Any = None  # the worker's client class, given by the worker at start
 _inherited: list = []  # a forked worker's copy of the parent's runtime, kept unreachable
 
 
@@ -74,9 +75,7 @@ def worker_client() -> Any:
     if _worker_client is None:
         with _lock:  # task code may make its first nested call from several threads
             if _worker_client is None:
-                from dpool.worker._client import WorkerClient
-
-                _worker_client = WorkerClient(_worker)
+                _worker_client = _client_class(_worker)
     return _worker_client
 
 
@@ -89,6 +88,9 @@ def enter_worker(cfg: Any) -> None:
     _worker_client = None
 
 
-def set_worker(worker: Any) -> None:
-    global _worker
+def set_worker(worker: Any, client_class: Any) -> None:
+    """This process is a worker: ``client_class(worker)`` is its runtime API (the worker
+    hands it over, so the runtime never imports worker code)."""
+    global _worker, _client_class
     _worker = worker
+    _client_class = client_class

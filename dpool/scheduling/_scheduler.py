@@ -58,8 +58,7 @@ from dpool.runtime import _payload
 from dpool.scheduling._ioloop import IOLoop
 from dpool.scheduling._policy import BatchPolicy, LocalOnlySpillPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
-from dpool.worker._config import WorkerConfig
-from dpool.worker._main import worker_entry
+from dpool.protocol._startup import WorkerConfig, start_worker
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -704,7 +703,7 @@ class LocalScheduler:
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self.sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0)
-        proc = g.mp_context.Process(target=worker_entry, args=(child_sock, cfg),
+        proc = g.mp_context.Process(target=start_worker, args=(child_sock, cfg),
                                     name=f"dpool-worker-{wid}")
         try:
             proc.start()

@@ -32,7 +32,7 @@ from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batc
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.worker import _watchdog
-from dpool.worker._config import WorkerConfig
+from dpool.protocol._startup import WorkerConfig
 
 log = logging.getLogger("dpool.worker")
 
@@ -211,7 +211,9 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
 
         output = OutputForwarder(chan)
     worker = _Worker(chan, cfg)
-    _current.set_worker(worker)
+    from dpool.worker._client import WorkerClient
+
+    _current.set_worker(worker, WorkerClient)
     try:
         worker.run()
     except ChannelClosed:

@@ -1,4 +1,7 @@
-"""What a worker process is told when it starts (picklable, for spawn-style starts)."""
+"""What a worker process is told when it starts (picklable, for spawn-style starts), and
+how it is started: by the name of its entry module (``WORKER_ENTRY``), so the scheduler
+that starts workers never imports worker code (the worker imports the runtime, which
+imports the scheduler: importing the worker from the scheduler made a cycle)."""
 
 from __future__ import annotations
 
@@ -18,3 +21,13 @@ class WorkerConfig:
     store_capacity: Optional[int] = None
     capture_output: bool = False  # on a node daemon: stdout/stderr go to the task's driver
     id_base: int = 0  # first id of the worker's own (cluster-unique on a node); 0: per host
+
+
+WORKER_ENTRY = "dpool.worker._main"
+
+
+def start_worker(sock: object, cfg: WorkerConfig) -> None:
+    """A worker process's target: import the worker by name, run it."""
+    import importlib
+
+    importlib.import_module(WORKER_ENTRY).worker_entry(sock, cfg)
