@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import multiprocessing as mp
+import socket
 import threading
 import time
 from typing import Any, Optional

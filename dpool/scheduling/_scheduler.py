@@ -31,7 +31,13 @@ one sleeping wake-up fewer). Completions with done-callbacks still go to the IO 
 
 A worker blocked inside a task (nested ``result()``) sends ``Blocked``: it stops counting
 against ``max_workers`` and the group may start another worker, so nested tasks never
-deadlock. A worker that dies has its in-flight tasks retried up to ``max_attempts``.
+deadlock. A worker that dies has the task it was running retried up to ``max_attempts``.
+
+This module holds the public calls, the object table and the accept/finish path; its
+parts: ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (worker and
+driver messages), ``_core`` (the shared state, declared for the type checker). On a node
+daemon the cluster parts plug in: ``_attach`` (drivers), ``_spill``/``_remote``
+(bottom-up scheduling).
 """
 
 from __future__ import annotations
@@ -40,25 +46,23 @@ import itertools
 import logging
 import os
 import select
-import socket
-import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, cast
 
-from dpool.errors import (Error, ObjectLostError, ObjectStoreFullError, ProtocolError,
-                          WorkerCrashedError)
-from dpool.objects import _mapping, _segment
+from dpool.errors import ObjectLostError, ObjectStoreFullError
+from dpool.objects import _mapping
 from dpool.objects._host import HostStore
-from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import ChannelClosed
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
+from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._ioloop import IOLoop
 from dpool.scheduling._policy import BatchPolicy, LocalOnlySpillPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
-from dpool.protocol._startup import WorkerConfig, start_worker
+from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -79,20 +83,7 @@ class GroupConfig:
     working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
 
 
-def _describe_exit(code: Optional[int]) -> str:
-    if code is None:
-        return "an unknown exit status"
-    if code < 0:
-        import signal
-
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-class LocalScheduler:
+class LocalScheduler(WorkerMessages, WorkerPool):
     def __init__(self, control: Any) -> None:
         self._lock = threading.Lock()
         self._ctl = control
@@ -134,6 +125,7 @@ class LocalScheduler:
         self._io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
 
     # ================================================================ public (any thread)
+
     def add_group(self, cfg: GroupConfig) -> Group:
         with self._lock:
             g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
@@ -409,6 +401,7 @@ class LocalScheduler:
             }
 
     # ================================================================ accept / finish
+
     def _admit(self, t: Task) -> None:
         """A submitted task (driver or worker): account its stored arguments, accept it."""
         try:
@@ -595,381 +588,8 @@ class LocalScheduler:
         while rel:
             self._decref(rel.popleft())
 
-    # ================================================================ dispatch
-    def _dispatch(self, g: Group, idle_only: bool = False) -> None:
-        """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
-        busy workers get theirs in batches when their results come back)."""
-        q = g.queue
-        if g.broken is not None:
-            self._fail_group(g, g.broken)
-            return
-        batch = self._batch
-        log_event = self._ctl.log_event
-        while q:
-            prefetch = len(q) >= 2 * g.max_workers
-            w = self._pick_worker(g, idle_only, prefetch)
-            if w is None:
-                if not self._maybe_spawn(g):
-                    return
-                continue
-            quota = None if g.max_tasks is None else g.max_tasks - w.assigned
-            msgs: list = []
-            inflight = w.inflight
-            while q and (quota is None or quota > 0):
-                t = q[0]
-                est = batch.estimate(t.fn_id)
-                if not batch.fits(len(inflight), w.load, est, prefetch):
-                    break
-                q.popleft()
-                if not t.started:
-                    if t.future is not None and not t.future.set_running_or_notify_cancel():
-                        self._skip_cancelled(t)
-                        continue
-                    t.started = True
-                t.attempts += 1
-                t.est = est
-                if t.fn_id not in w.fns:
-                    w.fns.add(t.fn_id)
-                    msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
-                msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
-                inflight[t.task_id] = t
-                log_event(t.task_id, "start", _now(), w.worker_id)
-                w.load += est
-                w.assigned += 1
-                if quota is not None:
-                    quota -= 1
-            if g.max_tasks is not None and w.assigned >= g.max_tasks:
-                w.retiring = True
-            if msgs:
-                self._send(w, msgs)
-
-    def _pick_worker(self, g: Group, idle_only: bool = False,
-                     prefetch: bool = False) -> Optional[WorkerHandle]:
-        """The least-loaded worker of ``g`` that can take the head task, within slots."""
-        busy = 0
-        best = None
-        est = self._batch.estimate(g.queue[0].fn_id)
-        fits = self._batch.fits
-        for w in g.workers:
-            if not w.alive or w.blocked:
-                continue
-            n = len(w.inflight)
-            if n:
-                busy += 1
-            if w.retiring or (n and idle_only) or not fits(n, w.load, est, prefetch):
-                continue
-            if best is None or w.load < best.load:
-                best = w
-        if best is not None and not best.inflight:
-            if busy >= g.max_workers:
-                return None  # an extra worker (started while others were blocked) stays idle
-            if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
-                return None  # the node's CPUs are all in use (by other groups too)
-        return best
-
-    def busy_cpus(self) -> int:
-        """Workers running tasks now, over every group (lock held)."""
-        return sum(1 for g in self._groups.values() for w in g.workers
-                   if w.inflight and w.alive and not w.blocked)
-
-    def _maybe_spawn(self, g: Group) -> bool:
-        if self._closed or g.broken is not None:
-            return False
-        if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
-            return False
-        if len(g.workers) < g.max_workers:
-            return self._try_spawn(g)
-        if g.n_blocked == 0 and g.max_tasks is None:
-            return False  # the common case: every worker counts against max_workers
-        active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
-        if active >= g.max_workers:
-            return False
-        return self._try_spawn(g)
-
-    def _try_spawn(self, g: Group) -> bool:
-        try:
-            self._spawn(g)
-            return True
-        except (OSError, Error) as exc:  # out of processes / fds / memory / id prefixes
-            log.error("dpool: cannot start a worker process: %s", exc)
-            if not any(w.alive for w in g.workers):
-                self._fail_group(g, f"cannot start a worker process: {exc}")
-            return False
-
-    def _spawn(self, g: Group) -> WorkerHandle:
-        parent_sock, child_sock = socket.socketpair()
-        wid = next(self._worker_ids)
-        cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
-                           g.cwd or os.getcwd(), list(g.sys_path or sys.path),
-                           self.store.capacity, self.sessions is not None,
-                           (self.id_prefix() << 40) if self.id_prefix is not None else 0)
-        proc = g.mp_context.Process(target=start_worker, args=(child_sock, cfg),
-                                    name=f"dpool-worker-{wid}")
-        try:
-            proc.start()
-        except BaseException:
-            parent_sock.close()
-            raise
-        finally:
-            child_sock.close()
-        w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
-        g.workers.append(w)
-        self._io.add(w)
-        log.debug("started worker %d (pid %s) for group %d", wid, w.pid, g.group_id)
-        return w
-
-    def _send(self, w: WorkerHandle, msgs: list) -> None:
-        try:
-            if not w.chan.send(encode_batch(msgs)):
-                self._io.want_write(w)
-        except ChannelClosed:
-            pass  # the IO loop sees the EOF and handles the death
-
-    # ================================================================ worker messages
-    def _on_frames(self, w: WorkerHandle, frames: list) -> None:
-        self._deliver(self._handle_frames(w, frames))
-
-    def _handle_frames(self, w: WorkerHandle, frames: list) -> list:
-        """Handle a worker's frames; returns the completions to deliver (takes the lock)."""
-        with self._lock:
-            if self._releases:
-                self._drain_releases()
-            handlers = self._handlers
-            try:
-                for frame in frames:
-                    for msg in decode_batch(frame):
-                        h = handlers.get(msg.CODE)
-                        if h is None:
-                            raise ProtocolError(
-                                f"scheduler got unexpected {type(msg).__name__}")
-                        h(w, msg)
-            finally:
-                refill = self._refill
-                while refill:
-                    g = refill.pop(0)
-                    if g.queue:
-                        self._dispatch(g)
-            return self._take_out()
-
-    def _on_hello(self, w: WorkerHandle, msg: m.Hello) -> None:
-        w.pid = msg.pid
-
-    def _on_task_done(self, w: WorkerHandle, msg: m.TaskDone) -> None:
-        t = w.inflight.pop(msg.task_id, None)
-        if t is None:
-            # handed back or already failed over; its outcome is decided elsewhere
-            self.store.discard(msg.payload if msg.ok else None)
-            return
-        w.load = w.load - t.est if w.inflight else 0.0
-        self._batch.observe(t.fn_id, msg.duration)
-        ok, payload = msg.ok, msg.payload
-        if ok:
-            try:
-                self.store.adopt(payload)
-            except ObjectStoreFullError as exc:
-                ok, payload = False, _payload.dumps_error(exc)
-        self._finish(t, ok, payload)
-        g = w.group
-        if g.queue and g not in self._refill:
-            # Refilled once the whole read is handled (``_handle_frames``): one frame to
-            # each worker for the room a batch of results freed, not one per result (one
-            # send() each: a third of the IO thread's time in a 10k no-op burst).
-            self._refill.append(g)
-
-    def _on_init_failed(self, w: WorkerHandle, msg: m.InitFailed) -> None:
-        g = w.group
-        err = _payload.loads_error(msg.error)
-        g.broken = ("A child process terminated abruptly, the process pool is not usable "
-                    f"anymore (the initializer raised {type(err).__name__}: {err})")
-        self._fail_group(g, g.broken)
-        if g.owner is not None and g.owner.alive:  # an attached driver's executor
-            self._send(g.owner, [m.GroupBroken(g.group_id, g.broken)])
-
-    def _on_register_function(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
-        self._functions[msg.fn_id] = msg.payload
-        w.fns.add(msg.fn_id)
-        self._ctl.register_function(msg.fn_id, "", msg.payload)
-
-    def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
-        g = self._groups.get(msg.group_id, w.group)
-        if g is None:  # an attached driver's group that is gone
-            self._send(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
-                _broken_error("the pool this task was submitted to was shut down")))])
-            return
-        w.owned.add(msg.task_id)
-        self._admit(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
-
-    def _on_output(self, w: WorkerHandle, msg: m.Output) -> None:
-        """What a worker printed (node daemons only): to the driver that owns its group."""
-        if self.sessions is not None:
-            self.sessions.forward_output(w, msg)
-
-    def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
-        if not w.blocked:
-            w.group.n_blocked += 1
-        w.blocked = True
-        self._requeue(w, msg.returned)
-        self._dispatch(w.group)
-
-    def _on_unblocked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
-        if w.blocked:
-            w.group.n_blocked -= 1
-        w.blocked = False
-
-    def _on_return_tasks(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
-        self._requeue(w, msg.task_ids)
-        self._dispatch(w.group)
-
-    def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None:
-        for tid in reversed(task_ids):
-            t = w.inflight.pop(tid, None)
-            if t is not None:
-                w.load = w.load - t.est if w.inflight else 0.0
-                w.assigned -= 1
-                if w.retiring and w.assigned < (w.group.max_tasks or 0):
-                    w.retiring = False
-                t.attempts -= 1  # it never ran
-                t.group.queue.appendleft(t)
-
-    def _on_get_objects(self, w: WorkerHandle, msg: m.GetObjects) -> None:
-        for oid in msg.object_ids:
-            obj = self._objects.get(oid)
-            if obj is None:
-                self._send(w, [m.ObjectValue(oid, False, _payload.dumps_error(ObjectLostError(
-                    f"object {oid:#x} is unknown: its last reference was released")))])
-            elif obj.ready:
-                self._send_object(w, oid, obj)
-            else:
-                obj.add_waiter(w)
-
-    def _on_release(self, w: WorkerHandle, msg: m.Release) -> None:
-        for oid in msg.object_ids:
-            if oid in w.owned:
-                w.owned.discard(oid)
-                self._decref(oid)
-
-    def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
-        obj = Obj()
-        obj.ready = True
-        obj.payload = msg.payload
-        obj.refs = 1  # the putting worker's ref
-        try:
-            self.store.adopt(msg.payload)
-        except ObjectStoreFullError as exc:
-            obj.ok, obj.payload = False, _payload.dumps_error(exc)
-        self._objects[msg.object_id] = obj
-        w.owned.add(msg.object_id)
-        self._ctl.add_object(msg.object_id, len(msg.payload), "host")
-
-    # ================================================================ failures
-    def _on_closed(self, w: WorkerHandle) -> None:
-        """The IO loop saw a worker's socket close: it exited or died."""
-        if w.process is None:  # an attached driver or a peer (cluster mode)
-            with self._lock:
-                self.sessions.handle_closed(w)
-                out = self._take_out()
-            w.chan.close()
-            self._deliver(out)
-            return
-        exitcode = _reap(w, kill_after=0.2)
-        with self._lock:
-            was_alive = w.alive
-            w.alive = False
-            g = w.group
-            if w.blocked:
-                w.blocked = False
-                g.n_blocked -= 1
-            if w in g.workers:
-                g.workers.remove(w)
-            held = list(w.inflight.values())
-            for t in held:
-                # a result segment the dead worker may have (half) written
-                self.store.unlink_unadopted(
-                    _segment.segment_name(self.store.owner_pid, t.task_id))
-            lost = held
-            if was_alive and g.broken is None and len(held) > 1:
-                # A worker runs its tasks in order: those behind the first it held had
-                # not started (unless the first had just finished, its result not yet
-                # sent). They go back to the queue, behind it, uncharged.
-                self._requeue(w, tuple(t.task_id for t in held[1:]))
-                lost = held[:1]
-            w.inflight.clear()
-            w.load = 0.0
-            if was_alive and held:
-                log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
-                            "%d); %d task(s) it held had not started and go back uncharged",
-                            w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
-                            held[0].attempts, g.max_attempts, len(held) - len(lost))
-            for t in lost:
-                if t.attempts < g.max_attempts and g.broken is None and was_alive:
-                    g.queue.appendleft(t)
-                else:
-                    err = WorkerCrashedError(
-                        f"the worker running this task (pid {w.pid}) died with "
-                        f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
-                        f"{g.max_attempts}",
-                        exitcode=exitcode, attempts=t.attempts)
-                    self._finish(t, False, _payload.dumps_error(err))
-            # Its handles die with it: nested futures' and puts' objects lose a reference.
-            for oid in w.owned:
-                self._decref(oid)
-            w.owned.clear()
-            for obj in self._objects.values():
-                if obj.waiters and w in obj.waiters:
-                    obj.waiters = [x for x in obj.waiters if x is not w] or None
-            if g.queue:
-                self._dispatch(g)
-            elif g.closed and not g.workers and g.outstanding == 0:
-                self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
-            self._exited.notify_all()
-            out = self._take_out()
-        w.chan.close()
-        self._deliver(out)
-
-    def _fail_group(self, g: Group, reason: str) -> None:
-        err = _payload.dumps_error(_broken_error(reason))
-        if self.spiller is not None:  # its tasks running on other nodes fail too
-            self.spiller.fail_group(g, err)
-        while g.queue:
-            t = g.queue.popleft()
-            if t.future is not None and not t.started:
-                t.future.set_running_or_notify_cancel()
-                t.started = True
-            self._finish(t, False, err)
-        for w in g.workers:
-            for t in list(w.inflight.values()):
-                w.inflight.pop(t.task_id)
-                self._finish(t, False, err)
-        # tasks still waiting for their inputs (maybe another executor's results)
-        waiting: dict[int, Task] = {}
-        for obj in self._objects.values():
-            if obj.waiters:
-                for x in obj.waiters:
-                    if isinstance(x, Task) and x.group is g:
-                        waiting[x.task_id] = x
-                if waiting:
-                    obj.waiters = [x for x in obj.waiters
-                                   if not (isinstance(x, Task) and x.group is g)] or None
-        for t in waiting.values():
-            if t.future is not None and not t.started:
-                t.future.set_running_or_notify_cancel()
-                t.started = True
-            self._finish(t, False, err)
-
-    def _retire_group(self, g: Group) -> None:
-        """All of a closed group's work is done: stop its workers, run on_idle hooks."""
-        for w in g.workers:
-            if w.alive:
-                w.alive = False
-                self._send(w, [m.Shutdown()])
-        self._exited.notify_all()
-        if not g.workers:
-            self._groups.pop(g.group_id, None)
-        hooks, g.on_idle = g.on_idle, []
-        for hook in hooks:
-            hook()  # trivial by contract (Event.set): runs under the lock
-
     # ================================================================ delivery
+
     def _take_out(self) -> list:
         """The completions gathered in this locked region (lock held)."""
         if self.store.has_news:  # large segments freed or spilled in this region
@@ -1024,22 +644,3 @@ class LocalScheduler:
 
 
 _now = time.time
-
-
-def _broken_error(reason: str) -> BaseException:
-    from concurrent.futures.process import BrokenProcessPool
-
-    return BrokenProcessPool(reason)
-
-
-def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:
-    """Wait for a worker process to exit (killing it after ``kill_after`` s)."""
-    proc = w.process
-    try:
-        proc.join(kill_after)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(2.0)
-        return proc.exitcode
-    except (AssertionError, ValueError, OSError):  # not our child / already closed
-        return None

@@ -1,0 +1,321 @@
+"""The local scheduler's worker processes: dispatching to them, starting them, deaths.
+
+Dispatch sends a group's queued tasks to its workers with room (``BatchPolicy``: short
+tasks in batches, long ones one at a time), the least-loaded first, starting workers up
+to the group's ``max_workers`` on demand (and, on a node, never more busy than its
+``cpu_limit`` over every group). Called from a submitting thread it only uses *idle*
+workers -- that is the latency path; busy workers get queued tasks from the IO thread as
+their results come back.
+
+A worker's socket closing means it exited or died (``_on_closed``): the first task it
+held may have started and is charged an attempt, the others go back uncharged; a task out
+of attempts fails with ``WorkerCrashedError``. Its handles die with it. A group whose
+initializer failed, or that is terminated, fails its queued and held tasks
+(``_fail_group``); a closed group whose work is done stops its workers (``_retire_group``).
+
+Lock rule: every method here expects the scheduler's lock held, except ``_on_closed``
+(called by the IO loop), which takes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Optional
+
+from dpool.errors import Error, WorkerCrashedError
+from dpool.objects import _segment
+from dpool.protocol import Channel, ChannelClosed, encode_batch
+from dpool.protocol import _messages as m
+from dpool.protocol._startup import WorkerConfig, start_worker
+from dpool.runtime import _payload
+from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._records import Group, Task, WorkerHandle
+
+log = logging.getLogger("dpool.scheduling")
+
+_now = time.time
+
+
+class WorkerPool(SchedulerCore):
+    def _dispatch(self, g: Group, idle_only: bool = False) -> None:
+        """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
+        busy workers get theirs in batches when their results come back)."""
+        q = g.queue
+        if g.broken is not None:
+            self._fail_group(g, g.broken)
+            return
+        batch = self._batch
+        log_event = self._ctl.log_event
+        while q:
+            prefetch = len(q) >= 2 * g.max_workers
+            w = self._pick_worker(g, idle_only, prefetch)
+            if w is None:
+                if not self._maybe_spawn(g):
+                    return
+                continue
+            quota = None if g.max_tasks is None else g.max_tasks - w.assigned
+            msgs: list = []
+            inflight = w.inflight
+            while q and (quota is None or quota > 0):
+                t = q[0]
+                est = batch.estimate(t.fn_id)
+                if not batch.fits(len(inflight), w.load, est, prefetch):
+                    break
+                q.popleft()
+                if not t.started:
+                    if t.future is not None and not t.future.set_running_or_notify_cancel():
+                        self._skip_cancelled(t)
+                        continue
+                    t.started = True
+                t.attempts += 1
+                t.est = est
+                if t.fn_id not in w.fns:
+                    w.fns.add(t.fn_id)
+                    msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
+                msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
+                inflight[t.task_id] = t
+                log_event(t.task_id, "start", _now(), w.worker_id)
+                w.load += est
+                w.assigned += 1
+                if quota is not None:
+                    quota -= 1
+            if g.max_tasks is not None and w.assigned >= g.max_tasks:
+                w.retiring = True
+            if msgs:
+                self._send(w, msgs)
+
+    def _pick_worker(self, g: Group, idle_only: bool = False,
+                     prefetch: bool = False) -> Optional[WorkerHandle]:
+        """The least-loaded worker of ``g`` that can take the head task, within slots."""
+        busy = 0
+        best = None
+        est = self._batch.estimate(g.queue[0].fn_id)
+        fits = self._batch.fits
+        for w in g.workers:
+            if not w.alive or w.blocked:
+                continue
+            n = len(w.inflight)
+            if n:
+                busy += 1
+            if w.retiring or (n and idle_only) or not fits(n, w.load, est, prefetch):
+                continue
+            if best is None or w.load < best.load:
+                best = w
+        if best is not None and not best.inflight:
+            if busy >= g.max_workers:
+                return None  # an extra worker (started while others were blocked) stays idle
+            if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
+                return None  # the node's CPUs are all in use (by other groups too)
+        return best
+
+    def busy_cpus(self) -> int:
+        """Workers running tasks now, over every group (lock held)."""
+        return sum(1 for g in self._groups.values() for w in g.workers
+                   if w.inflight and w.alive and not w.blocked)
+
+    def _maybe_spawn(self, g: Group) -> bool:
+        if self._closed or g.broken is not None:
+            return False
+        if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
+            return False
+        if len(g.workers) < g.max_workers:
+            return self._try_spawn(g)
+        if g.n_blocked == 0 and g.max_tasks is None:
+            return False  # the common case: every worker counts against max_workers
+        active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
+        if active >= g.max_workers:
+            return False
+        return self._try_spawn(g)
+
+    def _try_spawn(self, g: Group) -> bool:
+        try:
+            self._spawn(g)
+            return True
+        except (OSError, Error) as exc:  # out of processes / fds / memory / id prefixes
+            log.error("dpool: cannot start a worker process: %s", exc)
+            if not any(w.alive for w in g.workers):
+                self._fail_group(g, f"cannot start a worker process: {exc}")
+            return False
+
+    def _spawn(self, g: Group) -> WorkerHandle:
+        parent_sock, child_sock = socket.socketpair()
+        wid = next(self._worker_ids)
+        cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
+                           g.cwd or os.getcwd(), list(g.sys_path or sys.path),
+                           self.store.capacity, self.sessions is not None,
+                           (self.id_prefix() << 40) if self.id_prefix is not None else 0)
+        proc = g.mp_context.Process(target=start_worker, args=(child_sock, cfg),
+                                    name=f"dpool-worker-{wid}")
+        try:
+            proc.start()
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child_sock.close()
+        w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
+        g.workers.append(w)
+        self._io.add(w)
+        log.debug("started worker %d (pid %s) for group %d", wid, w.pid, g.group_id)
+        return w
+
+    def _send(self, w: WorkerHandle, msgs: list) -> None:
+        try:
+            if not w.chan.send(encode_batch(msgs)):
+                self._io.want_write(w)
+        except ChannelClosed:
+            pass  # the IO loop sees the EOF and handles the death
+
+    def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None:
+        for tid in reversed(task_ids):
+            t = w.inflight.pop(tid, None)
+            if t is not None:
+                w.load = w.load - t.est if w.inflight else 0.0
+                w.assigned -= 1
+                if w.retiring and w.assigned < (w.group.max_tasks or 0):
+                    w.retiring = False
+                t.attempts -= 1  # it never ran
+                t.group.queue.appendleft(t)
+
+    def _on_closed(self, w: WorkerHandle) -> None:
+        """The IO loop saw a worker's socket close: it exited or died."""
+        if w.process is None:  # an attached driver or a peer (cluster mode)
+            with self._lock:
+                self.sessions.handle_closed(w)
+                out = self._take_out()
+            w.chan.close()
+            self._deliver(out)
+            return
+        exitcode = _reap(w, kill_after=0.2)
+        with self._lock:
+            was_alive = w.alive
+            w.alive = False
+            g = w.group
+            if w.blocked:
+                w.blocked = False
+                g.n_blocked -= 1
+            if w in g.workers:
+                g.workers.remove(w)
+            held = list(w.inflight.values())
+            for t in held:
+                # a result segment the dead worker may have (half) written
+                self.store.unlink_unadopted(
+                    _segment.segment_name(self.store.owner_pid, t.task_id))
+            lost = held
+            if was_alive and g.broken is None and len(held) > 1:
+                # A worker runs its tasks in order: those behind the first it held had
+                # not started (unless the first had just finished, its result not yet
+                # sent). They go back to the queue, behind it, uncharged.
+                self._requeue(w, tuple(t.task_id for t in held[1:]))
+                lost = held[:1]
+            w.inflight.clear()
+            w.load = 0.0
+            if was_alive and held:
+                log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
+                            "%d); %d task(s) it held had not started and go back uncharged",
+                            w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
+                            held[0].attempts, g.max_attempts, len(held) - len(lost))
+            for t in lost:
+                if t.attempts < g.max_attempts and g.broken is None and was_alive:
+                    g.queue.appendleft(t)
+                else:
+                    err = WorkerCrashedError(
+                        f"the worker running this task (pid {w.pid}) died with "
+                        f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
+                        f"{g.max_attempts}",
+                        exitcode=exitcode, attempts=t.attempts)
+                    self._finish(t, False, _payload.dumps_error(err))
+            # Its handles die with it: nested futures' and puts' objects lose a reference.
+            for oid in w.owned:
+                self._decref(oid)
+            w.owned.clear()
+            for obj in self._objects.values():
+                if obj.waiters and w in obj.waiters:
+                    obj.waiters = [x for x in obj.waiters if x is not w] or None
+            if g.queue:
+                self._dispatch(g)
+            elif g.closed and not g.workers and g.outstanding == 0:
+                self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
+            self._exited.notify_all()
+            out = self._take_out()
+        w.chan.close()
+        self._deliver(out)
+
+    def _fail_group(self, g: Group, reason: str) -> None:
+        err = _payload.dumps_error(_broken_error(reason))
+        if self.spiller is not None:  # its tasks running on other nodes fail too
+            self.spiller.fail_group(g, err)
+        while g.queue:
+            t = g.queue.popleft()
+            if t.future is not None and not t.started:
+                t.future.set_running_or_notify_cancel()
+                t.started = True
+            self._finish(t, False, err)
+        for w in g.workers:
+            for t in list(w.inflight.values()):
+                w.inflight.pop(t.task_id)
+                self._finish(t, False, err)
+        # tasks still waiting for their inputs (maybe another executor's results)
+        waiting: dict[int, Task] = {}
+        for obj in self._objects.values():
+            if obj.waiters:
+                for x in obj.waiters:
+                    if isinstance(x, Task) and x.group is g:
+                        waiting[x.task_id] = x
+                if waiting:
+                    obj.waiters = [x for x in obj.waiters
+                                   if not (isinstance(x, Task) and x.group is g)] or None
+        for t in waiting.values():
+            if t.future is not None and not t.started:
+                t.future.set_running_or_notify_cancel()
+                t.started = True
+            self._finish(t, False, err)
+
+    def _retire_group(self, g: Group) -> None:
+        """All of a closed group's work is done: stop its workers, run on_idle hooks."""
+        for w in g.workers:
+            if w.alive:
+                w.alive = False
+                self._send(w, [m.Shutdown()])
+        self._exited.notify_all()
+        if not g.workers:
+            self._groups.pop(g.group_id, None)
+        hooks, g.on_idle = g.on_idle, []
+        for hook in hooks:
+            hook()  # trivial by contract (Event.set): runs under the lock
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "an unknown exit status"
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _broken_error(reason: str) -> BaseException:
+    from concurrent.futures.process import BrokenProcessPool
+
+    return BrokenProcessPool(reason)
+
+
+def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:
+    """Wait for a worker process to exit (killing it after ``kill_after`` s)."""
+    proc = w.process
+    try:
+        proc.join(kill_after)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(2.0)
+        return proc.exitcode
+    except (AssertionError, ValueError, OSError):  # not our child / already closed
+        return None
