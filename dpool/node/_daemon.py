@@ -123,8 +123,9 @@ class NodeDaemon:
         self.sessions.prefixes = self.prefixes
         self.runner.set_id_base(self.prefixes.take() << 40)
         self.agent = ClusterAgent(self, store)
-        self.spiller = Spiller(self.scheduler, self.address, self.links.send,
-                               self.agent.linked_schedulers, local_groups=self.runner.is_mirror)
+        self.spiller = Spiller(
+            self.scheduler, self.address, self.links.send, self.agent.linked_schedulers,
+            local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g))
         self.sessions.peer_closed_hooks.append(self._peer_closed)
         self.sessions.cluster_status = self._cluster_status
         self.sessions.publish_workdir = store.put_workdir

@@ -90,6 +90,7 @@ class DriverSessions:
         self.prefixes: Any = None  # node._ids.IdPrefixes: each driver's ids' prefix
         self.workdir_cache: Any = None  # node._workdirs.WorkdirCache
         self.publish_workdir: Any = None  # (digest, archive): for other nodes (a thread)
+        self.published: set[str] = set()  # digests other nodes can fetch
         self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
         h = scheduler._handlers
         h[m.CreateGroup.CODE] = self._on_create_group
@@ -128,9 +129,25 @@ class DriverSessions:
             d.workdirs[msg.digest] = msg.root
         else:
             d.workdirs[msg.digest] = self.workdir_cache.add(msg.digest, msg.archive)
-        if self.publish_workdir is not None:
-            threading.Thread(target=self.publish_workdir, args=(msg.digest, msg.archive),
+        if self.publish_workdir is not None and msg.digest not in self.published:
+            threading.Thread(target=self._publish, args=(msg.digest, msg.archive),
                              daemon=True, name="dpool-publish-workdir").start()
+
+    def _publish(self, digest: str, archive: bytes) -> None:
+        """Store the code where other nodes find it; until then this node keeps the
+        tasks that need it (``can_spill``), so no node looks for it before it is there."""
+        try:
+            self.publish_workdir(digest, archive)
+        except Exception as exc:  # noqa: BLE001 - its tasks then run here only
+            log.warning("could not publish working directory %s (%d bytes) for other "
+                        "nodes: %s; its tasks run on this node only", digest, len(archive),
+                        exc)
+            return
+        self.published.add(digest)
+
+    def can_spill(self, g: Group) -> bool:
+        """Whether other nodes can have ``g``'s code (its working directory published)."""
+        return not g.workdir or g.workdir[0] in self.published
 
     def _on_create_group(self, d: DriverHandle, msg: m.CreateGroup) -> None:
         s = self._s
