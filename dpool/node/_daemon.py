@@ -31,10 +31,12 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
 from dpool.node._ids import IdPrefixes
+from dpool.objects import _manager
 from dpool.node._links import Links, dial, peer_hello, welcome_message
 from dpool.node._workdirs import WorkdirCache
 from dpool.node._server import NodeServer
@@ -81,7 +83,8 @@ class NodeDaemon:
         self.scheduler.cpu_limit = num_cpus
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
-        self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer)
+        self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer,
+                                 self._serve_segment)
         self.address = f"{node_ip}:{self.server.address[1]}"
         self.node_id = self.address
         os.environ["DPOOL_NODE_ID"] = self.node_id  # inherited by the workers
@@ -94,6 +97,7 @@ class NodeDaemon:
         self.sessions.workdir_cache = self.workdirs
         self.runner = RemoteRunner(self.scheduler, self.node_id, self.links.send,
                                    workdirs=self.workdirs)
+        self.runner.token = token
         self.sessions.remote_origin = self.runner.origin_of
         self.sessions.send_to_node = self.links.send
         self.control: Any = None
@@ -175,6 +179,18 @@ class NodeDaemon:
         h = PeerHandle(chan, hello.node_id, hello.address, outgoing=False)
         chan.set_blocking(False)
         self.scheduler._io.add(h)
+
+    def _serve_segment(self, sock: socket.socket, name: str) -> None:
+        """Another node pulls one of this store's values (``objects._manager``): only
+        segments of this node's store, never any other file."""
+        prefix = f"/dpool_{self.scheduler.store.owner_pid}_"
+        if not name.startswith(prefix) or not name[len(prefix):].isalnum():
+            log.warning("refused to send %r: not a segment of this node's store", name)
+            sock.sendall(b"\0" * 8)
+            return
+        t0 = time.monotonic()
+        _manager.serve(sock, name)
+        log.info("sent %s to a node in %.1f ms", name, (time.monotonic() - t0) * 1e3)
 
     def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
         if h.outgoing:

@@ -33,8 +33,10 @@ _MAX_HANDSHAKES = 64  # connections being authenticated at once; more are shed
 class NodeServer:
     def __init__(self, token: bytes, bind: str, port: int, unix_path: Optional[str],
                  on_attach: Optional[Callable[[Channel, m.Attach], None]],
-                 on_peer: Callable[[Channel, m.PeerHello], None]) -> None:
+                 on_peer: Callable[[Channel, m.PeerHello], None],
+                 on_fetch: Optional[Callable[[socket.socket, str], None]] = None) -> None:
         self._token = token
+        self._on_fetch = on_fetch
         self._on_attach = on_attach
         self._on_peer = on_peer
         self.unix_path = unix_path
@@ -122,6 +124,11 @@ class NodeServer:
             if len(frames) != 1 or len(msgs) != 1:
                 raise ProtocolError("expected exactly one hello message first")
             hello = msgs[0]
+            if isinstance(hello, m.FetchSegment) and self._on_fetch is not None:
+                conn.settimeout(_ATTACH_TIMEOUT * 3)
+                self._on_fetch(conn, hello.name)  # in this thread: a transfer of its own
+                conn.close()
+                return
             if not isinstance(hello, (m.Attach, m.PeerHello)) or (
                     isinstance(hello, m.Attach) and self._on_attach is None):
                 raise ProtocolError(f"unexpected first message {type(hello).__name__}")

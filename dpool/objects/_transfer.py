@@ -76,3 +76,31 @@ def dumps_call_inline(args: tuple, kwargs: dict) -> Optional[bytes]:
     if not args and not kwargs:
         return None
     return dumps_value_inline((args, kwargs))
+
+
+def into_store(payload: Optional[bytes], name: str) -> Optional[bytes]:
+    """An inline payload whose buffers are large, written into segment ``name`` of this
+    host's store (a stored payload, as a local process would have made); other payloads
+    unchanged. The node does this for drivers that reach it over TCP, so its workers map
+    the value instead of each getting a copy in its message."""
+    if not payload or payload[0] != _values.TAG_INLINE:
+        return payload
+    data = memoryview(payload)
+    _, n, meta_len = _values._INLINE_HEAD.unpack_from(data, 0)
+    pos = _values._INLINE_HEAD.size
+    sizes = []
+    for _ in range(n):
+        sizes.append(_values._SIZE.unpack_from(data, pos)[0])
+        pos += _values._SIZE.size
+    if sum(sizes) < _values.store_threshold_bytes():
+        return payload
+    meta = bytes(data[pos:pos + meta_len])
+    pos += meta_len
+    buffers = []
+    for size in sizes:
+        buffers.append(data[pos:pos + size])
+        pos += size
+    oid = int(name.rsplit("_", 1)[1], 16)
+    _values._STORED_HEAD.pack(_values.TAG_STORED, oid, 0)  # a bad id fails before writing
+    size = _segment.write_object(name, Serialized(meta, buffers))
+    return _values._STORED_HEAD.pack(_values.TAG_STORED, oid, size) + name.encode()

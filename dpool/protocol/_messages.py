@@ -368,6 +368,16 @@ class WorkingDir:
     archive: bytes
 
 
+@dataclass(slots=True)
+class FetchSegment:
+    """N->N first frame of an object-transfer connection: send me this segment's bytes
+    (``objects._manager``); the answer is raw (its size, then the bytes)."""
+
+    CODE: ClassVar[int] = 35
+    version: int
+    name: str
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -403,4 +413,5 @@ ALL_MESSAGES = (
     Output,
     DropGroup,
     WorkingDir,
+    FetchSegment,
 )

@@ -21,6 +21,7 @@ Handlers run on the scheduler's IO thread with its lock held, like every message
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -29,7 +30,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from dpool.objects import _transfer
+from dpool.objects import _segment, _transfer
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -98,6 +99,11 @@ class DriverSessions:
         h[m.CancelTask.CODE] = self._on_cancel_task
         h[m.StatusRequest.CODE] = self._on_status
         h[m.WorkingDir.CODE] = self._on_workdir
+        self._base_submit = h[m.SubmitTask.CODE]
+        self._base_put = h[m.PutObject.CODE]
+        h[m.SubmitTask.CODE] = self._on_submit
+        h[m.PutObject.CODE] = self._on_put
+        self._store_ids: Any = None  # ids of values put in the store for TCP drivers
         scheduler.sessions = self
 
     # -- from the accept thread -----------------------------------------------------------
@@ -122,6 +128,31 @@ class DriverSessions:
         return d
 
     # -- handlers (IO thread, scheduler lock held) ----------------------------------------
+    # -- values from drivers over TCP go into this node's store ----------------------------
+    def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
+        if isinstance(w, DriverHandle) and not w.local and msg.args:
+            if self._store_ids is None:  # a cluster-unique range of this node's
+                base = (self.prefixes.take() << 40) if self.prefixes is not None \
+                    else (3 << 61)
+                self._store_ids = itertools.count(base)
+            msg.args = self._into_store(msg.args, next(self._store_ids))
+        self._base_submit(w, msg)
+
+    def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
+        if isinstance(w, DriverHandle) and not w.local:
+            msg.payload = self._into_store(msg.payload, msg.object_id)
+        self._base_put(w, msg)
+
+    def _into_store(self, payload: bytes, oid: int) -> bytes:
+        """A large value a remote driver sent inline, as a value of this node's store
+        (workers map it; other nodes pull it), like a local driver's (lock held)."""
+        try:
+            return _transfer.into_store(
+                payload, _segment.segment_name(self._s.store.owner_pid, oid)) or payload
+        except Exception as exc:  # noqa: BLE001 - e.g. the store is full: keep it inline
+            log.warning("keeping a value of %d bytes inline: %s", len(payload), exc)
+            return payload
+
     def _on_workdir(self, d: DriverHandle, msg: m.WorkingDir) -> None:
         """A driver's packed code: unpacked here unless the driver is on this host, and
         published for the nodes its tasks may spill to."""

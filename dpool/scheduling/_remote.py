@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dpool.errors import Error
-from dpool.objects import _transfer
+from dpool.errors import Error, ObjectLostError
+from dpool.objects import _manager, _segment, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.runtime._workdir import map_path
@@ -32,6 +32,18 @@ from dpool.scheduling._records import Group, Task
 log = logging.getLogger("dpool.scheduling")
 
 _LOCAL_IDS = 1 << 62  # ids of remote tasks and functions here: above drivers' and workers'
+
+
+class _Copy:
+    """This node's copy of an input held by another node (being fetched until then)."""
+
+    __slots__ = ("oid", "payload", "error", "last")
+
+    def __init__(self, oid: int) -> None:
+        self.oid = oid
+        self.payload: Optional[bytes] = None
+        self.error: Optional[BaseException] = None
+        self.last = time.monotonic()
 
 
 class RemoteRunner:
@@ -52,6 +64,10 @@ class RemoteRunner:
         self.workdirs = workdirs  # node._workdirs.WorkdirCache
         self.fetch_workdir = fetch_workdir  # digest -> archive (the control store's copy)
         self._fetching: dict[str, list] = {}  # digest -> tasks waiting for its code
+        self.token = b""  # the cluster token, for fetching inputs from other nodes
+        self._copies: dict[tuple, _Copy] = {}  # remote inputs fetched (or being fetched)
+        self._held: list = []  # tasks waiting for their remote inputs
+        self.copy_ttl_s = 2.0  # an input copy no task pinned for this long is freed
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
         scheduler._handlers[m.DropGroup.CODE] = self._on_drop
 
@@ -128,8 +144,120 @@ class RemoteRunner:
             out = s._take_out()
         s._deliver(out)
 
+    # -- large inputs held by other nodes (objects._manager) ------------------------------
+    def _remote_inputs(self, msg: m.RemoteTask) -> list:
+        """Keys of the task's inputs that live on another node: ("args"|"dep", holder's
+        address, segment name). An argument block is the task's own; a dependency is
+        fetched once per node and shared by every task that needs it."""
+        keys = []
+        ref = _manager.parse_remote(msg.args)
+        if ref is not None:
+            keys.append(("args", ref[1], ref[2], msg.task_id))
+        for _oid, ok, p in msg.deps or ():
+            ref = _manager.parse_remote(p) if ok else None
+            if ref is not None:
+                keys.append(("dep", ref[1], ref[2], 0))
+        return keys
+
+    def _start_fetch(self, key: tuple) -> None:
+        if key in self._copies:
+            return
+        self._copies[key] = _Copy(next(self._ids))
+        threading.Thread(target=self._fetch_object, args=(key,), daemon=True,
+                         name="dpool-fetch-object").start()
+
+    def _fetch_object(self, key: tuple) -> None:
+        """Copy one input from its holder into this node's store (own thread), then run
+        the tasks that were waiting for it."""
+        s = self._s
+        kind, address, name, _ = key
+        copy = self._copies[key]
+        payload: Optional[bytes] = None
+        error: Optional[BaseException] = None
+        try:
+            payload = _manager.fetch(address, self.token, name, copy.oid, s.store.owner_pid)
+        except Exception as exc:  # noqa: BLE001 - reported on each task that needed it
+            error = exc
+        with s._lock:
+            if payload is not None and kind == "dep":
+                try:
+                    s.store.adopt(payload)  # the node's copy, shared by its tasks
+                except Exception as exc:  # noqa: BLE001 - e.g. the store is full
+                    _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
+                    payload, error = None, exc
+            copy.payload, copy.error, copy.last = payload, error, time.monotonic()
+            held, self._held = self._held, []
+            for msg in held:
+                self._run(msg, accepted=True)
+            out = s._take_out()
+        s._deliver(out)
+
+    def _localize(self, msg: m.RemoteTask, keys: list) -> Optional[m.RemoteTask]:
+        """``msg`` with its remote inputs replaced by this node's copies (None: one of
+        them could not be fetched; the origin has been told)."""
+        s = self._s
+        args, deps = msg.args, msg.deps
+        failed = next((k for k in keys if self._copies[k].error is not None), None)
+        if failed is not None:
+            copy = self._copies[failed]
+            err = copy.error if isinstance(copy.error, ObjectLostError) else \
+                ObjectLostError(f"input {failed[2]} of this task, held by node {failed[1]}, "
+                                f"could not be fetched: {copy.error}")
+            for key in keys:  # the task's own argument copy goes with it
+                if key[0] == "args":
+                    own = self._copies.pop(key)
+                    if own.payload is not None:
+                        _segment.unlink(_values.stored(own.payload)[1])  # type: ignore[index]
+            self._send(msg.origin, [m.TaskResult(msg.task_id, False,
+                                                 _payload.dumps_error(err), 0.0)])
+            return None
+        for key in keys:
+            copy = self._copies[key]
+            copy.last = time.monotonic()
+            if key[0] == "args":
+                args = copy.payload
+                del self._copies[key]  # the task's own: adopted and dropped with it
+        if deps:
+            new = []
+            for oid, ok, p in deps:
+                ref = _manager.parse_remote(p) if ok else None
+                if ref is not None:
+                    p = self._copies[("dep", ref[1], ref[2], 0)].payload
+                    s.store.pin(p)  # while this task needs it (unpinned at its finish)
+                new.append((oid, ok, p))
+            deps = tuple(new)
+        return m.RemoteTask(msg.task_id, msg.origin, msg.group_id, msg.group_cfg, msg.fn_id,
+                            msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir)
+
+    def _drop_idle_copies(self, now: float) -> None:
+        """Shared copies no task has pinned for ``copy_ttl_s`` are freed (lock held)."""
+        s = self._s
+        for key, copy in list(self._copies.items()):
+            if key[0] != "dep" or copy.payload is None and copy.error is None:
+                continue
+            if copy.error is not None or (now - copy.last > self.copy_ttl_s and not
+                                          s.store.store.pincount(copy.oid)):
+                del self._copies[key]
+                if copy.payload is not None:
+                    s.store.drop(copy.payload)
+
     def _run(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
+        keys = self._remote_inputs(msg)
+        if keys:
+            if not all(k in self._copies and (self._copies[k].payload is not None or
+                                              self._copies[k].error is not None)
+                       for k in keys):
+                if not accepted:
+                    self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
+                self._held.append(msg)
+                for k in keys:
+                    self._start_fetch(k)
+                return
+            localized = self._localize(msg, keys)
+            if localized is None:
+                return
+            msg = localized
         g = self._group(msg)
         self._last_used[g.group_id] = time.monotonic()
         fkey = (msg.origin, msg.fn_id)
@@ -173,8 +301,9 @@ class RemoteRunner:
         self.mirror_ids.discard(g.group_id)
 
     def tick(self) -> None:
-        """Retire mirror groups idle for a while (lock held)."""
+        """Retire mirror groups idle for a while, free idle input copies (lock held)."""
         now = time.monotonic()
+        self._drop_idle_copies(now)
         for key, g in list(self._groups.items()):
             if g.outstanding == 0 and now - self._last_used.get(g.group_id, now) \
                     > self.idle_retire_s:

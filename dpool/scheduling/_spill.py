@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.errors import WorkerCrashedError
-from dpool.objects import _transfer
+from dpool.objects import _manager, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.scheduling._records import Group, Task
@@ -45,6 +45,7 @@ from dpool.scheduling._records import Group, Task
 log = logging.getLogger("dpool.scheduling")
 
 _BACKOFF_S = 0.2
+REFERENCE_MIN = 1 << 20  # stored inputs this large go by reference (pulled by the runner)
 
 
 class _Away:
@@ -139,14 +140,14 @@ class Spiller:
             for _oid, ok, p in t.deps:
                 if ok:
                     s.store.restore_payload(p)
-            deps = tuple((oid, ok, _transfer.inline_payload(p) if ok else p)
+            deps = tuple((oid, ok, self._outgoing(p) if ok else p)
                          for oid, ok, p in t.deps)
         ctx = g.mp_context
         cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
                g.initializer, g.max_tasks, g.max_attempts)
         msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
                            s._functions[t.fn_id],
-                           _transfer.inline_payload(t.args) if t.args else t.args, deps,
+                           self._outgoing(t.args) if t.args else t.args, deps,
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir)
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
@@ -154,6 +155,14 @@ class Spiller:
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
         return msg
+
+    def _outgoing(self, payload: bytes) -> bytes:
+        """A value for another node: a reference when it is large and in this node's
+        store (the node that runs the task pulls it, once), else its bytes inline."""
+        ref = _values.stored(payload)
+        if ref is not None and ref[2] >= REFERENCE_MIN:
+            return _manager.remote_ref(payload, self.address)
+        return _transfer.inline_payload(payload)
 
     # -- outcomes ------------------------------------------------------------------------
     def _take(self, task_id: int) -> Optional[Task]:

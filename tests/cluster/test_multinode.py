@@ -419,3 +419,93 @@ def test_a_working_dir_over_the_limit_says_how_to_fix_it(cluster3, tmp_path):
                           "print(dpool.ProcessPoolExecutor(1).submit(abs, -2).result())\n"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert out.stdout.strip() == "2", out.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster_far(tmp_path_factory):
+    """A head that runs nothing (0 CPUs) and two nodes: every task runs away from the
+    driver's node, so every large input crosses between node stores."""
+    c = start_cluster(tmp_path_factory.mktemp("far"), n_nodes=3, head_cpus=0)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+OBJECTS = textwrap.dedent("""
+    import os
+    import numpy as np
+    import dpool
+
+    def describe(*values):
+        out = []
+        for v in values:
+            if isinstance(v, np.ndarray):
+                out.append((v.dtype.str, v.shape, float(v.astype(np.float64).sum()),
+                            v.flags.writeable))
+            else:
+                out.append(repr(v)[:60])
+        return os.environ.get("DPOOL_NODE_ID"), out
+
+    if __name__ == "__main__":
+        rng = np.random.default_rng(0)
+        big = rng.random(4_000_000)                                    # 32 MB float64
+        ints = np.arange(3_000_000, dtype=np.int32).reshape(1000, 3000)
+        fortran = np.asfortranarray(rng.random((1500, 1000)).astype(np.float32))
+        strided = rng.random((2000, 2000))[:, ::3]
+        nested = {"a": [np.ones(500_000), np.zeros(400_000, dtype=np.uint8)],
+                  "b": (b"x" * 100, np.full(300_000, 7, dtype=np.int16))}
+        expect = describe(big, ints, fortran, strided)[1]
+        with dpool.ProcessPoolExecutor() as ex:
+            ref = dpool.put(big)
+            fs = [ex.submit(describe, ref, ints, fortran, strided) for _ in range(8)]
+            nodes = set()
+            for f in fs:
+                node, got = f.result(timeout=60)
+                assert got == expect, (got, expect)
+                nodes.add(node)
+            node, got = ex.submit(lambda d: (os.environ["DPOOL_NODE_ID"],
+                                             float(sum(x.sum() for x in d["a"]))
+                                             + float(d["b"][1].sum())), nested).result()
+            assert got == 500_000 + 7 * 300_000, got
+            back = ex.submit(lambda n: np.arange(n, dtype=np.float64), 5_000_000).result()
+            assert back.shape == (5_000_000,) and back[-1] == 4_999_999.0
+            print(len(nodes), sorted(nodes) == sorted(set(nodes)))
+""")
+
+
+@pytest.mark.parametrize("attach", ["unix", "tcp"])
+def test_large_values_cross_node_stores_intact(cluster_far, tmp_path, attach):
+    extra = {"DPOOL_STATE_DIR": cluster_far.head.state_dir} if attach == "unix" else {}
+    out = cluster_far.run_script(OBJECTS, tmp_path, env=cluster_far.driver_env(**extra))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] in ("1", "2") and out.stdout.split()[1] == "True"
+
+
+def test_a_broadcast_input_crosses_once_per_node(cluster_far, tmp_path):
+    code = textwrap.dedent("""
+        import os, time
+        import numpy as np
+        import dpool
+
+        def use(a, i):
+            time.sleep(0.05)
+            return os.environ["DPOOL_NODE_ID"], float(a[::1000].sum())
+
+        if __name__ == "__main__":
+            arr = np.arange(8_000_000, dtype=np.float64)               # 64 MB
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                out = [f.result(timeout=60) for f in [ex.submit(use, ref, i)
+                                                      for i in range(16)]]
+            assert {v for _, v in out} == {float(arr[::1000].sum())}
+            print(len({n for n, _ in out}))
+    """)
+    log = os.path.join(cluster_far.head.state_dir, "node.log")
+    before = open(log).read().count("sent /dpool_")
+    out = cluster_far.run_script(code, tmp_path, env=cluster_far.driver_env(
+        DPOOL_STATE_DIR=cluster_far.head.state_dir))
+    assert out.returncode == 0, out.stderr
+    nodes = int(out.stdout.strip())
+    sent = open(log).read().count("sent /dpool_") - before
+    assert 1 <= nodes <= 2 and sent == nodes  # 16 tasks, one copy per node that ran them
