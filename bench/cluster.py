@@ -62,6 +62,49 @@ print(json.dumps({"rtt_median_us": statistics.median(lat) * 1e6,
                   "tasks_per_s": tasks / dt}))
 """
 
+PUT64 = r"""
+import json, statistics, sys, time
+import numpy as np
+import dpool
+
+def touch(a):
+    return float(a[::4096].sum())
+
+with dpool.ProcessPoolExecutor(2) as ex:
+    ex.submit(touch, np.ones(10)).result()
+    times = []
+    for _ in range(int(sys.argv[1])):
+        arr = np.random.rand(8_000_000)  # 64 MB
+        t0 = time.perf_counter()
+        ref = dpool.put(arr)
+        assert ex.submit(touch, ref).result() == touch(arr)
+        times.append(time.perf_counter() - t0)
+        del ref
+print(json.dumps({"put64_ms": statistics.median(times) * 1e3}))
+"""
+
+RAY_PUT64 = r"""
+import json, statistics, sys, time
+import numpy as np
+import ray
+ray.init(address=sys.argv[2], logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=1)
+def touch(a):
+    return float(a[::4096].sum())
+
+ray.get(touch.remote(np.ones(10)))
+times = []
+for _ in range(int(sys.argv[1])):
+    arr = np.random.rand(8_000_000)
+    t0 = time.perf_counter()
+    ref = ray.put(arr)
+    assert ray.get(touch.remote(ref)) == float(arr[::4096].sum())
+    times.append(time.perf_counter() - t0)
+    del ref
+print(json.dumps({"put64_ms": statistics.median(times) * 1e3}))
+"""
+
 RAY_DRIVER = r"""
 import json, statistics, sys, time
 import ray
@@ -159,6 +202,14 @@ def dpool_remote(tmp: str, pings: int, tasks: int) -> dict:
         c1, b1 = _redis_stats(shards, token)
         r["redis_cmds_per_task"] = (c1 - c0) / tasks
         r["redis_bytes_per_task"] = (b1 - b0) / tasks
+        for how, extra in (("unix", {"DPOOL_STATE_DIR": head}), ("tcp", {})):
+            out = subprocess.run([sys.executable, "-c", PUT64, "7"],
+                                 env=_env(DPOOL_ADDRESS=f"127.0.0.2:{port}", DPOOL_TOKEN=token,
+                                          **extra),
+                                 capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-2000:])
+            r[f"put64_{how}_ms"] = json.loads(out.stdout.strip().splitlines()[-1])["put64_ms"]
         return r
     finally:
         _cli(["stop"], node)
@@ -211,7 +262,13 @@ def ray_remote(py: str, pings: int, tasks: int) -> dict:
                              timeout=300)
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        out = subprocess.run([py, "-c", RAY_PUT64, "7", f"127.0.0.2:{port}"], env=env,
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-2000:])
+        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        return result
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -273,6 +330,10 @@ def _report(r: dict) -> str:
     row("remote no-op round trip, p90", rem["rtt_p90_us"], ray and ray["rtt_p90_us"], "us")
     row(f"{r['tasks']:,} no-ops over two nodes", rem["tasks_per_s"],
         ray and ray["tasks_per_s"], "tasks/s")
+    row("64 MB put on the head + a task reading it on the other node (driver on the "
+        "head's host)", rem["put64_unix_ms"], ray and ray["put64_ms"], "ms")
+    row("the same, driver connected over TCP", rem["put64_tcp_ms"],
+        ray and ray["put64_ms"], "ms")
     lines += ["", "| figure | attached driver | embedded runtime | attached / embedded |",
               "|---|---|---|---|",
               f"| local no-op round trip, median | {att['rtt_median_us']:,.0f} us | "
