@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.errors import WorkerCrashedError
-from dpool.objects import _manager, _transfer, _values
+from dpool.objects import _manager, _segment, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.scheduling._records import Group, Task
@@ -203,7 +203,19 @@ class Spiller:
             return  # a late duplicate: it was retried and finished already
         s = self._s
         s._batch.observe(t.fn_id, msg.duration)
-        s._finish(t, msg.ok, msg.payload)
+        ok, payload = msg.ok, msg.payload
+        if ok:  # a large result joins this node's store: its drivers and workers map it
+            name = _segment.segment_name(s.store.owner_pid, t.task_id)
+            stored = None
+            try:
+                stored = _transfer.into_store(payload, name) or payload
+                s.store.adopt(stored)
+                payload = stored
+            except Exception as exc:  # noqa: BLE001 - e.g. full: the task fails with it
+                if stored is not None and stored is not payload:
+                    _segment.unlink(name)
+                ok, payload = False, _payload.dumps_error(exc)
+        s._finish(t, ok, payload)
         g = t.group
         if g.queue:
             self.consider(g)  # room away again: do not wait for the next tick
