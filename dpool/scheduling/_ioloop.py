@@ -102,7 +102,8 @@ class IOLoop:
                 pass  # closed and unregistered meanwhile
 
     def _set_mask(self, fd: int, events: int) -> None:
-        """The epoll mask for ``events``, less input while a leader reads ``fd`` (mask lock held)."""
+        """The epoll mask for ``events``, less input while a leader reads ``fd`` (mask lock
+        held)."""
         mask = (select.EPOLLIN if events & selectors.EVENT_READ and fd not in self._led else 0) \
             | (select.EPOLLOUT if events & selectors.EVENT_WRITE else 0)
         self._epoll.modify(fd, mask)  # type: ignore[union-attr]
