@@ -41,7 +41,7 @@ def main() -> int:
     try:
         origin, _ = dial(address, token.encode(), peer_hello("origin", "127.0.0.3:1", 0))
         runner, _ = dial(address, token.encode(), peer_hello("runner", "127.0.0.4:1", 64))
-        runner.send(encode_batch([m.Load(0, 0, 64, 1e-4)]))
+        runner.send(encode_batch([m.Load(0, 0, 64, 1e-4, ())]))
         task = m.RemoteTask(0, "127.0.0.3:1", 1, (2, "fork", None, None, 3), 1,
                             b"\x80\x05N.", None, None, "/", ())
         got = 0

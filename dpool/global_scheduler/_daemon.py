@@ -23,6 +23,7 @@ import threading
 from typing import Any, Optional
 
 from dpool.node._links import welcome_message
+from dpool.objects import _manager
 from dpool.node._server import NodeServer
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -119,6 +120,7 @@ class GlobalScheduler:
                             load = entry[1]
                             load.queued, load.busy = msg.queued, msg.busy
                             load.cpus, load.avg_task_s = msg.num_cpus, msg.avg_task_s
+                            load.holds = frozenset(msg.holds)
                             load.pending = 0
                 else:
                     raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
@@ -128,11 +130,19 @@ class GlobalScheduler:
     def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> tuple:
         """(where to send, what): the chosen node and the task, or the origin and a
         ``SpillRejected``."""
-        size = len(msg.args or b"") + sum(len(p) for _, _, p in msg.deps or ())
+        size = 0
+        inputs = []  # large inputs by reference: (holder, segment, size)
+        for p in [msg.args, *(p for _, ok, p in msg.deps or () if ok)]:
+            ref = _manager.parse_remote(p)
+            if ref is not None:
+                inputs.append((ref[1], ref[2], ref[0]))
+            else:
+                size += len(p or b"")
         with self._lock:
             alive = self._alive
             best = choose((load for _, load in self._nodes.values()
-                           if alive is None or load.address in alive), msg.origin, size)
+                           if alive is None or load.address in alive), msg.origin, size,
+                          tuple(inputs))
             target = self._nodes[best.address][0] if best is not None else None
             if best is not None:
                 best.pending += 1

@@ -55,10 +55,12 @@ class ClusterAgent:
                    / len(busy_groups)) if busy_groups else s._batch.target_s
         status["avg_task_s"] = avg
         status["linked_schedulers"] = len(self.linked_schedulers())
+        status["holds"] = d.runner.holds()
         return status
 
     def _push_load(self, load: dict) -> None:
-        msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"])
+        msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
+                     load["holds"])
         for address in self.linked_schedulers():
             self._d.links.send(address, [msg])
 

@@ -279,6 +279,7 @@ class Load:
     busy: int
     num_cpus: int
     avg_task_s: float
+    holds: tuple  # ("holder address|segment name", ...): inputs it has copies of now
 
 
 @dataclass(slots=True)

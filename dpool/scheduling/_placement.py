@@ -8,7 +8,10 @@ for one more task is the work queued ahead of it spread over its CPUs,
 
 with ``pending`` the tasks this scheduler placed there since the node's last load report
 (so a burst of spills spreads out instead of piling onto the node that looked idlest a
-moment ago). Nodes without CPUs, and the origin itself, are not candidates.
+moment ago). Remote input bytes are those of the task's large inputs the node has no copy
+of yet (nodes report their copies with their load), so a node that already pulled a
+task's inputs is preferred by their transfer time. Nodes without CPUs, and the origin
+itself, are not candidates.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class NodeLoad:
     queued: int = 0
     avg_task_s: float = 0.002
     pending: int = 0
+    holds: frozenset = frozenset()  # "holder|segment" of the inputs it has copies of
 
     def estimated_wait(self, input_bytes: int = 0,
                        bandwidth: float = DEFAULT_BANDWIDTH) -> float:
@@ -34,14 +38,25 @@ class NodeLoad:
         return ahead * self.avg_task_s / max(1, self.cpus) + input_bytes / bandwidth
 
 
-def choose(nodes: Iterable[NodeLoad], origin: str, input_bytes: int = 0) -> Optional[NodeLoad]:
-    """The best node for a task spilled by ``origin`` (None: no other node has CPUs)."""
+def missing_bytes(n: NodeLoad, inputs: Iterable[tuple[str, str, int]]) -> int:
+    """Bytes of ``inputs`` ((holder, segment, size) of a task's large inputs held on other
+    nodes) that node ``n`` would have to pull: those it neither holds nor has a copy of."""
+    return sum(size for holder, name, size in inputs
+               if holder != n.address and f"{holder}|{name}" not in n.holds)
+
+
+def choose(nodes: Iterable[NodeLoad], origin: str, input_bytes: int = 0,
+           inputs: tuple = ()) -> Optional[NodeLoad]:
+    """The best node for a task spilled by ``origin`` (None: no other node has CPUs).
+    ``inputs``: its large inputs by reference -- a node that has them already saves their
+    transfer; ``input_bytes``: the rest, which every node gets inside the message."""
     best: Optional[NodeLoad] = None
     best_key: tuple = ()
     for n in nodes:
         if n.cpus <= 0 or n.address == origin:
             continue
-        key = (n.estimated_wait(input_bytes), n.busy + n.pending + n.queued, n.address)
+        key = (n.estimated_wait(input_bytes + missing_bytes(n, inputs)),
+               n.busy + n.pending + n.queued, n.address)
         if best is None or key < best_key:
             best, best_key = n, key
     return best

@@ -229,6 +229,11 @@ class RemoteRunner:
         return m.RemoteTask(msg.task_id, msg.origin, msg.group_id, msg.group_cfg, msg.fn_id,
                             msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir)
 
+    def holds(self) -> tuple:
+        """Inputs this node has a copy of now, as placement names them (any thread)."""
+        return tuple(f"{k[1]}|{k[2]}" for k, c in list(self._copies.items())
+                     if k[0] == "dep" and c.payload is not None)
+
     def _drop_idle_copies(self, now: float) -> None:
         """Shared copies no task has pinned for ``copy_ttl_s`` are freed (lock held)."""
         s = self._s

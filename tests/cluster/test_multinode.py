@@ -509,3 +509,32 @@ def test_a_broadcast_input_crosses_once_per_node(cluster_far, tmp_path):
     nodes = int(out.stdout.strip())
     sent = open(log).read().count("sent /dpool_") - before
     assert 1 <= nodes <= 2 and sent == nodes  # 16 tasks, one copy per node that ran them
+
+
+def test_placement_prefers_the_node_that_already_has_the_input(cluster_far, tmp_path):
+    code = textwrap.dedent("""
+        import os, time
+        import numpy as np
+        import dpool
+
+        def where(a):
+            return os.environ["DPOOL_NODE_ID"], float(a[::1000].sum())
+
+        if __name__ == "__main__":
+            arr = np.arange(8_000_000, dtype=np.float64)               # 64 MB
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                first = ex.submit(where, ref).result(timeout=60)[0]
+                later = []
+                for _ in range(5):  # one at a time: both nodes idle, one has a copy
+                    time.sleep(0.3)                    # its load report says so
+                    later.append(ex.submit(where, ref).result(timeout=60)[0])
+            print(first, later.count(first))
+    """)
+    log = os.path.join(cluster_far.head.state_dir, "node.log")
+    before = open(log).read().count("sent /dpool_")
+    out = cluster_far.run_script(code, tmp_path, env=cluster_far.driver_env(
+        DPOOL_STATE_DIR=cluster_far.head.state_dir))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "5"
+    assert open(log).read().count("sent /dpool_") - before == 1
