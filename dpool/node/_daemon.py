@@ -130,6 +130,7 @@ class NodeDaemon:
         self.spiller = Spiller(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers,
             local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g))
+        self.spiller.token = self.token
         self.sessions.peer_closed_hooks.append(self._peer_closed)
         self.sessions.cluster_status = self._cluster_status
         self.sessions.publish_workdir = store.put_workdir

@@ -379,6 +379,15 @@ class FetchSegment:
     name: str
 
 
+@dataclass(slots=True)
+class ReleaseLent:
+    """N->N the origin has its own copy of this result segment (or gave up on it): the
+    node that ran the task may free it."""
+
+    CODE: ClassVar[int] = 36
+    name: str
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -415,4 +424,5 @@ ALL_MESSAGES = (
     DropGroup,
     WorkingDir,
     FetchSegment,
+    ReleaseLent,
 )

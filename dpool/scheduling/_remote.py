@@ -32,6 +32,7 @@ from dpool.scheduling._records import Group, Task
 log = logging.getLogger("dpool.scheduling")
 
 _LOCAL_IDS = 1 << 62  # ids of remote tasks and functions here: above drivers' and workers'
+REFERENCE_MIN = 1 << 20  # results this large are lent by reference, not sent inline
 
 
 class _Copy:
@@ -68,8 +69,12 @@ class RemoteRunner:
         self._copies: dict[tuple, _Copy] = {}  # remote inputs fetched (or being fetched)
         self._held: list = []  # tasks waiting for their remote inputs
         self.copy_ttl_s = 2.0  # an input copy no task pinned for this long is freed
+        self.address = node_id  # where other nodes reach this one (its node id)
+        self._lent: dict[str, tuple] = {}  # result segments lent: name -> (local id, since)
+        self.lend_timeout_s = 60.0  # a result not fetched by then is freed
         scheduler._handlers[m.RemoteTask.CODE] = self._on_task
         scheduler._handlers[m.DropGroup.CODE] = self._on_drop
+        scheduler._handlers[m.ReleaseLent.CODE] = self._on_release_lent
 
     def set_id_base(self, base: int) -> None:
         """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
@@ -229,6 +234,11 @@ class RemoteRunner:
         return m.RemoteTask(msg.task_id, msg.origin, msg.group_id, msg.group_cfg, msg.fn_id,
                             msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir)
 
+    def _on_release_lent(self, h: Any, msg: m.ReleaseLent) -> None:
+        lent = self._lent.pop(msg.name, None)
+        if lent is not None:
+            self._s._decref(lent[0])  # the result's only reference was the lend
+
     def holds(self) -> tuple:
         """Inputs this node has a copy of now, as placement names them (any thread)."""
         return tuple(f"{k[1]}|{k[2]}" for k, c in list(self._copies.items())
@@ -274,12 +284,18 @@ class RemoteRunner:
         origin, origin_id = msg.origin, msg.task_id
 
         def done(ok: bool, payload: bytes) -> None:  # outside the lock, on the IO thread
-            try:
-                value = _transfer.inline_payload(payload) if ok else payload
-            except Exception as exc:  # noqa: BLE001 - the origin must hear *something*
-                ok, value = False, _payload.dumps_error(exc)
-            finally:
-                s.release(local_id)  # the origin holds the result now
+            stored = _values.stored(payload) if ok else None
+            if stored is not None and stored[2] >= REFERENCE_MIN:
+                # large: lent by reference; the origin pulls it, then says ReleaseLent
+                value = _manager.remote_ref(payload, self.address)
+                self._lent[stored[1]] = (local_id, time.monotonic())
+            else:
+                try:
+                    value = _transfer.inline_payload(payload) if ok else payload
+                except Exception as exc:  # noqa: BLE001 - the origin must hear *something*
+                    ok, value = False, _payload.dumps_error(exc)
+                finally:
+                    s.release(local_id)  # the origin holds the result now
             self._send(origin, [m.TaskResult(origin_id, ok, value,
                                              s._batch.estimate(fn_id))])
 
@@ -309,6 +325,10 @@ class RemoteRunner:
         """Retire mirror groups idle for a while, free idle input copies (lock held)."""
         now = time.monotonic()
         self._drop_idle_copies(now)
+        for name, (oid, since) in list(self._lent.items()):
+            if now - since > self.lend_timeout_s:  # the origin never came for it
+                del self._lent[name]
+                self._s._decref(oid)
         for key, g in list(self._groups.items()):
             if g.outstanding == 0 and now - self._last_used.get(g.group_id, now) \
                     > self.idle_retire_s:

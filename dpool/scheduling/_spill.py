@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -74,6 +75,7 @@ class Spiller:
         self._away_per_group: dict[int, int] = {}
         self._paused_until = 0.0
         self._rr = 0
+        self.token = b""  # the cluster token, to pull lent results
         h = scheduler._handlers
         h[m.SpillRejected.CODE] = self._on_rejected
         h[m.Accepted.CODE] = self._on_accepted
@@ -204,6 +206,15 @@ class Spiller:
         s = self._s
         s._batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
+        ref = _manager.parse_remote(payload) if ok else None
+        if ref is not None:  # a large result, lent: pull it into this node's store
+            self.away[t.task_id] = _Away(t, "", time.monotonic())  # still out, till pulled
+            self.away[t.task_id].node = ref[1]
+            gid = t.group.group_id
+            self._away_per_group[gid] = self._away_per_group.get(gid, 0) + 1
+            threading.Thread(target=self._pull_result, args=(t, ref), daemon=True,
+                             name="dpool-pull-result").start()
+            return
         if ok:  # a large result joins this node's store: its drivers and workers map it
             name = _segment.segment_name(s.store.owner_pid, t.task_id)
             stored = None
@@ -219,6 +230,31 @@ class Spiller:
         g = t.group
         if g.queue:
             self.consider(g)  # room away again: do not wait for the next tick
+
+    def _pull_result(self, t: Task, ref: tuple) -> None:
+        """Fetch a lent result (own thread), then finish its task and release the lend."""
+        s = self._s
+        _size, holder, name = ref
+        try:
+            payload = _manager.fetch(holder, self.token, name, t.task_id, s.store.owner_pid)
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - the task fails with it (ObjectLostError)
+            payload, ok = _payload.dumps_error(exc), False
+        with s._lock:
+            if self._take(t.task_id) is None:  # retried and finished meanwhile
+                if ok:
+                    _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
+            else:
+                if ok:
+                    try:
+                        s.store.adopt(payload)
+                    except Exception as exc:  # noqa: BLE001 - e.g. the store is full
+                        _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
+                        payload, ok = _payload.dumps_error(exc), False
+                s._finish(t, ok, payload)
+            out = s._take_out()
+        s._deliver(out)
+        self._send(holder, [m.ReleaseLent(name)])
 
     def unreachable(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
