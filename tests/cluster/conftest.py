@@ -32,6 +32,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not). A process that exits between two psutil
+    calls counts as gone -- asking twice is a race."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def base_env() -> dict:
     env = dict(os.environ)
     for k in ("DPOOL_ADDRESS", "DPOOL_TOKEN", "DPOOL_STATE_DIR"):

@@ -13,6 +13,7 @@ from collections import Counter
 import psutil
 import pytest
 import redis
+from tests.cluster.conftest import running
 from tests.cluster.redis_helpers import assert_gone, free_port, start_server
 
 import dpool
@@ -539,8 +540,7 @@ def test_server_left_running_is_stopped_at_exit():
                           text=True, timeout=30, env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 3, proc.stderr
     pid = int(proc.stdout.split()[0])
-    assert wait_for(lambda: not psutil.pid_exists(pid)
-                    or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    assert wait_for(lambda: not running(pid))
 
 
 def test_reads_see_writes_in_flight_on_the_flusher_thread(store):

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.cluster.conftest import ROOT, TIMEOUT, base_env, dpool_cli, free_port
+from tests.cluster.conftest import ROOT, TIMEOUT, base_env, dpool_cli, free_port, running
 
 PPE_SCRIPT = textwrap.dedent("""
     import concurrent.futures as cf
@@ -251,7 +251,7 @@ def test_a_killed_driver_leaves_nothing_on_the_node(cluster, tmp_path):
         proc.wait(10)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            workers = [c for c in node.children() if c.status() != psutil.STATUS_ZOMBIE]
+            workers = [c for c in node.children() if running(c.pid)]
             segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"dpool_{node.pid}_")
                         and not n.endswith("_pool")]
             if not workers and not segments:
@@ -314,8 +314,7 @@ def test_stop_leaves_nothing_behind(tmp_path):
     pids = [node.pid, *(c.pid for c in psutil.Process(node.pid).children(recursive=True))]
     out = dpool_cli(["stop"], node.env)
     assert out.returncode == 0 and node.address in out.stdout
-    assert not [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in pids if running(p)]
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"dpool_{node.pid}_")]
     assert not os.path.exists(os.path.join(node.state_dir, "cluster.json"))
     assert not os.path.exists(os.path.join(node.state_dir, "node.sock"))

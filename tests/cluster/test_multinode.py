@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from tests.cluster.conftest import (TIMEOUT, base_env, dpool_cli, start_cluster, stop_cluster,
-                                    wait_for_nodes)
+from tests.cluster.conftest import (TIMEOUT, base_env, dpool_cli, running, start_cluster,
+                                    stop_cluster, wait_for_nodes)
 
 SPREAD = textwrap.dedent("""
     import collections, os, sys, time
@@ -232,8 +232,7 @@ def test_stop_on_every_host_leaves_nothing(tmp_path):
             pass
     for n in reversed(c.nodes):
         assert dpool_cli(["stop"], n.env).returncode == 0
-    gone = [p for p in pids + children if not psutil.pid_exists(p)
-            or psutil.Process(p).status() == psutil.STATUS_ZOMBIE]
+    gone = [p for p in pids + children if not running(p)]
     assert sorted(gone) == sorted(pids + children)
     assert not [s for s in os.listdir("/dev/shm")
                 if any(s.startswith(f"dpool_{p}_") for p in pids)]
@@ -344,15 +343,14 @@ def test_a_killed_driver_releases_its_tasks_on_every_node(cluster3, tmp_path):
         deadline = time.monotonic() + 30
         while len(os.listdir(pids)) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
-        running = {int(p): (pids / p).read_text() for p in os.listdir(pids)}
-        assert len(running) == 4
-        assert len(set(running.values())) >= 2  # some ran on other nodes
+        running_pids = {int(p): (pids / p).read_text() for p in os.listdir(pids)}
+        assert len(running_pids) == 4
+        assert len(set(running_pids.values())) >= 2  # some ran on other nodes
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            alive = [p for p in running if psutil.pid_exists(p)
-                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in running_pids if running(p)]
             if not alive:
                 break
             time.sleep(0.1)
