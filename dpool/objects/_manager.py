@@ -25,6 +25,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 from typing import Optional
 
 from dpool.errors import Error, ObjectLostError
@@ -96,7 +97,7 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
         Channel(sock, blocking=True).send(encode_batch([m.FetchSegment(PROTOCOL_VERSION,
                                                                        name)]))
         sock.settimeout(timeout)  # (the channel made it blocking without one)
-        head = _recv_exact(sock, _SIZE.size)
+        head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
         size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
         if size == 0:
             raise ObjectLostError(f"object segment {name} is gone from node {address}")
@@ -132,12 +133,3 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
     finally:
         sock.close()
 
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)

@@ -280,7 +280,16 @@ def read_object(name: str) -> object:
     :class:`ValueError` when it is not a dpool object segment, and
     :class:`SerializationError` when unpickling fails.
     """
-    view = _mapping.lend(name)
+    meta, buffers = parts(_mapping.lend(name), name)
+    try:
+        return deserialize(meta, buffers)
+    finally:
+        meta.release()  # the result keeps only the buffers (and through them the mapping)
+
+
+def parts(view: memoryview, name: str) -> tuple[memoryview, list[memoryview]]:
+    """(pickle stream, out-of-band buffers) of a segment's bytes, as views into ``view``.
+    Raises :class:`ValueError` when they are not a dpool object segment."""
     size = view.nbytes
     if size < _HEADER.size:
         raise ValueError(f"{name} is not a dpool object segment ({size} bytes)")
@@ -294,11 +303,7 @@ def read_object(name: str) -> object:
         if offset + nbytes > size:
             raise ValueError(f"{name}: buffer {i} runs past the end of the segment")
         buffers.append(view[offset : offset + nbytes])
-    meta = view[meta_offset : meta_offset + meta_len]
-    try:
-        return deserialize(meta, buffers)
-    finally:
-        meta.release()  # the result keeps only the buffers (and through them the mapping)
+    return view[meta_offset : meta_offset + meta_len], buffers
 
 
 def unlink(name: str) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-import struct
 from typing import Any, Optional
 
 from dpool.errors import SerializationError
@@ -25,8 +24,6 @@ from dpool.objects import _segment, _values
 from dpool.objects._serialization import Serialized, serialize
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
-_HEADER = struct.Struct("<4sHHIQ")  # the segment header of ``_segment`` (magic ... meta_len)
-_ENTRY = struct.Struct("<QQ")
 
 
 def inline_payload(payload: bytes) -> bytes:
@@ -41,16 +38,9 @@ def inline_payload(payload: bytes) -> bytes:
         with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
             view = memoryview(mm)
             try:
-                magic, _version, _, nbuffers, meta_len = _HEADER.unpack_from(view, 0)
-                if magic != b"DPOS":
-                    raise ValueError(f"{name} is not a dpool object segment")
-                meta_offset = _HEADER.size + _ENTRY.size * nbuffers
-                buffers = []
-                for i in range(nbuffers):
-                    offset, nbytes = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
-                    buffers.append(view[offset:offset + nbytes])
-                ser = Serialized(bytes(view[meta_offset:meta_offset + meta_len]), buffers)
-                out = _values._inline(ser)
+                meta, buffers = _segment.parts(view, name)
+                out = _values._inline(Serialized(bytes(meta), buffers))
+                meta.release()
                 for b in buffers:
                     b.release()
                 return out
@@ -85,22 +75,10 @@ def into_store(payload: Optional[bytes], name: str) -> Optional[bytes]:
     the value instead of each getting a copy in its message."""
     if not payload or payload[0] != _values.TAG_INLINE:
         return payload
-    data = memoryview(payload)
-    _, n, meta_len = _values._INLINE_HEAD.unpack_from(data, 0)
-    pos = _values._INLINE_HEAD.size
-    sizes = []
-    for _ in range(n):
-        sizes.append(_values._SIZE.unpack_from(data, pos)[0])
-        pos += _values._SIZE.size
-    if sum(sizes) < _values.store_threshold_bytes():
+    meta, buffers = _values.split_inline(memoryview(payload))
+    if sum(b.nbytes for b in buffers) < _values.store_threshold_bytes():
         return payload
-    meta = bytes(data[pos:pos + meta_len])
-    pos += meta_len
-    buffers = []
-    for size in sizes:
-        buffers.append(data[pos:pos + size])
-        pos += size
     oid = int(name.rsplit("_", 1)[1], 16)
     _values._STORED_HEAD.pack(_values.TAG_STORED, oid, 0)  # a bad id fails before writing
-    size = _segment.write_object(name, Serialized(meta, buffers))
+    size = _segment.write_object(name, Serialized(bytes(meta), buffers))
     return _values._STORED_HEAD.pack(_values.TAG_STORED, oid, size) + name.encode()

@@ -90,21 +90,26 @@ def decode(payload: bytes) -> Any:
     if tag == TAG_STORED:
         return _segment.read_object(payload[_STORED_HEAD.size:].decode())
     if tag == TAG_INLINE:
-        data = memoryview(bytearray(payload))  # writable, as a task's arguments are
-        _, n, meta_len = _INLINE_HEAD.unpack_from(data, 0)
-        pos = _INLINE_HEAD.size
-        sizes = []
-        for _ in range(n):
-            sizes.append(_SIZE.unpack_from(data, pos)[0])
-            pos += _SIZE.size
-        meta = data[pos:pos + meta_len]
-        pos += meta_len
-        buffers = []
-        for size in sizes:
-            buffers.append(data[pos:pos + size])
-            pos += size
-        return deserialize(meta, buffers)
+        # writable, as a task's arguments are
+        return deserialize(*split_inline(memoryview(bytearray(payload))))
     return deserialize(payload)
+
+
+def split_inline(data: memoryview) -> tuple[memoryview, list[memoryview]]:
+    """(pickle stream, buffers) of a ``TAG_INLINE`` payload, as views into ``data``."""
+    _, n, meta_len = _INLINE_HEAD.unpack_from(data, 0)
+    pos = _INLINE_HEAD.size
+    sizes = []
+    for _ in range(n):
+        sizes.append(_SIZE.unpack_from(data, pos)[0])
+        pos += _SIZE.size
+    meta = data[pos:pos + meta_len]
+    pos += meta_len
+    buffers = []
+    for size in sizes:
+        buffers.append(data[pos:pos + size])
+        pos += size
+    return meta, buffers
 
 
 def stored(payload: Optional[bytes]) -> Optional[tuple[int, str, int]]:

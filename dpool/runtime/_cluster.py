@@ -234,7 +234,6 @@ class ClusterRuntime:
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
-        fut._group_id = group.group_id  # type: ignore[attr-defined]
         self._futures[oid] = fut
         self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id)])
         return fut

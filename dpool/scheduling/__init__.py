@@ -1,6 +1,6 @@
-"""Scheduling: the per-host local scheduler, its worker groups, and the spill policy."""
+"""Scheduling: the per-host local scheduler, its worker groups, spilling and placement."""
 
-from dpool.scheduling._policy import BatchPolicy, LocalOnlySpillPolicy, SpillPolicy
+from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._scheduler import GroupConfig, LocalScheduler
 
-__all__ = ["LocalScheduler", "GroupConfig", "SpillPolicy", "LocalOnlySpillPolicy", "BatchPolicy"]
+__all__ = ["LocalScheduler", "GroupConfig", "BatchPolicy"]

@@ -1,30 +1,12 @@
-"""Scheduling policies kept behind small seams.
+"""How many tasks a worker may hold at once (``BatchPolicy``).
 
-``SpillPolicy`` decides whether the local scheduler runs a task here or spills it to a
-global scheduler (the paper's bottom-up scheduling). On one host nothing is spilled; the
-cluster plugs in a policy that spills when the queue is over a threshold or a resource is
-missing here.
-
-``BatchPolicy`` decides how many tasks a worker may hold at once. Short tasks are sent in
-batches (a worker holding ~2 ms of work amortizes the per-message cost without hurting
-balance); long ones go one at a time so no task waits behind another on a busy worker
-while a different worker is free.
+Short tasks are sent in batches (a worker holding ~2 ms of work amortizes the
+per-message cost without hurting balance); long ones go one at a time so no task waits
+behind another on a busy worker while a different worker is free. (Whether a task runs
+on this node at all is ``_spill``'s decision, on a node of a cluster.)
 """
 
 from __future__ import annotations
-
-from typing import Protocol
-
-
-class SpillPolicy(Protocol):
-    def should_spill(self, queue_length: int, needs: dict, available: dict) -> bool: ...
-
-
-class LocalOnlySpillPolicy:
-    """Single host: there is nowhere to spill to."""
-
-    def should_spill(self, queue_length: int, needs: dict, available: dict) -> bool:
-        return False
 
 
 class BatchPolicy:

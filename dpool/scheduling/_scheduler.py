@@ -60,7 +60,7 @@ from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._ioloop import IOLoop
-from dpool.scheduling._policy import BatchPolicy, LocalOnlySpillPolicy
+from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
 
@@ -93,7 +93,6 @@ class LocalScheduler(WorkerMessages, WorkerPool):
         self._group_ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
         self._batch = BatchPolicy()
-        self._spill = LocalOnlySpillPolicy()
         self._releases: deque = deque()  # object ids released from any thread
         self._closing: deque = deque()  # groups of collected executors, closed by the IO thread
         self._closed = False
@@ -448,10 +447,9 @@ class LocalScheduler(WorkerMessages, WorkerPool):
         self._enqueue(t)
 
     def _enqueue(self, t: Task) -> None:
-        """A ready task: run it here, unless the spill policy sends it elsewhere."""
+        """A ready task: queue it, dispatch; on a node, the spiller may send the tasks
+        that would wait too long elsewhere."""
         g = t.group
-        if self._spill.should_spill(len(g.queue), {}, {}):  # pragma: no cover - cluster only
-            raise NotImplementedError("spilling to a global scheduler needs a cluster")
         g.queue.append(t)
         # A new task goes only to an idle worker; busy ones get queued tasks in batches
         # as their results come back. (Nested tasks, submitted by workers through the IO
