@@ -43,7 +43,7 @@ def main() -> int:
         runner, _ = dial(address, token.encode(), peer_hello("runner", "127.0.0.4:1", 64))
         runner.send(encode_batch([m.Load(0, 0, 64, 1e-4, ())]))
         task = m.RemoteTask(0, "127.0.0.3:1", 1, (2, "fork", None, None, 3), 1,
-                            b"\x80\x05N.", None, None, "/", ())
+                            b"\x80\x05N.", None, None, "/", (), ())
         got = 0
         t0 = time.perf_counter()
         sent = 0

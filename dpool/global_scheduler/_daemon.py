@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
-import sys
 import threading
 from typing import Any, Optional
 
+from dpool.node import _process
 from dpool.node._links import welcome_message
 from dpool.objects import _manager
 from dpool.node._server import NodeServer
@@ -176,45 +174,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--advertise", default="", help="the address nodes reach it at "
                    "(default: --bind)")
-    p.add_argument("--redis", default="", help="control-store shards, comma-separated")
-    p.add_argument("--ready-fd", type=int, default=None)
-    p.add_argument("--log-level", default="INFO")
+    _process.add_arguments(p)
     return p
 
 
 def main(argv: Optional[list] = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    token = os.environ.pop("DPOOL_TOKEN", "")
-    if not token:
-        sys.stderr.write("dpool global scheduler: $DPOOL_TOKEN is not set\n")
-        return 2
-    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+    proc = _process.DaemonProcess("dpool global scheduler", args)
+    if (status := proc.missing_token()) is not None:
+        return status
     control = None
     try:
-        if args.redis:
+        if proc.redis:
             from dpool.control._redis import RedisControlStore
 
-            control = RedisControlStore(args.redis.split(","), token)
-        gs = GlobalScheduler(token.encode(), args.bind, args.port, control,
+            control = RedisControlStore(proc.redis, proc.token)
+        gs = GlobalScheduler(proc.token.encode(), args.bind, args.port, control,
                              advertise=args.advertise)
         gs.serve()
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
-        if ready is not None:
-            ready.write(f"ERROR {exc}\n")
-            ready.close()
-        sys.stderr.write(f"dpool global scheduler: {exc}\n")
-        return 1
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        return proc.failed(str(exc))
     log.info("global scheduler %s serving", gs.address)
-    if ready is not None:
-        ready.write(f"READY {gs.address}\n")
-        ready.close()
-    while not stop.wait(0.5):
-        pass
+    proc.serving(gs.address)
+    proc.run_until_stopped()
     gs.close()
     log.info("global scheduler %s stopped (placed %d, rejected %d)", gs.address, gs.placed,
              gs.rejected)

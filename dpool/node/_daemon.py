@@ -26,15 +26,13 @@ import argparse
 import json
 import logging
 import os
-import signal
 import socket
-import sys
 import tempfile
-import threading
 import time
 from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
+from dpool.node import _process
 from dpool.node._ids import IdPrefixes
 from dpool.objects import _manager
 from dpool.node._links import Links, dial, peer_hello, welcome_message
@@ -111,7 +109,6 @@ class NodeDaemon:
             self.redis = json.loads(welcome.info).get("redis", [])
         if self.redis:
             self._join_cluster()
-        self._stopped = threading.Event()
 
     def _join_cluster(self) -> None:
         from dpool.control._redis import RedisControlStore
@@ -213,13 +210,6 @@ class NodeDaemon:
         if self.agent is not None:
             self.agent.start()
 
-    def wait(self) -> None:
-        while not self._stopped.wait(0.5):
-            pass
-
-    def stop(self) -> None:
-        self._stopped.set()
-
     def close(self) -> None:
         if self.agent is not None:
             self.agent.stop()
@@ -244,47 +234,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--unix-path", default=None)
     p.add_argument("--object-store-memory", type=int, default=None)
-    p.add_argument("--redis", default="", help="control-store shards, comma-separated")
     p.add_argument("--join", default=None, help="the head node's address")
-    p.add_argument("--ready-fd", type=int, default=None)
-    p.add_argument("--log-level", default="INFO")
+    _process.add_arguments(p)
     return p
 
 
 def main(argv: Optional[list] = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    token = os.environ.pop("DPOOL_TOKEN", "")
-    if not token:
-        sys.stderr.write("dpool node: $DPOOL_TOKEN is not set\n")
-        return 2
+    proc = _process.DaemonProcess("dpool node", args)
+    if (status := proc.missing_token()) is not None:
+        return status
     num_cpus = args.num_cpus if args.num_cpus is not None else _default_cpus()
-    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
     bind = args.bind or args.node_ip
     try:
-        daemon = NodeDaemon(token.encode(), args.node_ip, bind, args.port, num_cpus,
-                            args.unix_path, args.object_store_memory,
-                            [a for a in args.redis.split(",") if a], args.join,
+        daemon = NodeDaemon(proc.token.encode(), args.node_ip, bind, args.port, num_cpus,
+                            args.unix_path, args.object_store_memory, proc.redis, args.join,
                             os.path.dirname(args.unix_path) if args.unix_path else None)
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
-        msg = f"ERROR {exc}" if not isinstance(exc, OSError) else \
-            f"ERROR cannot listen on {bind}:{args.port}: {exc}"
-        if ready is not None:
-            ready.write(msg + "\n")
-            ready.close()
-        sys.stderr.write(msg + "\n")
-        return 1
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: daemon.stop())
+        return proc.failed(f"cannot listen on {bind}:{args.port}: {exc}"
+                           if isinstance(exc, OSError) else str(exc))
     daemon.serve()
     log.info("node %s serving (%d CPUs, unix socket %s)", daemon.node_id, num_cpus,
              args.unix_path)
-    if ready is not None:
-        ready.write(f"READY {daemon.node_id} {socket.gethostname()}\n")
-        ready.close()
+    proc.serving(f"{daemon.node_id} {socket.gethostname()}")
     try:
-        daemon.wait()
+        proc.run_until_stopped()
     finally:
         daemon.close()
         log.info("node %s stopped", daemon.node_id)
