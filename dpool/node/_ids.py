@@ -25,32 +25,30 @@ class IdPrefixes:
         if reserve is None:
             self._blocks.append([1, 1 << 24])
         else:
-            self.top_up()
+            self._add_block()
 
     def _left(self) -> int:
         return sum(end - nxt for nxt, end in self._blocks)
 
     def top_up(self) -> None:
         """Reserve another block if less than half of one is left (agent thread)."""
-        if self._reserve is None or self._left() >= self.block // 2:
-            return
-        first = self._reserve(self.block)
-        with self._lock:
-            self._blocks.append([first, first + self.block])
+        if self._reserve is not None and self._left() < self.block // 2:
+            self._add_block()
 
     def take(self) -> int:
-        with self._lock:
-            while self._blocks:
-                rng = self._blocks[0]
-                if rng[0] < rng[1]:
-                    rng[0] += 1
-                    return rng[0] - 1
-                self._blocks.pop(0)
-        self.top_up_now()
-        return self.take()
+        while True:
+            with self._lock:
+                while self._blocks:
+                    rng = self._blocks[0]
+                    if rng[0] < rng[1]:
+                        rng[0] += 1
+                        return rng[0] - 1
+                    self._blocks.pop(0)
+            self._add_block()  # used up before the agent topped it up: reserve now
 
-    def top_up_now(self) -> None:
-        assert self._reserve is not None
+    def _add_block(self) -> None:
+        if self._reserve is None:
+            raise RuntimeError("no id prefixes left and no control store to reserve more")
         first = self._reserve(self.block)
         with self._lock:
             self._blocks.append([first, first + self.block])
