@@ -40,6 +40,8 @@ class SchedulerCore:
     spiller: Any
     cpu_limit: Optional[int]
     id_prefix: Optional[Callable[[], int]]
+    leases: int
+    recall_leases: Callable[[], None]
 
     # -- implemented by LocalScheduler ---------------------------------------------------
     def _admit(self, t: Task) -> None: raise NotImplementedError

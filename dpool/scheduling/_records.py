@@ -53,7 +53,7 @@ class Obj:
 
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "alive", "owned")
+                 "fns", "assigned", "retiring", "pid", "alive", "owned", "leased")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -70,6 +70,9 @@ class WorkerHandle:
         self.pid = getattr(process, "pid", None)
         self.alive = True
         self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
+        # the attached driver this worker is lent to (cluster mode): it sends the tasks;
+        # the node's dispatch leaves the worker alone and counts it busy until it ends
+        self.leased: Any = None
 
 
 @dataclass

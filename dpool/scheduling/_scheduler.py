@@ -106,6 +106,8 @@ class LocalScheduler(WorkerMessages, WorkerPool):
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
+        self.leases = 0  # workers lent to drivers of this host (``_leases``, cluster mode)
+        self.recall_leases: Callable[[], None] = lambda: None
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,

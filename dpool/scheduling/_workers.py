@@ -55,6 +55,8 @@ class WorkerPool(SchedulerCore):
             w = self._pick_worker(g, idle_only, prefetch)
             if w is None:
                 if not self._maybe_spawn(g):
+                    if self.leases:  # a lent worker may hold the CPU these tasks need
+                        self.recall_leases()
                     return
                 continue
             quota = None if g.max_tasks is None else g.max_tasks - w.assigned
@@ -98,6 +100,9 @@ class WorkerPool(SchedulerCore):
         for w in g.workers:
             if not w.alive or w.blocked:
                 continue
+            if w.leased is not None:  # lent to a driver: busy, not ours to send to
+                busy += 1
+                continue
             n = len(w.inflight)
             if n:
                 busy += 1
@@ -115,7 +120,7 @@ class WorkerPool(SchedulerCore):
     def busy_cpus(self) -> int:
         """Workers running tasks now, over every group (lock held)."""
         return sum(1 for g in self._groups.values() for w in g.workers
-                   if w.inflight and w.alive and not w.blocked)
+                   if (w.inflight or w.leased is not None) and w.alive and not w.blocked)
 
     def _maybe_spawn(self, g: Group) -> bool:
         if self._closed or g.broken is not None:
@@ -141,14 +146,16 @@ class WorkerPool(SchedulerCore):
                 self._fail_group(g, f"cannot start a worker process: {exc}")
             return False
 
-    def _spawn(self, g: Group) -> WorkerHandle:
+    def _spawn(self, g: Group, lease: Optional[socket.socket] = None) -> WorkerHandle:
+        """Start a worker for ``g``; ``lease``: a driver's connection it is lent to."""
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self.sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0)
-        proc = g.mp_context.Process(target=start_worker, args=(child_sock, cfg),
+        args = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
+        proc = g.mp_context.Process(target=start_worker, args=args,
                                     name=f"dpool-worker-{wid}")
         try:
             proc.start()
@@ -195,6 +202,8 @@ class WorkerPool(SchedulerCore):
             was_alive = w.alive
             w.alive = False
             g = w.group
+            if w.leased is not None:
+                self.sessions.leases.lost(w)
             if w.blocked:
                 w.blocked = False
                 g.n_blocked -= 1
