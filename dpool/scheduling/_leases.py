@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from typing import Any, Optional
 
 from dpool.errors import Error, ObjectStoreFullError
@@ -30,6 +31,8 @@ from dpool.runtime import _payload
 from dpool.scheduling._records import Group, Obj, WorkerHandle
 
 log = logging.getLogger("dpool.node")
+
+_GROUP_WAIT_S = 1.0
 
 
 class LeaseDesk:
@@ -46,6 +49,9 @@ class LeaseDesk:
     def grant(self, sock: socket.socket, req: m.LeaseRequest) -> None:
         """Lend a new worker of the group on this connection, or say why not."""
         s = self._s
+        deadline = time.monotonic() + _GROUP_WAIT_S
+        while req.group_id not in s._groups and time.monotonic() < deadline:
+            time.sleep(0.005)  # its CreateGroup, sent first, comes on another connection
         with s._lock:
             g = s._groups.get(req.group_id)
             reason = self._refusal(g)
