@@ -55,7 +55,8 @@ class RemoteGroup:
     """A worker group (executor or Pool) that lives on the node."""
 
     __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
-                 "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed")
+                 "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed",
+                 "lease_recalled")
 
     def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int]) -> None:
         self.group_id = group_id
@@ -67,6 +68,7 @@ class RemoteGroup:
         self.workers: list = []  # they are the node's processes, not this one's
         self.lease: Any = None  # _lease.Lease: a worker the node lent us
         self.lease_asked = False
+        self.lease_recalled = False  # recalled before it arrived
         self.lease_retry_at = 0.0
         # never to lease (again): shut down, or the node's workers do not suit leases
         self.lease_closed = max_tasks is not None
@@ -143,6 +145,7 @@ class ClusterRuntime:
         self._releases: deque = deque()
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._decoders: dict[tuple, Any] = {}
+        self._print_lock = threading.Lock()
         self._shipped: set[str] = set()  # digests of working directories sent
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -263,7 +266,7 @@ class ClusterRuntime:
         if leases is not None and not deps and not group.lease_closed:
             if leases.try_submit(group, oid, fn_id, payload, fut):
                 return fut
-            if group.lease is None:
+            if group.lease is None and not self._futures:  # waits, one task at a time
                 leases.request(group)
         self._futures[oid] = fut
         self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id)])
@@ -344,7 +347,7 @@ class ClusterRuntime:
             if fut is not None:
                 self.complete(fut, msg.ok, msg.payload)
         elif code == m.Output.CODE:
-            self._print(msg)
+            self.print_output(msg)
         elif code == m.Forget.CODE:  # freed segments of the node's: drop cached mappings
             _mapping.forget(msg.names)
         elif code == m.GroupExited.CODE:
@@ -392,9 +395,14 @@ class ClusterRuntime:
         except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
             pass
 
-    def _print(self, msg: m.Output) -> None:
+    def print_output(self, msg: m.Output) -> None:
         """A worker's output, line by line; prefixed with its pid and node when it ran on
-        another node (as Ray prints ``(pid=..., ip=...)``)."""
+        another node (as Ray prints ``(pid=..., ip=...)``). From the node's connection,
+        or a leased worker's (two threads)."""
+        with self._print_lock:
+            self._print(msg)
+
+    def _print(self, msg: m.Output) -> None:
         key = (msg.node, msg.pid, msg.stream)
         decoder = self._decoders.get(key)
         if decoder is None:  # a character split over two chunks decodes whole

@@ -72,6 +72,7 @@ class DriverLeases:
         if g.lease is not None or g.lease_asked or time.monotonic() < g.lease_retry_at:
             return
         g.lease_asked = True
+        g.lease_recalled = False
         threading.Thread(target=self._acquire, args=(g,), daemon=True,
                          name="dpool-lease").start()
 
@@ -86,8 +87,15 @@ class DriverLeases:
             _auth.client_handshake(sock, rt.target.token, where, _READY_S)
             chan = Channel(sock, blocking=True)
             chan.send(encode_batch([m.LeaseRequest(PROTOCOL_VERSION, g.group_id)]))
-            frames = chan.recv_frames(timeout=_READY_S)
-            msg = decode_batch(frames[0])[0] if frames else None
+            deadline = time.monotonic() + _READY_S
+            frames: list = []
+            while not frames and time.monotonic() < deadline and g.broken is None \
+                    and not g.lease_closed and rt._lost is None:
+                frames = chan.recv_frames(timeout=0.25)  # (its initializer may fail)
+            msg = None
+            for msg in decode_batch(frames[0]) if frames else ():
+                if msg.CODE == m.Output.CODE:  # its initializer's, ahead of LeaseReady
+                    rt.print_output(msg)
             if isinstance(msg, m.LeaseReady):
                 lease = Lease(g, chan, msg)
                 chan.set_blocking(False)
@@ -97,6 +105,8 @@ class DriverLeases:
                         self._held.add(lease)
                 if g.lease is lease:
                     self._loop().add(lease)
+                    if g.lease_recalled:  # the node wants the CPU back already
+                        self.end(g)
                     log.debug("leased worker %d (pid %d) for group %d", lease.worker_id,
                               lease.pid, g.group_id)
                     return
@@ -145,6 +155,9 @@ class DriverLeases:
     def _on_frames(self, lease: Lease, frames: list) -> None:
         for frame in frames:
             for msg in decode_batch(frame):
+                if msg.CODE == m.Output.CODE:  # what it printed, ahead of its result
+                    self._rt.print_output(msg)
+                    continue
                 if msg.CODE != m.TaskDone.CODE:
                     raise ProtocolError(f"unexpected {type(msg).__name__} on a lease")
                 with self._lock:
@@ -186,6 +199,7 @@ class DriverLeases:
                 g.lease_closed = True
             lease = g.lease
             if lease is None:
+                g.lease_recalled = g.lease_asked  # (a lease on its way: end it on arrival)
                 return
             lease.ending = True
             idle = lease.task is None

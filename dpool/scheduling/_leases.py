@@ -54,14 +54,21 @@ class LeaseDesk:
             time.sleep(0.005)  # its CreateGroup, sent first, comes on another connection
         with s._lock:
             g = s._groups.get(req.group_id)
-            reason = self._refusal(g)
+            reason, idle = self._refusal(g)
             if reason is None:
+                if idle is not None:  # the group is full: an idle worker makes room
+                    idle.alive = False
+                    s._send(idle, [m.Shutdown()])
                 try:
                     w = s._spawn(g, lease=sock)
                 except (OSError, Error) as exc:
                     reason = f"cannot start a worker process: {exc}"
                 else:
                     w.leased = g.owner  # type: ignore[union-attr]
+                    # the lent worker's tasks are the group's work too: a closed group
+                    # waits for the lease to end before it stops its workers (shutdown
+                    # waits for running tasks, however long)
+                    g.outstanding += 1  # type: ignore[union-attr]
                     self.lent[w.worker_id] = w
                     s.leases = len(self.lent)
                     # closed under the lock: a worker forked after this must not hold
@@ -76,27 +83,34 @@ class LeaseDesk:
             pass
         sock.close()
 
-    def _refusal(self, g: Optional[Group]) -> Optional[str]:
+    def _refusal(self, g: Optional[Group]) -> tuple[Optional[str], Optional[WorkerHandle]]:
+        """Why ``g`` gets no lease now (or None), and the idle worker to stop for it
+        when the group has all its workers already (a lent worker is a new process: its
+        lease connection is passed when it starts)."""
         s = self._s
         if s._closed:
-            return "the node is stopping"
+            return "the node is stopping", None
         owner = getattr(g, "owner", None)
         if g is None or owner is None or not getattr(owner, "local", False) \
                 or not owner.alive:
-            return "no such group of a driver on this host"
+            return "no such group of a driver on this host", None
         if g.closed or g.broken is not None:
-            return "the group is closed"
+            return "the group is closed", None
         if g.max_tasks is not None:
-            return "workers of this group exit after max_tasks_per_child tasks"
+            return "workers of this group exit after max_tasks_per_child tasks", None
         if g.queue:
-            return "tasks of the group are queued"
-        if any(w.leased is not None for w in g.workers):
-            return "a worker of the group is lent already"
-        if sum(1 for w in g.workers if w.alive and not w.retiring) >= g.max_workers:
-            return "the group's workers are all started"
+            return "tasks of the group are queued", None
         if s.cpu_limit is not None and s.busy_cpus() >= s.cpu_limit:
-            return "the node's CPUs are all in use"
-        return None
+            return "the node's CPUs are all in use", None
+        live = [w for w in g.workers if w.alive and not w.retiring]
+        if any(w.leased is not None for w in live):
+            return "a worker of the group is lent already", None
+        if len(live) < g.max_workers:
+            return None, None
+        for w in live:
+            if not w.inflight and not w.blocked:
+                return None, w
+        return "the group's workers are all busy", None
 
     # -- the IO thread (lock held) -------------------------------------------------------
     def recall(self) -> None:
@@ -124,10 +138,16 @@ class LeaseDesk:
 
     def forget(self, w: WorkerHandle) -> None:
         """``w`` is no longer lent (the lease ended, or the worker is gone)."""
-        if self.lent.pop(w.worker_id, None) is not None:
-            self._recalled.discard(w.worker_id)
-            self._s.leases = len(self.lent)
         w.leased = None
+        if self.lent.pop(w.worker_id, None) is None:
+            return
+        s = self._s
+        self._recalled.discard(w.worker_id)
+        s.leases = len(self.lent)
+        g = w.group
+        g.outstanding -= 1
+        if g.outstanding == 0 and g.closed:
+            s._retire_group(g)
 
     def _on_leased_result(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
         """A leased task's outcome: the driver owns it, as it owns what it puts."""

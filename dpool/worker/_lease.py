@@ -35,10 +35,15 @@ class LeaseLink:
         self._node_polled = False
 
     def ready(self) -> None:
-        """Tell the driver the worker is up (its initializer ran)."""
+        """Tell the driver the worker is up (its initializer ran); what the worker prints
+        goes to it directly from now on, in order with the results."""
+        out = self.worker.output
+        msgs = [] if out is None else out.drain()  # what its initializer printed, first
+        msgs.append(m.LeaseReady(self.worker.cfg.worker_id, os.getpid()))
+        if out is not None:
+            out.chan = self.chan
         try:
-            self.chan.send(encode_batch([m.LeaseReady(self.worker.cfg.worker_id,
-                                                      os.getpid())]))
+            self.chan.send(encode_batch(msgs))
         except ChannelClosed:
             self.end()
 
@@ -86,13 +91,15 @@ class LeaseLink:
 
     def send_done(self, done: m.TaskDone) -> None:
         self.tasks.discard(done.task_id)
+        w_out = self.worker.output
         client = self.worker.client
         if client is not None:  # handles the task dropped: to the node that keeps them
             released = client.take_releases()
             if released:
                 self.worker.send(released)
+        msgs = [done] if w_out is None else [*w_out.drain(), done]
         try:
-            self.chan.send(encode_batch([done]))
+            self.chan.send(encode_batch(msgs))
         except ChannelClosed:  # the driver is gone: so is whoever wanted this result
             self.end()
 
@@ -102,5 +109,7 @@ class LeaseLink:
         if w.lease is not self:
             return
         w.lease = None
+        if w.output is not None:
+            w.output.chan = w.chan
         self.chan.close()
         w.send([m.LeaseEnded()])

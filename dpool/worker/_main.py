@@ -53,6 +53,7 @@ class _Worker:
         self.done_count = 0
         self.client = None  # set by _client when the first nested call happens
         self.lease: Any = None  # _lease.LeaseLink while lent to a driver (cluster mode)
+        self.output: Any = None  # _output.OutputForwarder on a node (cluster mode)
 
     # -- messages ------------------------------------------------------------------------
     def send(self, msgs: list) -> None:
@@ -92,6 +93,8 @@ class _Worker:
     def flush(self) -> None:
         if self.results:
             batch, self.results = self.results, []
+            if self.output is not None:  # what the tasks printed goes first
+                batch = self.output.drain() + batch
             if self.client is not None:
                 batch += self.client.take_releases()  # handles the task dropped
             self.send(batch)
@@ -223,6 +226,7 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
 
         output = OutputForwarder(chan)
     worker = _Worker(chan, cfg)
+    worker.output = output
     if lease is not None:
         from dpool.worker._lease import LeaseLink
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sys
 import threading
 from typing import Any
@@ -26,14 +27,18 @@ _CHUNK = 1 << 16
 
 class OutputForwarder:
     def __init__(self, chan: Any) -> None:
-        self._chan = chan
+        self.chan = chan  # where output goes: the node, or the driver a worker is lent to
         self._threads: list[threading.Thread] = []
+        self._pipes: list[tuple[int, int, threading.Lock]] = []  # (stream, read end, lock)
         for stream in (1, 2):
             _flush(stream)
             r, w = os.pipe()
             os.dup2(w, stream)
             os.close(w)
-            t = threading.Thread(target=self._pump, args=(r, stream), daemon=True,
+            os.set_blocking(r, False)
+            lock = threading.Lock()  # read-and-send: the pump's and drain's stay in order
+            self._pipes.append((stream, r, lock))
+            t = threading.Thread(target=self._pump, args=(r, stream, lock), daemon=True,
                                  name=f"dpool-output-{stream}")
             t.start()
             self._threads.append(t)
@@ -49,18 +54,52 @@ class OutputForwarder:
             root.removeHandler(h)
         root.setLevel(logging.WARNING)
 
-    def _pump(self, r: int, stream: int) -> None:
+    def _pump(self, r: int, stream: int, lock: threading.Lock) -> None:
         pid = os.getpid()
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
         try:
             while True:
-                data = os.read(r, _CHUNK)
-                if not data:
-                    return
-                self._chan.send(encode_batch([m.Output(0, pid, "", stream, data)]))
-        except (ChannelClosed, OSError):
+                poller.poll()
+                with lock:
+                    try:
+                        data = os.read(r, _CHUNK)
+                    except BlockingIOError:
+                        continue  # drain() took it
+                    if not data:
+                        return
+                    msg = encode_batch([m.Output(0, pid, "", stream, data)])
+                    while True:
+                        chan = self.chan
+                        try:
+                            chan.send(msg)
+                            break
+                        except ChannelClosed:
+                            if chan is self.chan:  # (a lease that ended: the node's now)
+                                return
+        except OSError:
             return
         finally:
             os.close(r)
+
+    def drain(self) -> list:
+        """What was written and not sent yet, as messages to send ahead of a result, so
+        a task's output reaches the driver before its result does."""
+        out: list = []
+        pid = 0
+        for stream, r, lock in self._pipes:
+            _flush(stream)
+            with lock:
+                while True:
+                    try:
+                        data = os.read(r, _CHUNK)
+                    except (BlockingIOError, OSError):
+                        break
+                    if not data:
+                        break
+                    pid = pid or os.getpid()
+                    out.append(m.Output(0, pid, "", stream, data))
+        return out
 
     def stop(self, timeout: float = 1.0) -> None:
         """Send what is still buffered (the worker is exiting)."""

@@ -16,7 +16,8 @@ def on_the_host(cluster) -> dict:
 
 
 WAIT_FOR_LEASE = """
-import time
+import faulthandler, time
+faulthandler.dump_traceback_later(45, exit=True)  # a hang shows its stacks in the test
 
 def wait_for_lease(ex, fn):
     deadline = time.monotonic() + 30
@@ -44,6 +45,10 @@ def test_tasks_go_over_the_lease_and_behave_as_usual(cluster, tmp_path):
             time.sleep(0.3)
             return "slow"
 
+        def nested(n):
+            ex = dpool.get_executor()
+            return sum(f.result() for f in [ex.submit(abs, -i) for i in range(n)]), os.getpid()
+
         if __name__ == "__main__":
             with dpool.ProcessPoolExecutor(2) as ex:
                 lease = wait_for_lease(ex, pid)
@@ -60,13 +65,16 @@ def test_tasks_go_over_the_lease_and_behave_as_usual(cluster, tmp_path):
                 time.sleep(0.05)
                 print(f.running(), f.cancel(), f.result(timeout=30))
                 print(ex.submit(pid).result(timeout=0.0001 + 30) == lease.pid)
+                total, where = ex.submit(nested, 10).result(timeout=30)
+                print(total, where == lease.pid)
+                print(ex.submit(print, "out", "put").result())  # output reaches us
                 del big
     """)
     out = cluster.run_script(code, tmp_path, env=on_the_host(cluster))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "20", "ValueError bad 3 True", "20 21", "(1000, 1000) 1000000.0",
-        "True False slow", "True"]
+        "True False slow", "True", "45 True", "out put", "None"]
 
 
 def test_one_worker_executor_gets_its_worker_back_from_the_lease(cluster, tmp_path):
@@ -147,3 +155,33 @@ def test_terminating_a_pool_with_a_leased_task_fails_it_and_leaves_nothing(clust
     out = cluster.run_script(code, tmp_path, timeout=TIMEOUT, env=on_the_host(cluster))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["broken", "done"]
+
+
+def test_shutdown_waits_for_a_leased_task(cluster, tmp_path):
+    code = WAIT_FOR_LEASE + textwrap.dedent("""
+        import os
+        import dpool
+
+        def pid():
+            return os.getpid()
+
+        def slow_pid(t):
+            time.sleep(t)
+            return os.getpid()
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor(2) as ex:
+                lease = wait_for_lease(ex, pid)
+                f = ex.submit(slow_pid, 1.0)
+                t0 = time.monotonic()
+            print(f.done(), f.result() == lease.pid, time.monotonic() - t0 > 0.8)
+            with dpool.ProcessPoolExecutor(1, initializer=print, initargs=("init",)) as ex:
+                lease = wait_for_lease(ex, pid)
+                print(sum(ex.map(abs, range(-20, 0))), ex.submit(pid).result() == lease.pid)
+    """)
+    out = cluster.run_script(code, tmp_path, env=on_the_host(cluster))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "True True True"
+    # (a worker's initializer prints when it starts, in no set order with the driver's)
+    assert sorted(set(lines[1:])) == [f"{sum(range(1, 21))} True", "init"], lines
