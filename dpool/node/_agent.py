@@ -6,6 +6,11 @@ busy and total CPUs, average task time) to each linked global scheduler; every
 and nodes registered there, links to schedulers it has not linked yet, and refreshes the
 cluster's CPU count that drivers see. A control store that is briefly unreachable costs
 warnings, not tasks: the local path never waits on it.
+
+A node that stops heartbeating is declared dead by whoever notices first (a node or a
+global scheduler marks it in the node table, which publishes a node-death notice). This
+node acts on the notice at once (``_on_death_notice``: the tasks it sent there are retried
+elsewhere) and on its own next poll of the node table, which catches notices pub/sub lost.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from dpool.control import _keys as K
 from dpool.protocol import _messages as m
 
 log = logging.getLogger("dpool.node")
@@ -32,14 +38,26 @@ class ClusterAgent:
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
+        self._bury_lock = threading.Lock()  # the agent thread and the notice listener
+        self._notices: Any = None
 
     def start(self) -> None:
         self._beat()
+        try:
+            self._notices = self._control.subscribe([K.CH_NODE_DEAD], self._on_death_notice)
+        except Exception as exc:  # noqa: BLE001 - the poll of the node table still buries
+            log.warning("no node-death notices (polling the node table only): %s", exc)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._notices is not None:
+            self._notices.stop()
         self._thread.join(timeout=5)
+
+    def _on_death_notice(self, channel: str, data: bytes) -> None:
+        node_id = K.parse_node_dead(data)
+        self._bury_one({"node_id": node_id, "dead": True}, "its death was announced")
 
     def linked_schedulers(self) -> list[str]:
         links = self._d.links
@@ -92,27 +110,31 @@ class ClusterAgent:
     def _bury(self, dead: list) -> None:
         """Nodes that stopped heartbeating: mark them dead (once, cluster-wide) and retry
         the tasks this node had sent them."""
-        d = self._d
         for n in dead:
-            address = n.get("address") or n["node_id"]
-            if address in self._buried or address == d.address:
-                continue
-            self._buried.add(address)
-            if not n.get("dead"):
-                try:
-                    self._control.mark_node_dead(n["node_id"])
-                except Exception:  # noqa: BLE001 - another node may do it
-                    pass
-            log.warning("node %s stopped heartbeating (%.1f s ago): declared dead",
-                        address, n.get("age", 0.0))
-            s = d.scheduler
-            with s._lock:
-                if d.spiller is not None:
-                    d.spiller.node_lost(address)
-                out = s._take_out()
-            s._deliver(out)
+            self._bury_one(n, f"stopped heartbeating ({n.get('age', 0.0):.1f} s ago)")
         still_dead = {n.get("address") or n["node_id"] for n in dead}
-        self._buried &= still_dead  # a node that comes back may die again later
+        with self._bury_lock:
+            self._buried &= still_dead  # a node that comes back may die again later
+
+    def _bury_one(self, n: dict, why: str) -> None:
+        d = self._d
+        address = n.get("address") or n["node_id"]
+        with self._bury_lock:
+            if address in self._buried or address == d.address:
+                return
+            self._buried.add(address)
+        if not n.get("dead"):
+            try:
+                self._control.mark_node_dead(n["node_id"])
+            except Exception:  # noqa: BLE001 - another node may do it
+                pass
+        log.warning("node %s %s: declared dead", address, why)
+        s = d.scheduler
+        with s._lock:
+            if d.spiller is not None:
+                d.spiller.node_lost(address)
+            out = s._take_out()
+        s._deliver(out)
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.beat_s

@@ -183,6 +183,17 @@ def test_a_killed_node_loses_no_future(tmp_path):
         out = c.run_script(code, tmp_path, timeout=120, unchanged=True)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == str(list(range(24)))
+        deadline = time.monotonic() + 20
+        for node in c.nodes[:2]:  # each survivor learns it (from its poll or the notice)
+            path = os.path.join(node.state_dir, "node.log")
+
+            def declared() -> bool:
+                return any(victim.address in line and "declared dead" in line
+                           for line in open(path))  # noqa: B023 - read while it waits
+
+            while not declared() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert declared(), open(path).read()[-2000:]
     finally:
         stop_cluster(c)
 
