@@ -138,7 +138,7 @@ class DriverLeases:
             if lease.task is not None or lease.ending or not lease.alive:
                 return False
             lease.task = (oid, fn_id, payload, fut)
-        msgs = []
+        msgs: list = []
         if fn_id not in lease.fns:
             msgs.append(m.RegisterFunction(fn_id, self._rt.function_payload(fn_id)))
             lease.fns.add(fn_id)
