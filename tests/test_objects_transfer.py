@@ -152,3 +152,15 @@ def test_a_stored_value_is_its_segments_bytes_verbatim(holder, segments):
                  "rb") as b:
         assert a.read() == b.read()
     assert (deserialize(value.meta, value.buffers) == np.arange(10)).all()
+
+
+def test_no_room_for_the_copy(holder, segments, monkeypatch):
+    name = _stored(np.ones(1 << 20), segments)
+
+    def no_space(fd: int, data: memoryview, offset: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_segment, "_pwrite_all", no_space)
+    with pytest.raises(dpool.ObjectStoreFullError):
+        _fetch(holder, name, segments)
+    assert not _exists(segments[-1])

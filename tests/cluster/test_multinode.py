@@ -536,3 +536,43 @@ def test_placement_prefers_the_node_that_already_has_the_input(cluster_far, tmp_
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "5"
     assert open(log).read().count("sent /dpool_") - before == 1
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether this machine has ``nbytes`` to spare in memory and in /dev/shm now."""
+    from dpool.objects._segment import shm_free_bytes
+
+    free = shm_free_bytes()
+    return psutil.virtual_memory().available >= nbytes and (free is None or free >= nbytes)
+
+
+# Three copies of 1 GB at once (the driver's array, the head's store, the reader's store),
+# and some room for the nodes' stores (30% of memory by default): run where there is room.
+@pytest.mark.skipif(not _room_for(5 << 30) or psutil.virtual_memory().total < 8 << 30,
+                    reason="needs 8 GiB of memory and 5 GiB free in memory and /dev/shm")
+@pytest.mark.timeout(240)
+def test_a_1_gb_value_crosses_nodes_intact(cluster_far, tmp_path):
+    code = textwrap.dedent("""
+        import hashlib, os
+        import numpy as np
+        import dpool
+
+        def digest(a):
+            return os.environ["DPOOL_NODE_ID"], a.shape, hashlib.blake2b(a).hexdigest()
+
+        if __name__ == "__main__":
+            arr = np.arange(1 << 27, dtype=np.float64)                 # 1 GiB
+            arr[::4097] *= -1.5
+            want = hashlib.blake2b(arr).hexdigest()
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                del arr
+                node, shape, got = ex.submit(digest, ref).result(timeout=180)
+            assert shape == (1 << 27,) and got == want, (shape, got, want)
+            print(node)
+    """)
+    head = cluster_far.head
+    out = cluster_far.run_script(code, tmp_path, env=cluster_far.driver_env(
+        DPOOL_STATE_DIR=head.state_dir), timeout=200)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and out.stdout.strip() != head.address
