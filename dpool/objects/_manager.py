@@ -65,18 +65,19 @@ def parse_remote(payload: Optional[bytes]) -> Optional[tuple[int, str, str]]:
 
 
 # -- the holder's side (a NodeServer thread, one per connection) ------------------------
-def serve(sock: socket.socket, name: str) -> None:
-    """Send segment ``name``'s size, then its bytes; size 0 if it is gone."""
+def serve(sock: socket.socket, name: str) -> int:
+    """Send segment ``name``'s size, then its bytes; size 0 if it is gone. The size."""
     path = os.path.join(_segment.SHM_DIR, name.lstrip("/"))
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         sock.sendall(_SIZE.pack(0))
-        return
+        return 0
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(fd).st_size
         sock.sendall(_SIZE.pack(size))
         sock.sendfile(f, 0, size)  # the kernel copies from tmpfs to the socket
+    return size
 
 
 # -- the reader's side -----------------------------------------------------------------
