@@ -164,3 +164,19 @@ def test_no_room_for_the_copy(holder, segments, monkeypatch):
     with pytest.raises(dpool.ObjectStoreFullError):
         _fetch(holder, name, segments)
     assert not _exists(segments[-1])
+
+
+def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segments):
+    from dpool.protocol import PROTOCOL_VERSION, encode_batch
+    from dpool.protocol import _auth
+    from dpool.protocol import _messages as m
+
+    name = _stored(np.ones(64 << 20, dtype=np.uint8), segments)
+    host, port = holder.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        _auth.client_handshake(s, TOKEN)
+        request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, name)])
+        s.sendall(struct.pack("!Q", len(request)) + request)
+        assert len(s.recv(1 << 20)) > 0  # part of the answer, then gone
+    got = _read(_fetch(holder, name, segments))
+    assert got.shape == (64 << 20,) and int(got[-4096:].sum()) == 4096
