@@ -54,7 +54,7 @@ REFERENCE_MIN = 1 << 20  # stored inputs this large go by reference (pulled by t
 
 
 class _Away:
-    __slots__ = ("task", "gs", "node", "sent_at", "pulling")
+    __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs")
 
     def __init__(self, task: Task, gs: str, sent_at: float) -> None:
         self.task = task
@@ -62,6 +62,7 @@ class _Away:
         self.node: Optional[str] = None
         self.sent_at = sent_at
         self.pulling = False  # done there; its lent result is being pulled from ``node``
+        self.refs: tuple = ()  # segments of this store it was sent references to
 
 
 class Spiller:
@@ -81,6 +82,8 @@ class Spiller:
         self._paused_until = 0.0
         self._rr = 0
         self.token = b""  # the cluster token, to pull lent results
+        self._borrowers: dict[str, set] = {}  # our segment -> nodes that may hold a copy
+        scheduler.store.on_freed = self._freed
         h = scheduler._handlers
         h[m.SpillRejected.CODE] = self._on_rejected
         h[m.Accepted.CODE] = self._on_accepted
@@ -158,7 +161,9 @@ class Spiller:
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir)
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
-        self.away[t.task_id] = _Away(t, gs, time.monotonic())
+        a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
+        a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
+                       if ok and (ref := _manager.parse_remote(p)) is not None)
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
         return msg
@@ -203,6 +208,14 @@ class Spiller:
         a = self.away.get(msg.task_id)
         if a is not None:
             a.node = h.address if h.address else msg.node_id
+            for name in a.refs:  # it will copy these inputs, and keep them for later tasks
+                self._borrowers.setdefault(name, set()).add(a.node)
+
+    def _freed(self, name: str) -> None:
+        """Segment ``name`` of this node's store was freed (its last reference died):
+        the nodes that may keep a copy of it free theirs (``_remote``)."""
+        for node in self._borrowers.pop(name, ()):
+            self._send(node, [m.ReleaseLent(name)])
 
     def _on_result(self, h: Any, msg: m.TaskResult) -> None:
         t = self._take(msg.task_id)
