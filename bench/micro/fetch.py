@@ -1,11 +1,12 @@
 """One node pulling stored values from another (``objects._manager.fetch``), alone.
 
-    python bench/micro/fetch.py [--sizes 1,64,1024] [--reps 5]
+    python bench/micro/fetch.py [--sizes 1,64,1024] [--reps 5]    (BUSY=1: see below)
 
 A holder process (a ``NodeServer`` on 127.0.0.2 that serves segments, as a node does)
 and this process as the reader: per size, the median time of ``fetch`` of a segment this
 process wrote (the copy is unlinked after each), and the rate, next to memcpy of the same
-bytes. No scheduler, no task: the transfer path only.
+bytes. No scheduler, no task: the transfer path only. With ``BUSY=1`` both processes
+also run a thread that keeps asking for the GIL, as a node daemon's other threads do.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 if "PYTHONPATH" not in os.environ:  # else that dpool (e.g. another checkout, for "before")
     sys.path.insert(0, str(ROOT))
 
-SERVER = r"""
+BUSY = r"""
+import os, threading
+def _busy():  # a thread that wants the GIL, as a node daemon's IO loop and ticks do
+    while True:
+        sum(range(1000))
+if os.environ.get("BUSY"):
+    threading.Thread(target=_busy, daemon=True).start()
+"""
+
+SERVER = BUSY + r"""
 import sys, threading
 from dpool.node._server import NodeServer
 from dpool.objects import _manager
@@ -43,6 +53,7 @@ def main() -> int:
     from dpool.objects import _manager, _segment
     from dpool.objects._serialization import serialize
 
+    exec(BUSY)  # noqa: S102 - our own snippet, shared with the holder process
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,64,1024")
     ap.add_argument("--reps", type=int, default=5)
