@@ -150,7 +150,9 @@ def main() -> int:
              f"{os.cpu_count()} cores, loopback 'hosts')", "",
              "`python bench/transfer.py` -- one run. A task on node B reads an array put on "
              "node A (a 0-CPU head); B pulls it into its own store.", "",
-             f"Fixed cost of put + remote task with a tiny array: {base * 1e3:.1f} ms.", "",
+             f"Fixed cost of put + remote task with a tiny array: {base * 1e3:.1f} ms. "
+             "The holder's send time is the median over the copies of that size it sent "
+             "(the broadcast's included), from its node log.", "",
              "| size | put + remote task | minus fixed cost | implied rate | memcpy of the "
              "same bytes | rate ÷ memcpy rate | holder's send time (rate) |",
              "|---|---|---|---|---|---|---|"]
