@@ -10,6 +10,7 @@ import pickle
 import socket
 import struct
 import time
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def holder():
     its ``on_fetch`` can be replaced through ``holder.serve``."""
 
     class Holder:
-        served: list = []
+        served: ClassVar[list] = []
         serve = staticmethod(_manager.serve)
 
     def on_fetch(sock: socket.socket, name: str) -> None:
@@ -167,8 +168,7 @@ def test_no_room_for_the_copy(holder, segments, monkeypatch):
 
 
 def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segments):
-    from dpool.protocol import PROTOCOL_VERSION, encode_batch
-    from dpool.protocol import _auth
+    from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
     from dpool.protocol import _messages as m
 
     name = _stored(np.ones(64 << 20, dtype=np.uint8), segments)
