@@ -7,9 +7,11 @@ A head that runs nothing (127.0.0.2, ``--num-cpus 0``) and one node with 2 CPUs
 store and a task on the other node reads it: the other node pulls it (``objects._manager``).
 Reported per size: the median time of put + task, the same for a tiny array (the fixed
 cost of a remote task), their difference, and the transfer rate that difference implies,
-next to ``numpy`` copying the same bytes in this process (memcpy: the limit). Then the
-same 64 MB array broadcast to 8 tasks; and the cost of packing a project of ~1,000 files
-for the nodes, first and cached (``runtime._workdir``).
+next to ``numpy`` copying the same bytes in this process (memcpy: the limit); and the
+holder's own time for sending each copy (its node log's ``sent ... in X ms (N bytes)``:
+the transfer alone, without the put and the task). Then the same 64 MB array broadcast to
+8 tasks; and the cost of packing a project of ~1,000 files for the nodes, first and cached
+(``runtime._workdir``). ``bench/micro/fetch.py`` times the transfer path with no cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -81,6 +84,19 @@ def memcpy_s(mb: int, reps: int = 5) -> float:
     return statistics.median(times)
 
 
+def sent_ms(log: str) -> dict:
+    """MB -> the holder's send times (ms) of each copy it sent, from its node log."""
+    out: dict = {}
+    line = re.compile(r"sent \S+ to a node in ([0-9.]+) ms \(([0-9]+) bytes\)")
+    try:
+        text = Path(log).read_text()
+    except OSError:
+        return out
+    for ms, size in line.findall(text):
+        out.setdefault(round(int(size) / (1 << 20)), []).append(float(ms))
+    return out
+
+
 def package_cost(tmp: str) -> tuple[float, float]:
     from dpool.runtime import _workdir
 
@@ -125,6 +141,7 @@ def main() -> int:
         finally:
             _cli(["stop"], node)
             _cli(["stop"], head)
+        sends = sent_ms(os.path.join(head, "node.log"))
         first, cached = package_cost(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -133,17 +150,22 @@ def main() -> int:
              f"{os.cpu_count()} cores, loopback 'hosts')", "",
              "`python bench/transfer.py` -- one run. A task on node B reads an array put on "
              "node A (a 0-CPU head); B pulls it into its own store.", "",
-             f"Fixed cost of put + remote task with a tiny array: {base * 1e3:.1f} ms.", "",
+             f"Fixed cost of put + remote task with a tiny array: {base * 1e3:.1f} ms. "
+             "The holder's send time is the median over the copies of that size it sent "
+             "(the broadcast's included), from its node log.", "",
              "| size | put + remote task | minus fixed cost | implied rate | memcpy of the "
-             "same bytes | rate ÷ memcpy rate |", "|---|---|---|---|---|---|"]
+             "same bytes | rate ÷ memcpy rate | holder's send time (rate) |",
+             "|---|---|---|---|---|---|---|"]
     for mb in sizes:
         t = res[str(mb)]
         extra = max(t - base, 1e-9)
         mc = memcpy_s(mb)
         rate = mb / 1024 / extra
+        sent = statistics.median(sends[mb]) if sends.get(mb) else None
+        send = f"{sent:.1f} ms ({mb / 1024 / (sent / 1e3):.2f} GB/s)" if sent else "n/a"
         lines.append(f"| {mb} MB | {t * 1e3:.1f} ms | {extra * 1e3:.1f} ms | "
                      f"{rate:.2f} GB/s | {mc * 1e3:.1f} ms ({mb / 1024 / mc:.2f} GB/s) | "
-                     f"{mc / extra:.2f} |")
+                     f"{mc / extra:.2f} | {send} |")
     lines += ["", f"The same 64 MB array to 8 tasks on the other node (put included): "
               f"{res['broadcast8'] * 1e3:.1f} ms (sent once per node: "
               f"`tests/cluster/test_multinode.py::test_a_broadcast_input_crosses_once_per_node`"

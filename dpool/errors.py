@@ -62,7 +62,26 @@ class ObjectStoreFullError(Error, MemoryError):
 
 
 class ObjectLostError(Error):
-    """An object's value is gone and cannot be rebuilt (its lineage is unavailable)."""
+    """An object's value is gone and cannot be rebuilt (its lineage is unavailable).
+
+    Raised where the value is needed -- ``result()``, ``dpool.get``, or the task that
+    takes it as an input -- when every copy was on a node that died (also part-way
+    through copying it: a partial copy is never used) or was evicted without lineage.
+    ``object_id`` and ``node`` (the address of the node that held it) are set when known.
+    """
+
+    def __init__(self, message: str, *, object_id: int | None = None,
+                 node: str | None = None):
+        super().__init__(message)
+        self.object_id = object_id
+        self.node = node
+
+    def __reduce__(self):  # keep the keyword fields across pickling
+        return (_rebuild_lost, (str(self), self.object_id, self.node))
+
+
+def _rebuild_lost(message: str, object_id: int | None, node: str | None) -> ObjectLostError:
+    return ObjectLostError(message, object_id=object_id, node=node)
 
 
 class SerializationError(Error, TypeError):

@@ -191,8 +191,9 @@ class NodeDaemon:
             sock.sendall(b"\0" * 8)
             return
         t0 = time.monotonic()
-        _manager.serve(sock, name)
-        log.info("sent %s to a node in %.1f ms", name, (time.monotonic() - t0) * 1e3)
+        size = _manager.serve(sock, name)
+        log.info("sent %s to a node in %.1f ms (%d bytes)", name,
+                 (time.monotonic() - t0) * 1e3, size)  # (bench/transfer.py reads this)
 
     def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
         if h.outgoing:

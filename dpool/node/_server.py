@@ -6,8 +6,10 @@ schedulers (nodes connect as peers; no unix socket).
 An accept thread takes connections on both; each new connection gets a short-lived
 thread that runs the authenticated handshake (``protocol._auth``) and reads the driver's
 ``Attach`` frame under a deadline, then hands the socket to the local scheduler's IO loop
-(``scheduling._attach``). A peer that fails the handshake is logged and dropped without
-anything it sent being unpickled; the accept loop keeps serving.
+(``scheduling._attach``); an object-transfer connection (first frame ``FetchSegment``)
+keeps its thread, which answers its requests until it closes or idles. A peer that
+fails the handshake is logged and dropped without anything it sent being unpickled; the
+accept loop keeps serving.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ log = logging.getLogger("dpool.node")
 
 _ATTACH_TIMEOUT = 10.0
 _MAX_HANDSHAKES = 64  # connections being authenticated at once; more are shed
+_SEND_TIMEOUT = 30.0  # a reader that takes no bytes for this long is dropped
+FETCH_IDLE_S = 30.0  # an object-transfer connection with no request for this long closes
 
 
 class NodeServer:
@@ -110,11 +114,38 @@ class NodeServer:
 
     def _admit(self, conn: socket.socket, peer: str, tcp: bool) -> None:
         try:
-            self._admit_one(conn, peer, tcp)
+            fetches = self._admit_one(conn, peer, tcp)
         finally:
             self._admitting.release()
+        if fetches is not None:  # no longer a handshake: this thread serves transfers
+            self._serve_fetches(fetches, conn, peer)
 
-    def _admit_one(self, conn: socket.socket, peer: str, tcp: bool) -> None:
+    def _serve_fetches(self, chan: Channel, conn: socket.socket, peer: str) -> None:
+        """Answer ``FetchSegment`` requests on an object-transfer connection, one after
+        the other, until the peer closes it or leaves it idle for ``FETCH_IDLE_S``
+        (readers keep these connections for their next transfer: ``objects._conns``)."""
+        try:
+            while True:
+                frames = chan.recv_frames(timeout=FETCH_IDLE_S)
+                if not frames:
+                    return  # idle: the reader opens a new one when it needs one
+                for frame in frames:
+                    for msg in decode_batch(frame):
+                        if not isinstance(msg, m.FetchSegment):
+                            raise ProtocolError(f"unexpected {type(msg).__name__} on an "
+                                                "object-transfer connection")
+                        conn.settimeout(_SEND_TIMEOUT)
+                        self._on_fetch(conn, msg.name)  # type: ignore[misc]
+        except ChannelClosed:
+            pass
+        except (Error, OSError) as exc:
+            log.warning("dropped an object-transfer connection from %s: %s", peer, exc)
+        finally:
+            conn.close()
+
+    def _admit_one(self, conn: socket.socket, peer: str, tcp: bool) -> Optional[Channel]:
+        """Authenticate ``conn`` and hand it on; an object-transfer connection comes back
+        (with its first request answered) for ``_serve_fetches``."""
         try:
             if tcp:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -128,10 +159,9 @@ class NodeServer:
                 raise ProtocolError("expected exactly one hello message first")
             hello = msgs[0]
             if isinstance(hello, m.FetchSegment) and self._on_fetch is not None:
-                conn.settimeout(_ATTACH_TIMEOUT * 3)
+                conn.settimeout(_SEND_TIMEOUT)
                 self._on_fetch(conn, hello.name)  # in this thread: a transfer of its own
-                conn.close()
-                return
+                return chan
             if isinstance(hello, m.LeaseRequest) and self._on_lease is not None and not tcp:
                 if hello.version != PROTOCOL_VERSION:
                     raise ProtocolError(f"driver speaks protocol {hello.version}, this "
@@ -139,7 +169,7 @@ class NodeServer:
                                         "version")
                 conn.settimeout(None)
                 self._on_lease(conn, hello)  # the connection becomes the lease channel
-                return
+                return None
             if not isinstance(hello, (m.Attach, m.PeerHello)) or (
                     isinstance(hello, m.Attach) and self._on_attach is None):
                 raise ProtocolError(f"unexpected first message {type(hello).__name__}")
@@ -156,3 +186,4 @@ class NodeServer:
         except (Error, ChannelClosed, OSError) as exc:
             log.warning("dropped a connection from %s: %s", peer, exc)
             conn.close()
+        return None

@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 from dpool.objects import _mapping, _recycle, _segment, _values
 from dpool.objects._store import ObjectStore, default_capacity
@@ -55,6 +55,7 @@ class HostStore:
         self._prune = False  # a segment outside the store was unlinked since it looked
         self._spill_dir: Optional[str] = None
         self._spilled: dict[int, tuple[str, str, int]] = {}  # oid -> (path, name, size)
+        self.on_freed: Optional[Callable[[str], None]] = None  # told each freed segment
 
     @property
     def capacity(self) -> int:
@@ -114,6 +115,8 @@ class HostStore:
 
     def _free(self, name: str, size: int) -> bool:
         """A stored object was freed: recycle its segment's pages if it is large."""
+        if self.on_freed is not None:
+            self.on_freed(name)  # (a node tells the nodes that copied it: scheduling._spill)
         if size >= _mapping.LARGE:
             _mapping.forget([name])  # this process's cached mapping; workers are told
             self.forgotten.append(name)

@@ -184,8 +184,15 @@ def _claim_recycled(name: str, size: int) -> int | None:
         raise
 
 
-def _create(name: str, size: int) -> int:
-    """A new segment ``name`` with ``size`` bytes allocated, as an fd open for writing."""
+def _create(name: str, size: int, *, allocate: bool = True) -> int:
+    """A new segment ``name`` of ``size`` bytes, as an fd open for writing.
+
+    ``allocate``: every page allocated now, so that stores through a mapping cannot hit a
+    full ``/dev/shm`` (SIGBUS). A writer that fills the segment with ``pwrite`` passes
+    False: a full ``/dev/shm`` is then an ``ENOSPC`` error of the write, and the pages are
+    allocated once, as they are written -- allocating first zeroes every page, which costs
+    about as much as the write itself (0.27 s per GB here).
+    """
     free = shm_free_bytes()
     if free is not None and size > free:
         raise _full(name, size, f"only {free} bytes free in {SHM_DIR}")
@@ -200,7 +207,10 @@ def _create(name: str, size: int) -> int:
     fd = os.dup(shm.fd)
     shm.close_fd()
     try:
-        _allocate(fd, size)
+        if allocate:
+            _allocate(fd, size)
+        else:
+            os.ftruncate(fd, size)
     except BaseException as exc:
         os.close(fd)
         unlink(name)

@@ -381,8 +381,9 @@ class FetchSegment:
 
 @dataclass(slots=True)
 class ReleaseLent:
-    """N->N the origin has its own copy of this result segment (or gave up on it): the
-    node that ran the task may free it."""
+    """N->N the sender no longer needs the receiver to keep segment ``name``: a result
+    the receiver lent it (it has its own copy now, or gave up), or an object of the
+    sender's that the receiver copied for its tasks (freed: its last reference died)."""
 
     CODE: ClassVar[int] = 36
     name: str

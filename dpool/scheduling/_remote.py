@@ -8,6 +8,12 @@ registered under a local id and the task gets a local id, so ids of different or
 never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` (the value
 inline) when it is done; the local record of the result is dropped right after.
 
+Large inputs held by another node are copied into this node's store once, whatever
+number of its tasks need them (``objects._manager``), and kept for later tasks until
+their holder says the object was freed (``ReleaseLent``, sent by ``_spill``), then freed
+once no task here has them pinned; ``copy_ttl_s`` unused frees them too (a holder that
+went away without saying so).
+
 Mirror groups never spill again (the global scheduler already chose this node) and are
 retired when idle for ``idle_retire_s``. A worker dying under a remote task retries it
 here, as for any task, up to the group's ``max_attempts``.
@@ -38,13 +44,14 @@ REFERENCE_MIN = 1 << 20  # results this large are lent by reference, not sent in
 class _Copy:
     """This node's copy of an input held by another node (being fetched until then)."""
 
-    __slots__ = ("oid", "payload", "error", "last")
+    __slots__ = ("oid", "payload", "error", "last", "released")
 
     def __init__(self, oid: int) -> None:
         self.oid = oid
         self.payload: Optional[bytes] = None
         self.error: Optional[BaseException] = None
         self.last = time.monotonic()
+        self.released = False  # the holder freed the object: free the copy once unpinned
 
 
 class RemoteRunner:
@@ -68,7 +75,10 @@ class RemoteRunner:
         self.token = b""  # the cluster token, for fetching inputs from other nodes
         self._copies: dict[tuple, _Copy] = {}  # remote inputs fetched (or being fetched)
         self._held: list = []  # tasks waiting for their remote inputs
-        self.copy_ttl_s = 2.0  # an input copy no task pinned for this long is freed
+        # An input copy is freed when its holder says it freed the object (ReleaseLent),
+        # once no task here has it pinned; or when no task pinned it for this long (a
+        # holder that went away without saying so).
+        self.copy_ttl_s = 30.0
         self.address = node_id  # where other nodes reach this one (its node id)
         self._lent: dict[str, tuple] = {}  # result segments lent: name -> (local id, since)
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
@@ -238,6 +248,13 @@ class RemoteRunner:
         lent = self._lent.pop(msg.name, None)
         if lent is not None:
             self._s._decref(lent[0])  # the result's only reference was the lend
+            return
+        # The holder freed an object of its own that this node copied (segment names
+        # are unique in the cluster: owner pid and a cluster-unique id).
+        for key, copy in self._copies.items():
+            if key[0] == "dep" and key[2] == msg.name:
+                copy.released = True
+        self._drop_idle_copies(time.monotonic())
 
     def holds(self) -> tuple:
         """Inputs this node has a copy of now, as placement names them (any thread)."""
@@ -245,13 +262,15 @@ class RemoteRunner:
                      if k[0] == "dep" and c.payload is not None)
 
     def _drop_idle_copies(self, now: float) -> None:
-        """Shared copies no task has pinned for ``copy_ttl_s`` are freed (lock held)."""
+        """Shared copies that no task has pinned are freed once their holder freed the
+        object, or after ``copy_ttl_s`` unused (lock held)."""
         s = self._s
         for key, copy in list(self._copies.items()):
             if key[0] != "dep" or copy.payload is None and copy.error is None:
                 continue
-            if copy.error is not None or (now - copy.last > self.copy_ttl_s and not
-                                          s.store.store.pincount(copy.oid)):
+            if copy.error is not None or (
+                    (copy.released or now - copy.last > self.copy_ttl_s)
+                    and not s.store.store.pincount(copy.oid)):
                 del self._copies[key]
                 if copy.payload is not None:
                     s.store.drop(copy.payload)

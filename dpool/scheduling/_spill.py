@@ -23,7 +23,11 @@ inline, so the node that runs it needs nothing from here. What can go wrong:
   within ``place_timeout_s``: back to the local queue, uncharged (it may have started
   elsewhere after all -- the first result to arrive wins, later ones are dropped);
 - the node running it goes away (its link closes): it is retried, charging the attempt
-  as a worker death does, up to the group's ``max_attempts``.
+  as a worker death does, up to the group's ``max_attempts``;
+- its large result is lent (``_remote``) and this node pulls it; the lender dies or
+  frees it before the pull is complete: the same -- run again, charged, and once the
+  attempts are used the task fails with ``ObjectLostError`` naming the result and node
+  (the pull, not the link's closing, decides: the two race when the lender dies).
 
 Runs under the scheduler's lock (called from its handlers and ticks).
 """
@@ -37,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dpool.errors import WorkerCrashedError
+from dpool.errors import ObjectLostError, WorkerCrashedError
 from dpool.objects import _manager, _segment, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -50,13 +54,15 @@ REFERENCE_MIN = 1 << 20  # stored inputs this large go by reference (pulled by t
 
 
 class _Away:
-    __slots__ = ("task", "gs", "node", "sent_at")
+    __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs")
 
     def __init__(self, task: Task, gs: str, sent_at: float) -> None:
         self.task = task
         self.gs = gs
         self.node: Optional[str] = None
         self.sent_at = sent_at
+        self.pulling = False  # done there; its lent result is being pulled from ``node``
+        self.refs: tuple = ()  # segments of this store it was sent references to
 
 
 class Spiller:
@@ -76,6 +82,8 @@ class Spiller:
         self._paused_until = 0.0
         self._rr = 0
         self.token = b""  # the cluster token, to pull lent results
+        self._borrowers: dict[str, set] = {}  # our segment -> nodes that may hold a copy
+        scheduler.store.on_freed = self._freed
         h = scheduler._handlers
         h[m.SpillRejected.CODE] = self._on_rejected
         h[m.Accepted.CODE] = self._on_accepted
@@ -153,7 +161,9 @@ class Spiller:
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir)
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
-        self.away[t.task_id] = _Away(t, gs, time.monotonic())
+        a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
+        a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
+                       if ok and (ref := _manager.parse_remote(p)) is not None)
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
         return msg
@@ -198,6 +208,14 @@ class Spiller:
         a = self.away.get(msg.task_id)
         if a is not None:
             a.node = h.address if h.address else msg.node_id
+            for name in a.refs:  # it will copy these inputs, and keep them for later tasks
+                self._borrowers.setdefault(name, set()).add(a.node)
+
+    def _freed(self, name: str) -> None:
+        """Segment ``name`` of this node's store was freed (its last reference died):
+        the nodes that may keep a copy of it free theirs (``_remote``)."""
+        for node in self._borrowers.pop(name, ()):
+            self._send(node, [m.ReleaseLent(name)])
 
     def _on_result(self, h: Any, msg: m.TaskResult) -> None:
         t = self._take(msg.task_id)
@@ -208,8 +226,8 @@ class Spiller:
         ok, payload = msg.ok, msg.payload
         ref = _manager.parse_remote(payload) if ok else None
         if ref is not None:  # a large result, lent: pull it into this node's store
-            self.away[t.task_id] = _Away(t, "", time.monotonic())  # still out, till pulled
-            self.away[t.task_id].node = ref[1]
+            a = self.away[t.task_id] = _Away(t, "", time.monotonic())  # out till pulled
+            a.node, a.pulling = ref[1], True
             gid = t.group.group_id
             self._away_per_group[gid] = self._away_per_group.get(gid, 0) + 1
             threading.Thread(target=self._pull_result, args=(t, ref), daemon=True,
@@ -235,15 +253,28 @@ class Spiller:
         """Fetch a lent result (own thread), then finish its task and release the lend."""
         s = self._s
         _size, holder, name = ref
+        lost: Optional[ObjectLostError] = None
         try:
             payload = _manager.fetch(holder, self.token, name, t.task_id, s.store.owner_pid)
             ok = True
-        except Exception as exc:  # noqa: BLE001 - the task fails with it (ObjectLostError)
+        except ObjectLostError as exc:  # the holder died (part-way) or freed it
+            lost = ObjectLostError(
+                f"the result of task {t.task_id:#x} is lost: its only copy was on node "
+                f"{holder}, which ran the task ({exc})", object_id=t.task_id, node=holder)
+            lost.__cause__ = exc
+            payload, ok = _payload.dumps_error(lost), False
+        except Exception as exc:  # noqa: BLE001 - the task fails with it
             payload, ok = _payload.dumps_error(exc), False
         with s._lock:
-            if self._take(t.task_id) is None:  # retried and finished meanwhile
+            t_away = self._take(t.task_id)
+            g = t.group
+            if t_away is None:  # the group failed meanwhile: the task is finished
                 if ok:
                     _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
+            elif lost is not None and t.attempts < g.max_attempts and g.broken is None:
+                # As if the node had died running it (``_lost``): run it again.
+                log.warning("%s: running it again", lost)
+                self._home(t, charge=True)
             else:
                 if ok:
                     try:
@@ -274,9 +305,9 @@ class Spiller:
         self._lost({address}, gs_too=False)
 
     def _lost(self, names: set, gs_too: bool = True) -> None:
-        lost = [a for a in self.away.values()
+        lost = [a for a in self.away.values()  # (a result being pulled: its puller decides)
                 if (gs_too and a.node is None and a.gs in names) or
-                (a.node is not None and a.node in names)]
+                (a.node is not None and a.node in names and not a.pulling)]
         for a in lost:
             t = self._take(a.task.task_id)
             if t is None:

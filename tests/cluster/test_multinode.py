@@ -547,3 +547,109 @@ def test_placement_prefers_the_node_that_already_has_the_input(cluster_far, tmp_
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "5"
     assert open(log).read().count("sent /dpool_") - before == 1
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether this machine has ``nbytes`` to spare in memory and in /dev/shm now."""
+    from dpool.objects._segment import shm_free_bytes
+
+    free = shm_free_bytes()
+    return psutil.virtual_memory().available >= nbytes and (free is None or free >= nbytes)
+
+
+# Three copies of 1 GB at once (the driver's array, the head's store, the reader's store),
+# and some room for the nodes' stores (30% of memory by default): run where there is room.
+@pytest.mark.skipif(not _room_for(5 << 30) or psutil.virtual_memory().total < 8 << 30,
+                    reason="needs 8 GiB of memory and 5 GiB free in memory and /dev/shm")
+@pytest.mark.timeout(240)
+def test_a_1_gb_value_crosses_nodes_intact(cluster_far, tmp_path):
+    code = textwrap.dedent("""
+        import hashlib, os
+        import numpy as np
+        import dpool
+
+        def digest(a):
+            return os.environ["DPOOL_NODE_ID"], a.shape, hashlib.blake2b(a).hexdigest()
+
+        if __name__ == "__main__":
+            arr = np.arange(1 << 27, dtype=np.float64)                 # 1 GiB
+            arr[::4097] *= -1.5
+            want = hashlib.blake2b(arr).hexdigest()
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                del arr
+                node, shape, got = ex.submit(digest, ref).result(timeout=180)
+            assert shape == (1 << 27,) and got == want, (shape, got, want)
+            print(node)
+    """)
+    head = cluster_far.head
+    out = cluster_far.run_script(code, tmp_path, env=cluster_far.driver_env(
+        DPOOL_STATE_DIR=head.state_dir), timeout=200)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and out.stdout.strip() != head.address
+
+
+def test_copies_on_other_nodes_live_as_long_as_the_object(cluster_far, tmp_path):
+    """A node keeps its copy of an input while the object lives (a later task there
+    does not fetch it again, however long after), and frees it when the object's last
+    reference dies on the driver."""
+    code = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import dpool
+
+        def where(a):
+            return os.environ["DPOOL_NODE_ID"], float(a[::1000].sum())
+
+        if __name__ == "__main__":
+            arr = np.arange(8_000_000, dtype=np.float64)               # 64 MB
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                first = ex.submit(where, ref).result(timeout=60)
+                print("COPIED", flush=True)
+                sys.stdin.readline()                  # the test looks at the nodes' stores
+                second = ex.submit(where, ref).result(timeout=60)
+                assert first == second, (first, second)
+                del ref
+                print("FREED", flush=True)
+                sys.stdin.readline()
+    """)
+    script = tmp_path / "driver_script.py"
+    script.write_text(code)
+    log = os.path.join(cluster_far.head.state_dir, "node.log")
+    sent_before = open(log).read().count("sent /dpool_")
+    readers = {n.pid for n in cluster_far.nodes[1:]}
+
+    def copies() -> set:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("dpool_")
+                and int(name.split("_")[1]) in readers
+                and os.path.getsize(os.path.join("/dev/shm", name)) >= 64_000_000}
+
+    before = copies()
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                              env=cluster_far.driver_env(
+                                  DPOOL_STATE_DIR=cluster_far.head.state_dir),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline() == "COPIED\n", driver.communicate(timeout=TIMEOUT)
+        copy = copies() - before
+        assert len(copy) == 1
+        time.sleep(3)  # longer than the copies' former idle limit (2 s)
+        assert copies() - before == copy
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        assert driver.stdout.readline() == "FREED\n", driver.communicate(timeout=TIMEOUT)
+        assert open(log).read().count("sent /dpool_") - sent_before == 1
+        deadline = time.monotonic() + 10
+        while copies() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not copies() - before  # freed on the node, with the driver still running
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        _, err = driver.communicate(timeout=TIMEOUT)
+        assert driver.returncode == 0, err
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()

@@ -1,0 +1,182 @@
+"""Copying a stored value from a holder's store (``objects._manager.fetch``) against a
+``NodeServer`` in this process: kept connections, and every way a transfer can fail
+without leaving a torn or partial segment."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import struct
+import time
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+import dpool
+from dpool.node import _server
+from dpool.objects import _conns, _manager, _segment
+from dpool.objects._serialization import deserialize, serialize
+
+TOKEN = b"t" * 32
+_ids = itertools.count(1)
+
+
+@pytest.fixture
+def holder():
+    """(address, segments it served, by connection) of a holder serving this host's store;
+    its ``on_fetch`` can be replaced through ``holder.serve``."""
+
+    class Holder:
+        served: ClassVar[list] = []
+        serve = staticmethod(_manager.serve)
+
+    def on_fetch(sock: socket.socket, name: str) -> None:
+        Holder.served.append((sock.getpeername(), name))
+        Holder.serve(sock, name)
+
+    srv = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
+                             on_fetch=on_fetch)
+    srv.start()
+    Holder.address = f"127.0.0.1:{srv.address[1]}"
+    try:
+        yield Holder
+    finally:
+        _conns.close_all()
+        srv.close()
+
+
+@pytest.fixture
+def segments():
+    """Names of the segments a test made or copied (removed after it)."""
+    made: list = []
+    yield made
+    for n in made:
+        _segment.unlink(n)
+
+
+def _exists(name: str) -> bool:
+    return os.path.exists(os.path.join(_segment.SHM_DIR, name.lstrip("/")))
+
+
+def _stored(value, segments: list) -> str:
+    name = _segment.segment_name(os.getpid(), next(_ids))
+    _segment.write_object(name, serialize(value))
+    segments.append(name)
+    return name
+
+
+def _fetch(holder, name: str, segments: list, token: bytes = TOKEN):
+    oid = next(_ids)
+    segments.append(_segment.segment_name(os.getpid(), oid))
+    return _manager.fetch(holder.address, token, name, oid, os.getpid(), timeout=10)
+
+
+def _read(payload: bytes):
+    from dpool.objects import _values
+
+    _oid, name, _size = _values.stored(payload)  # type: ignore[misc]
+    return _segment.read_object(name)
+
+
+def test_values_arrive_intact_over_one_kept_connection(holder, segments):
+    values = [np.arange(3_000_000, dtype=np.float64), b"x" * (1 << 20),
+              {"a": np.ones((300, 700), dtype=np.int16, order="F"), "b": [1, "two"]}]
+    for _ in range(2):
+        for v in values:
+            got = _read(_fetch(holder, _stored(v, segments), segments))
+            assert pickle.dumps(got) == pickle.dumps(v)
+    assert len({peer for peer, _ in holder.served}) == 1  # one handshake for six
+
+
+def test_a_kept_connection_the_holder_closed_is_replaced(holder, segments, monkeypatch):
+    monkeypatch.setattr(_server, "FETCH_IDLE_S", 0.1)
+    name = _stored(np.ones(1000), segments)
+    _fetch(holder, name, segments)
+    time.sleep(0.5)  # the holder drops the idle connection; the reader still keeps it
+    assert _read(_fetch(holder, name, segments)).sum() == 1000
+    assert len({peer for peer, _ in holder.served}) == 2
+
+
+def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segments):
+    name = _stored(np.ones(1 << 20), segments)
+
+    def half(sock: socket.socket, name: str) -> None:
+        sock.sendall(struct.pack("!Q", 8 << 20) + b"\1" * (1 << 20))
+        sock.shutdown(socket.SHUT_RDWR)  # as when its process is killed
+
+    holder.serve = staticmethod(half)
+    with pytest.raises(dpool.ObjectLostError) as info:
+        _fetch(holder, name, segments)
+    assert not _exists(segments[-1])  # the partial copy is gone
+    err = info.value
+    assert err.node == holder.address and err.object_id == int(name.rsplit("_", 1)[1], 16)
+    assert f"went away after {1 << 20} of its {8 << 20} bytes" in str(err)
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.node, again.object_id, str(again)) == (err.node, err.object_id, str(err))
+
+
+def test_a_value_the_holder_does_not_have(holder, segments):
+    gone = _segment.segment_name(os.getpid(), next(_ids))
+    with pytest.raises(dpool.ObjectLostError, match="does not hold it"):
+        _fetch(holder, gone, segments)
+    assert not _exists(segments[-1])
+
+
+def test_a_holder_that_cannot_be_reached(segments):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    with pytest.raises(dpool.ObjectLostError, match="cannot be reached") as info:
+        _manager.fetch(f"127.0.0.1:{port}", TOKEN, "/dpool_1_1", next(_ids), os.getpid(),
+                       timeout=5)
+    assert info.value.node == f"127.0.0.1:{port}"
+
+
+def test_a_reader_without_the_token_gets_nothing(holder, segments):
+    name = _stored(np.ones(1000), segments)
+    with pytest.raises(dpool.AuthenticationError):
+        _fetch(holder, name, segments, token=b"wrong" * 8)
+    assert holder.served == [] and not _exists(segments[-1])
+
+
+def test_a_stored_value_is_its_segments_bytes_verbatim(holder, segments):
+    value = serialize(np.arange(10))
+    name = _stored(np.arange(10), segments)
+    copy = _fetch(holder, name, segments)
+    from dpool.objects import _values
+
+    with open(os.path.join(_segment.SHM_DIR, name.lstrip("/")), "rb") as a, \
+            open(os.path.join(_segment.SHM_DIR, _values.stored(copy)[1].lstrip("/")),
+                 "rb") as b:
+        assert a.read() == b.read()
+    assert (deserialize(value.meta, value.buffers) == np.arange(10)).all()
+
+
+def test_no_room_for_the_copy(holder, segments, monkeypatch):
+    name = _stored(np.ones(1 << 20), segments)
+
+    def no_space(fd: int, data: memoryview, offset: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_segment, "_pwrite_all", no_space)
+    with pytest.raises(dpool.ObjectStoreFullError):
+        _fetch(holder, name, segments)
+    assert not _exists(segments[-1])
+
+
+def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segments):
+    from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
+    from dpool.protocol import _messages as m
+
+    name = _stored(np.ones(64 << 20, dtype=np.uint8), segments)
+    host, port = holder.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        _auth.client_handshake(s, TOKEN)
+        request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, name)])
+        s.sendall(struct.pack("!Q", len(request)) + request)
+        assert len(s.recv(1 << 20)) > 0  # part of the answer, then gone
+    got = _read(_fetch(holder, name, segments))
+    assert got.shape == (64 << 20,) and int(got[-4096:].sum()) == 4096
