@@ -215,7 +215,7 @@ class ClusterRuntime:
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
-               kwargs: dict) -> Future:
+               kwargs: dict, req: Any = None) -> Future:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
         try:
@@ -235,7 +235,8 @@ class ClusterRuntime:
             fut._client = None
             return _calls.failed_future(fut, exc)
         self._futures[oid] = fut
-        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id)])
+        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id,
+                                 None if req is None else tuple(req))])
         return fut
 
     def put(self, value: Any) -> ObjectRef:
@@ -411,6 +412,10 @@ class _RemoteScheduler:
 
     def estimate(self, fn_id: int, default: Any = ...) -> Any:
         return 0.001 if default is ... else default
+
+    def set_resource_offer(self, spec: Any) -> None:
+        log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
+                  "ignored on a cluster driver")
 
     def close_group_soon(self, group: RemoteGroup) -> None:
         self._rt.queue(m.GroupOp(group.group_id, "close", ""))
