@@ -108,6 +108,6 @@ class Group:
     # Resources (``_resdispatch``): tasks with a request wait in ``rq`` until what they
     # need is free; ``extra`` is the CPUs their running tasks hold beyond one worker each,
     # ``n_fenced`` the workers that take no task without a request.
-    rq: deque = field(default_factory=deque)
+    rq: dict = field(default_factory=dict)  # Request -> deque of tasks asking it
     extra: int = 0
     n_fenced: int = 0

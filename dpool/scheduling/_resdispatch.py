@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Optional
 
 from dpool.errors import ResourceError
@@ -73,7 +74,10 @@ class ResourceDispatch(SchedulerCore):
                 return  # a node of a cluster: another node may have it
             self._fail_res(t, reason)
             return
-        g.rq.append(t)
+        waiting = g.rq.get(t.req)
+        if waiting is None:
+            waiting = g.rq[t.req] = deque()
+        waiting.append(t)
         self._dispatch_res(g)
 
     def _impossible(self, g: Group, r: Request) -> Optional[str]:
@@ -111,18 +115,25 @@ class ResourceDispatch(SchedulerCore):
 
     # -- starting ------------------------------------------------------------------------
     def _dispatch_res(self, g: Group) -> None:
-        """Start the waiting tasks of ``g`` whose resources are free (in order; one that
-        must wait does not hold back a smaller one behind it)."""
-        rq = g.rq
+        """Start the waiting tasks of ``g`` whose resources are free: first come, first
+        served among tasks asking the same; a request that must wait does not hold back
+        a different one (``rq`` has a queue per distinct request, so this costs the
+        tasks started plus the distinct requests, however many wait)."""
         if g.broken is not None:
             return
-        for _ in range(len(rq)):
-            t = rq.popleft()
-            if t.future is not None and not t.started and t.future.cancelled():
-                self._skip_cancelled(t)
-                continue
-            if not self._start_res(g, t):
-                rq.append(t)
+        rq = g.rq
+        for req, waiting in list(rq.items()):
+            while waiting:
+                t = waiting[0]
+                if t.future is not None and not t.started and t.future.cancelled():
+                    waiting.popleft()
+                    self._skip_cancelled(t)
+                    continue
+                if not self._start_res(g, t):
+                    break
+                waiting.popleft()
+            if not waiting:
+                del rq[req]
 
     def _cpus_busy(self, g: Group) -> int:
         return sum(1 for w in g.workers if w.alive and w.inflight and not w.blocked) + g.extra
@@ -261,8 +272,9 @@ class ResourceDispatch(SchedulerCore):
         w.group.extra += w.rcpus
 
     def _fail_waiting_res(self, g: Group, err: bytes) -> None:
-        while g.rq:
-            t = g.rq.popleft()
+        waiting = [t for q in g.rq.values() for t in q]
+        g.rq.clear()
+        for t in waiting:
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True

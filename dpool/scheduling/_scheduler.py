@@ -330,14 +330,17 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
     def cancel_queued(self, group: Group) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
         with self._lock:
-            for name in ("queue", "rq"):
+            for queue in [group.queue, *group.rq.values()]:
                 keep: deque = deque()
-                for t in getattr(group, name):
+                for t in queue:
                     if t.future is not None and not t.started and t.future.cancel():
                         self._skip_cancelled(t)
                     else:
                         keep.append(t)
-                setattr(group, name, keep)
+                queue.clear()
+                queue.extend(keep)
+            for req in [r for r, q in group.rq.items() if not q]:
+                del group.rq[req]
             # Tasks still waiting for their inputs: cancel their futures now; dispatch
             # skips them once their inputs are ready.
             for obj in self._objects.values():
