@@ -281,6 +281,7 @@ class Load:
     num_cpus: int
     avg_task_s: float
     holds: tuple  # ("holder address|segment name", ...): inputs it has copies of now
+    resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
 
 
 @dataclass(slots=True)
