@@ -244,3 +244,42 @@ def test_environment_declares_fake_gpus(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["('0,1', [0, 1])", "(None, [])",
                                        "<class 'dpool.errors.ResourceError'>"]
+
+
+def gpu_parent():
+    ex = dpool.get_executor()
+    child = ex.options(num_gpus=1).submit(devices)
+    return dpool.get_gpu_ids(), child.result(timeout=30)[1]
+
+
+def test_a_gpu_task_waits_on_a_nested_gpu_task(gpus2):
+    # One CPU: the parent gives it back while it waits; it keeps its GPU, so the child
+    # gets the other one.
+    with ProcessPoolExecutor(1) as ex:
+        mine, child = ex.options(num_gpus=1).submit(gpu_parent).result(timeout=60)
+    assert sorted(mine + child) == [0, 1]
+
+
+def test_plain_tasks_after_gpu_tasks_fill_the_group(gpus2):
+    # Two GPU-bound workers take both slots; plain tasks get them back (an idle bound
+    # worker is retired), and GPU tasks after that still find their devices.
+    with ProcessPoolExecutor(2) as ex:
+        g = ex.options(num_gpus=1)
+        assert sorted(f.result(timeout=30)[0] for f in [g.submit(devices) for _ in range(2)]) \
+            == ["0", "1"]
+        assert [f.result(timeout=30)[1] for f in [ex.submit(devices) for _ in range(4)]] \
+            == [[]] * 4
+        assert len(g.submit(devices).result(timeout=30)[1]) == 1
+        assert len([p for p in ex._processes.values() if p.is_alive()]) <= 2
+
+
+def test_zero_cpu_gpu_tasks_and_memory(gpus2):
+    with ProcessPoolExecutor(1) as ex:
+        only_gpu = ex.options(num_cpus=0, num_gpus=1)
+        # two of them and a plain task at once: none needs the single CPU the other has
+        fs = [only_gpu.submit(interval, 0.2) for _ in range(2)] + [ex.submit(interval, 0.2)]
+        spans = [f.result(timeout=30) for f in fs]
+        assert not _no_overlap(spans), spans
+        assert ex.options(memory=2**20).submit(devices).result(timeout=30)[1] == []
+        with pytest.raises(ResourceError, match="memory"):
+            ex.options(memory=2**62).submit(devices).result(timeout=10)

@@ -72,6 +72,7 @@ class SchedulerCore:
         raise NotImplementedError
     def _fence(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
     def _retire_worker(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def slots_used(self, g: Group) -> int: raise NotImplementedError
     def _fail_waiting_res(self, g: Group, err: bytes) -> None: raise NotImplementedError
     def _on_blocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError
     def _on_unblocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError

@@ -151,7 +151,7 @@ class ResourceDispatch(SchedulerCore):
         a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False
-        w = self._res_worker(g, a.gpu_ids, idle)
+        w = self._res_worker(g, a.gpu_ids, idle, r.cpus)
         if w is None:
             led.release(a)
             return False
@@ -182,10 +182,11 @@ class ResourceDispatch(SchedulerCore):
         self._send(w, msgs)
         return True
 
-    def _res_worker(self, g: Group, gpu_ids: tuple,
-                    idle: list) -> Optional[WorkerHandle]:
+    def _res_worker(self, g: Group, gpu_ids: tuple, idle: list,
+                    cpus: int) -> Optional[WorkerHandle]:
         """An idle worker that may run a task given ``gpu_ids`` (bound to exactly them,
-        or, for none, one that sees no held GPU), or a new one; None: no process slot."""
+        or, for none, one that sees no held GPU), or a new one; None: no process slot.
+        (A task holding no CPU needs a process but no slot.)"""
         held = self.ledger.held_gpus() if self.ledger is not None else frozenset()
         for w in idle:
             if gpu_ids:
@@ -193,17 +194,24 @@ class ResourceDispatch(SchedulerCore):
                     return w
             elif w.gpus is None and not self._clashes(w, held):
                 return w
-        alive = sum(1 for w in g.workers if w.alive)
-        if alive >= g.max_workers + g.n_blocked:
+        if self.slots_used(g) >= g.max_workers:
             victim = next((w for w in idle if w.fenced), None) or (idle[0] if idle else None)
-            if victim is None:
+            if victim is not None:
+                self._retire_worker(victim)
+            elif cpus:
                 return None
-            self._retire_worker(victim)
         try:
             return self._spawn(g, gpu_ids or None)  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - out of processes: wait, as for any task
             log.error("dpool: cannot start a worker process: %s", exc)
             return None
+
+    @staticmethod
+    def slots_used(g: Group) -> int:
+        """Worker processes that count against ``max_workers``: not those blocked in a
+        nested wait, nor those running a task that holds no CPU."""
+        return sum(1 for w in g.workers if w.alive and not w.blocked
+                   and not (w.rcpus < 0 and w.inflight))
 
     def _retire_worker(self, w: WorkerHandle) -> None:
         w.alive = False

@@ -149,8 +149,7 @@ class WorkerPool(SchedulerCore):
                    and (w.inflight or not w.fenced))
         if busy + g.extra >= g.max_workers:
             return False
-        alive = sum(1 for w in g.workers if w.alive)
-        if alive >= g.max_workers + g.n_blocked:
+        if self.slots_used(g) >= g.max_workers:
             victim = next((w for w in g.workers
                            if w.alive and w.fenced and not w.inflight), None)
             if victim is None:
