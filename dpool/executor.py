@@ -39,6 +39,10 @@ class _ChunkRunner:
     def __reduce__(self) -> tuple:
         return (_ChunkRunner, (self.fn,))
 
+    @property
+    def __dpool_resources__(self) -> Any:  # the wrapped function's @dpool.resources
+        return getattr(self.fn, "__dpool_resources__", None)
+
 
 def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
     it = iter(iterable)

@@ -189,6 +189,18 @@ def test_pool_and_map_with_resources(gpus2):
         assert list(ex.options(num_gpus=0).map(devices, [None]))[0][1] == []
 
 
+@dpool.resources(num_gpus=1)
+def one_gpu(_=None):
+    return dpool.get_gpu_ids()
+
+
+def test_pool_map_of_a_decorated_function(gpus2):
+    with Pool(2) as p:
+        assert all(len(ids) == 1 for ids in p.map(one_gpu, range(4)))
+        assert all(len(ids) == 1 for ids in p.imap(one_gpu, range(4)))
+        assert all(len(ids) == 1 for ids in p.map(one_gpu, range(4), chunksize=2))
+
+
 def test_decorated_function_and_get_gpu_ids(gpus2):
     assert dpool.get_gpu_ids() == []  # outside a task
     assert half_gpu() == []  # called directly it runs as before

@@ -64,6 +64,12 @@ class ResourceDispatch(SchedulerCore):
             raise ResourceError("cannot change the runtime's resources while tasks hold "
                                 "some of them")
         self.ledger = ledger
+        # Workers bound to (or started without) devices of the old offer: their sets
+        # mean nothing now. None of them runs a task with GPUs (nothing is held).
+        for g in self._groups.values():
+            for w in g.workers:
+                if w.alive and not w.inflight and (w.gpus is not None or w.sees is not None):
+                    self._retire_worker(w)
 
     # -- entering ------------------------------------------------------------------------
     def _route_res(self, g: Group, t: Task) -> None:
@@ -174,6 +180,8 @@ class ResourceDispatch(SchedulerCore):
         self._ctl.log_event(t.task_id, "start", _now(), w.worker_id)
         w.load += t.est
         w.assigned += 1
+        if g.max_tasks is not None and w.assigned >= g.max_tasks:
+            w.retiring = True  # it exits after this task (max_tasks_per_child)
         w.rcpus = r.cpus - 1
         g.extra += w.rcpus
         self._fence(w, True)

@@ -224,6 +224,7 @@ class Ledger:
 
     def _gpus(self, gpus: float, prefer: Iterable[tuple]) -> tuple[tuple, int]:
         free = self.gpu_free
+        prefer = [ids for ids in prefer if all(i < len(free) for i in ids)]
         if gpus < 1:
             units = max(1, round(gpus * GPU_UNIT))
             for ids in prefer:

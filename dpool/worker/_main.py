@@ -203,6 +203,11 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
     from dpool.runtime import _current
 
     _current.enter_worker(cfg)
+    from dpool.scheduling import _resources
+
+    # A function pickled by value keeps its @dpool.resources, but its module's decorator
+    # never ran here: nested submits look for requests on every function.
+    _resources.decorated = True
     _mainref.set_worker_namespace()  # the script's globals, shared by its functions here
     from dpool.objects import _values
 
