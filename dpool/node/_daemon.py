@@ -154,7 +154,8 @@ class NodeDaemon:
                     "cpus_used": load.get("cpus_used", 0), "queued": load.get("queued", 0),
                     "store_used": load.get("store_used", 0),
                     "store_capacity": load.get("store_capacity", 0),
-                    "linked_schedulers": load.get("linked_schedulers", 0)}
+                    "linked_schedulers": load.get("linked_schedulers", 0),
+                    "resources": row.get("resources") or {}}
             if row["node_id"] == self.node_id:
                 node.update({k: v for k, v in here.items() if k in node})
             nodes.append(node)

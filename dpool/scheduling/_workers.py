@@ -282,7 +282,7 @@ class WorkerPool(SchedulerCore):
             for obj in self._objects.values():
                 if obj.waiters and w in obj.waiters:
                     obj.waiters = [x for x in obj.waiters if x is not w] or None
-            if g.queue:
+            if g.queue or g.rq:
                 self._dispatch(g)
             elif g.closed and not g.workers and g.outstanding == 0:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing

@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from tests.cluster.conftest import Cluster, start_node, stop_cluster, wait_for_nodes
+from tests.cluster.conftest import (Cluster, base_env, dpool_cli, start_node, stop_cluster,
+                                    wait_for_nodes)
 
 GRACE_S = 2.0
 
@@ -110,3 +111,16 @@ def test_an_impossible_request_fails_after_the_grace_period(gpu_cluster, tmp_pat
         assert asked in message and "DPOOL_RESOURCE_GRACE_S" in message, message
         assert gpu_cluster.nodes[2].address in message, message  # what the nodes offer
     assert lines[2] == "1"
+
+
+def test_status_shows_what_each_node_offers(gpu_cluster):
+    status = wait_for_nodes(gpu_cluster, 3)
+    offers = {n["node_id"]: n["resources"] for n in status["nodes"]}
+    gpu_node = gpu_cluster.nodes[2].address
+    assert offers[gpu_node]["GPU"] == 2 and offers[gpu_node]["TPU"] == 1, offers
+    assert all(offers[n.address]["GPU"] == 0 for n in gpu_cluster.nodes[:2]), offers
+    assert all(o["CPU"] == 2 for o in offers.values()), offers
+    env = base_env()
+    env["DPOOL_STATE_DIR"] = gpu_cluster.head.state_dir
+    text = dpool_cli(["status"], env).stdout
+    assert "GPU: 2, TPU: 1" in text, text
