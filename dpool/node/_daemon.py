@@ -79,7 +79,7 @@ class NodeDaemon:
         mem = custom.pop("memory", None)
         custom.pop("CPU", None)
         gpus = custom.pop("GPU", num_gpus)
-        self.scheduler.ledger = _detect.ledger(gpus, mem, custom)
+        self.ledger = self.scheduler.ledger = _detect.ledger(gpus, mem, custom)
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
         self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer,
@@ -166,7 +166,7 @@ class NodeDaemon:
 
     def node_info(self) -> dict:
         return {"address": self.address, "num_cpus": self.num_cpus,
-                "resources": self.scheduler.ledger.offer(self.num_cpus),
+                "resources": self.ledger.offer(self.num_cpus),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
     # -- connections ---------------------------------------------------------------------

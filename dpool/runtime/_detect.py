@@ -48,10 +48,10 @@ def _cgroup_quota() -> Optional[float]:
         pass
     try:
         with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            q = int(f.read())
+            quota = int(f.read())
         with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period = int(f.read())
-        return q / period if q > 0 and period > 0 else None
+            length = int(f.read())
+        return quota / length if quota > 0 and length > 0 else None
     except (OSError, ValueError):
         return None
 
