@@ -9,12 +9,30 @@ import time
 import psutil
 import pytest
 
+from tests._started import STARTED_PIDS
+
+
+
 
 def _dpool_segments() -> set[str]:
+    """This run's segments: owned (``dpool_<owner pid>_...``) by this process, one of its
+    descendants, a daemon it started, or a process gone. Another test run on the same
+    machine (a colleague's) owns the rest."""
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("dpool")}
+        names = [n for n in os.listdir("/dev/shm") if n.startswith("dpool")]
     except FileNotFoundError:  # pragma: no cover - non-Linux
         return set()
+    ours = {os.getpid(), *STARTED_PIDS}
+    try:
+        ours.update(p.pid for p in psutil.Process().children(recursive=True))
+    except psutil.Error:
+        pass
+    out = set()
+    for n in names:
+        owner = n.split("_")[1] if n.count("_") >= 1 else ""
+        if not owner.isdigit() or int(owner) in ours or not psutil.pid_exists(int(owner)):
+            out.add(n)
+    return out
 
 
 def _live_children() -> list[psutil.Process]:

@@ -83,7 +83,7 @@ class NodeDaemon:
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
         self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer,
-                                 self._serve_segment)
+                                 self._serve_segment, self._lease)
         self.address = f"{node_ip}:{self.server.address[1]}"
         self.node_id = self.address
         os.environ["DPOOL_NODE_ID"] = self.node_id  # inherited by the workers
@@ -172,6 +172,10 @@ class NodeDaemon:
     # -- connections ---------------------------------------------------------------------
     def _attach(self, chan: Channel, hello: m.Attach) -> None:
         self.sessions.attach(chan, hello, cluster_cpus=self.sessions.cluster_cpus)
+
+    def _lease(self, sock: socket.socket, req: m.LeaseRequest) -> None:
+        """A driver of this host asks for a worker of its own (``scheduling._leases``)."""
+        self.sessions.leases.grant(sock, req)
 
     def _peer(self, chan: Channel, hello: m.PeerHello) -> None:
         """Another node links to this one (to send results of tasks spilled from here,

@@ -34,9 +34,12 @@ class NodeServer:
     def __init__(self, token: bytes, bind: str, port: int, unix_path: Optional[str],
                  on_attach: Optional[Callable[[Channel, m.Attach], None]],
                  on_peer: Callable[[Channel, m.PeerHello], None],
-                 on_fetch: Optional[Callable[[socket.socket, str], None]] = None) -> None:
+                 on_fetch: Optional[Callable[[socket.socket, str], None]] = None,
+                 on_lease: Optional[Callable[[socket.socket, m.LeaseRequest], None]] = None
+                 ) -> None:
         self._token = token
         self._on_fetch = on_fetch
+        self._on_lease = on_lease
         self._on_attach = on_attach
         self._on_peer = on_peer
         self.unix_path = unix_path
@@ -128,6 +131,14 @@ class NodeServer:
                 conn.settimeout(_ATTACH_TIMEOUT * 3)
                 self._on_fetch(conn, hello.name)  # in this thread: a transfer of its own
                 conn.close()
+                return
+            if isinstance(hello, m.LeaseRequest) and self._on_lease is not None and not tcp:
+                if hello.version != PROTOCOL_VERSION:
+                    raise ProtocolError(f"driver speaks protocol {hello.version}, this "
+                                        f"process {PROTOCOL_VERSION}: run the same dpool "
+                                        "version")
+                conn.settimeout(None)
+                self._on_lease(conn, hello)  # the connection becomes the lease channel
                 return
             if not isinstance(hello, (m.Attach, m.PeerHello)) or (
                     isinstance(hello, m.Attach) and self._on_attach is None):

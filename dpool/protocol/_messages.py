@@ -391,6 +391,75 @@ class ReleaseLent:
     name: str
 
 
+# -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
+
+
+@dataclass(slots=True)
+class LeaseRequest:
+    """D->N first frame of a lease connection (on the node's unix socket): lend me a
+    worker of this group. The node starts one with this very connection as its lease
+    channel (granted: the worker says ``LeaseReady`` on it) or answers ``LeaseDenied``."""
+
+    CODE: ClassVar[int] = 50
+    version: int
+    group_id: int
+
+
+@dataclass(slots=True)
+class LeaseDenied:
+    """N->D no worker to lend now (the group or the node's CPUs are in use)."""
+
+    CODE: ClassVar[int] = 51
+    reason: str
+
+
+@dataclass(slots=True)
+class LeaseReady:
+    """W->D over the lease channel: the leased worker is up (initializer done). The
+    driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
+
+    CODE: ClassVar[int] = 52
+    worker_id: int
+    pid: int
+
+
+@dataclass(slots=True)
+class LeasedResult:
+    """D->N the outcome of a task that ran on a leased worker: the node keeps the value
+    in its object table (owned by the driver, like a put) for later tasks and peers."""
+
+    CODE: ClassVar[int] = 53
+    object_id: int
+    ok: bool
+    payload: bytes
+
+
+@dataclass(slots=True)
+class LeaseRecall:
+    """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
+    this group once its task is done."""
+
+    CODE: ClassVar[int] = 54
+    group_id: int
+
+
+@dataclass(slots=True)
+class LeaseEnded:
+    """W->N the driver closed the lease channel: this worker serves the node again."""
+
+    CODE: ClassVar[int] = 55
+
+
+@dataclass(slots=True)
+class LeaseLost:
+    """N->D the worker lent for this group exited. (The driver may not see its lease
+    connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
+
+    CODE: ClassVar[int] = 56
+    group_id: int
+    worker_id: int
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -428,4 +497,11 @@ ALL_MESSAGES = (
     WorkingDir,
     FetchSegment,
     ReleaseLent,
+    LeaseRequest,
+    LeaseDenied,
+    LeaseReady,
+    LeasedResult,
+    LeaseRecall,
+    LeaseEnded,
+    LeaseLost,
 )

@@ -28,8 +28,9 @@ class WorkerConfig:
 WORKER_ENTRY = "dpool.worker._main"
 
 
-def start_worker(sock: object, cfg: WorkerConfig) -> None:
-    """A worker process's target: import the worker by name, run it."""
+def start_worker(sock: object, cfg: WorkerConfig, lease: object = None) -> None:
+    """A worker process's target: import the worker by name, run it. ``lease``: the
+    connection of a driver this worker is lent to (``scheduling._workers``), if any."""
     import importlib
 
-    importlib.import_module(WORKER_ENTRY).worker_entry(sock, cfg)
+    importlib.import_module(WORKER_ENTRY).worker_entry(sock, cfg, lease)

@@ -41,6 +41,7 @@ from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batc
 from dpool.protocol import _auth
 from dpool.protocol import _messages as m
 from dpool.runtime import _calls, _payload, _workdir
+from dpool.runtime._lease import DriverLeases
 from dpool.runtime._address import Target
 from dpool.runtime._functions import FunctionTable
 
@@ -54,7 +55,7 @@ class RemoteGroup:
     """A worker group (executor or Pool) that lives on the node."""
 
     __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
-                 "max_tasks")
+                 "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed")
 
     def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int]) -> None:
         self.group_id = group_id
@@ -64,6 +65,11 @@ class RemoteGroup:
         self.exited = threading.Event()
         self.cancelled = threading.Event()
         self.workers: list = []  # they are the node's processes, not this one's
+        self.lease: Any = None  # _lease.Lease: a worker the node lent us
+        self.lease_asked = False
+        self.lease_retry_at = 0.0
+        # never to lease (again): shut down, or the node's workers do not suit leases
+        self.lease_closed = max_tasks is not None
 
 
 class _ClusterFuture(Future):
@@ -142,6 +148,12 @@ class ClusterRuntime:
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._lost: Optional[str] = None
         self._closed = False
+        # On the node's host, a worker lent to each executor takes tasks without a hop
+        # through the node (``_lease``); values are in the shared store either way.
+        self._fn_payloads: dict[int, bytes] = {}
+        self.leases: Optional[DriverLeases] = DriverLeases(self) \
+            if self.store_owner and target.unix_path else None
+        self._ending: deque = deque()  # groups whose lease ends (queued by finalizers)
         self._wake = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name="dpool-cluster-reader")
@@ -183,6 +195,8 @@ class ClusterRuntime:
         while not self._closed and self._lost is None:
             self._wake.wait(_FLUSH_S)
             self._wake.clear()
+            while self._ending:
+                self.leases.end(self._ending.popleft(), closed=True)  # type: ignore
             if self._releases or self._pending:
                 try:
                     self._send([])
@@ -190,7 +204,16 @@ class ClusterRuntime:
                     return
 
     def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        if self.leases is not None:
+            self._fn_payloads[fn_id] = payload  # for leased workers
         self._send([m.RegisterFunction(fn_id, payload)])
+
+    def function_payload(self, fn_id: int) -> bytes:
+        return self._fn_payloads[fn_id]
+
+    def note(self, msg: Any) -> None:
+        """Send ``msg`` with the next message or flush (no wake-up: it can wait)."""
+        self._pending.append(msg)
 
     # -- groups ----------------------------------------------------------------------------
     def add_group(self, cfg: Any, executor: Any) -> RemoteGroup:
@@ -211,6 +234,8 @@ class ClusterRuntime:
         msgs.append(m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
                                   cfg.max_tasks, cfg.max_attempts, workdir))
         self._send(msgs)
+        if self.leases is not None and not g.lease_closed:
+            self.leases.request(g)
         return g
 
     # -- the task API ----------------------------------------------------------------------
@@ -234,10 +259,32 @@ class ClusterRuntime:
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
+        leases = self.leases
+        if leases is not None and not deps and req is None and not group.lease_closed:
+            # (a task with a resource request goes through the node, which holds them)
+            if leases.try_submit(group, oid, fn_id, payload, fut):
+                return fut
+            if group.lease is None:
+                leases.request(group)
         self._futures[oid] = fut
         self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id,
                                  None if req is None else tuple(req))])
         return fut
+
+    def resubmit(self, group: RemoteGroup, oid: int, fn_id: int, payload: Optional[bytes],
+                 fut: Future) -> None:
+        """A leased worker died with this task: the node runs it."""
+        self._futures[oid] = fut
+        try:
+            self._send([m.SubmitTask(oid, fn_id, payload, None, group.group_id)])
+        except NodeLostError:
+            pass  # the future failed with the connection
+
+    def lead(self, fut: Future, timeout: Any) -> Any:
+        """Read a leased worker's result on the waiting thread (``_lease``)."""
+        if self.leases is None:
+            return timeout
+        return self.leases.lead(fut, timeout)
 
     def put(self, value: Any) -> ObjectRef:
         oid = self.new_id()
@@ -296,22 +343,8 @@ class ClusterRuntime:
         code = msg.CODE
         if code == m.ObjectValue.CODE:
             fut = self._futures.pop(msg.object_id, None)
-            if fut is None:
-                return
-            try:
-                if msg.ok:
-                    try:
-                        value = _payload.loads(msg.payload)
-                    except BaseException as exc:  # noqa: BLE001 - SystemExit too
-                        fut.set_exception(
-                            DeserializationError.wrap("the task's result", exc))
-                        return
-                    fut.set_result(value)
-                    value = None  # the future holds it; this frame must not (bpo-14406)
-                else:
-                    fut.set_exception(_payload.loads_error(msg.payload))
-            except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
-                pass
+            if fut is not None:
+                self.complete(fut, msg.ok, msg.payload)
         elif code == m.Output.CODE:
             self._print(msg)
         elif code == m.Forget.CODE:  # freed segments of the node's: drop cached mappings
@@ -329,12 +362,37 @@ class ClusterRuntime:
                 fut = self._futures.pop(tid, None)
                 if fut is not None:
                     fut.cancel()
+        elif code == m.LeaseRecall.CODE:  # tasks wait at the node for the lent CPU
+            g = self._groups.get(msg.group_id)
+            if g is not None and self.leases is not None:
+                self.leases.end(g)
+        elif code == m.LeaseLost.CODE:  # the lent worker exited
+            g = self._groups.get(msg.group_id)
+            if g is not None and self.leases is not None:
+                self.leases.lost(g, msg.worker_id)
         elif code == m.GroupOp.CODE and msg.op == "cancelled":  # after that list
             g = self._groups.get(msg.group_id)
             if g is not None:
                 g.cancelled.set()
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
+
+    @staticmethod
+    def complete(fut: Future, ok: bool, payload: bytes) -> None:
+        """Set a future from a task's outcome (any thread)."""
+        try:
+            if ok:
+                try:
+                    value = _payload.loads(payload)
+                except BaseException as exc:  # noqa: BLE001 - SystemExit too
+                    fut.set_exception(DeserializationError.wrap("the task's result", exc))
+                    return
+                fut.set_result(value)
+                value = None  # the future holds it; this frame must not (bpo-14406)
+            else:
+                fut.set_exception(_payload.loads_error(payload))
+        except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+            pass
 
     def _print(self, msg: m.Output) -> None:
         """A worker's output, line by line; prefixed with its pid and node when it ran on
@@ -390,6 +448,8 @@ class ClusterRuntime:
             except (NodeLostError, OSError):
                 pass
         self._closed = True
+        if self.leases is not None:
+            self.leases.stop()
         for (node, pid, stream), rest in list(self._partial.items()):  # unfinished lines
             self._print(m.Output(0, pid, node, stream, b"\n"))
         self._wake.set()
@@ -418,10 +478,19 @@ class _RemoteScheduler:
                   "ignored on a cluster driver")
 
     def close_group_soon(self, group: RemoteGroup) -> None:
+        """(From a finalizer: no lock may be taken here.)"""
+        group.lease_closed = True
+        if group.lease is not None:
+            self._rt._ending.append(group)
         self._rt.queue(m.GroupOp(group.group_id, "close", ""))
 
     def close_group(self, group: RemoteGroup) -> None:
+        self._end_lease(group)
         self._rt.send([m.GroupOp(group.group_id, "close", "")])
+
+    def _end_lease(self, group: RemoteGroup) -> None:
+        if self._rt.leases is not None:
+            self._rt.leases.end(group, closed=True)
 
     def cancel_queued(self, group: RemoteGroup) -> None:
         group.cancelled.clear()
@@ -444,6 +513,7 @@ class _RemoteScheduler:
 
     def terminate_group(self, group: RemoteGroup, reason: str) -> None:
         group.broken = group.broken or reason
+        self._end_lease(group)
         try:
             self._rt.send([m.GroupOp(group.group_id, "terminate", reason)])
         except NodeLostError:
@@ -452,4 +522,8 @@ class _RemoteScheduler:
             self.wait_group_exited(group)
 
     def is_io_thread(self) -> bool:
-        return threading.current_thread() is self._rt._reader
+        rt = self._rt
+        if threading.current_thread() is rt._reader:
+            return True
+        io = rt.leases._io if rt.leases is not None else None
+        return io is not None and io.is_io_thread()

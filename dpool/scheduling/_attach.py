@@ -35,6 +35,7 @@ from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.runtime._workdir import map_path
+from dpool.scheduling._leases import LeaseDesk
 from dpool.scheduling._records import Group, WorkerHandle
 
 log = logging.getLogger("dpool.node")
@@ -104,6 +105,7 @@ class DriverSessions:
         h[m.SubmitTask.CODE] = self._on_submit
         h[m.PutObject.CODE] = self._on_put
         self._store_ids: Any = None  # ids of values put in the store for TCP drivers
+        self.leases = LeaseDesk(scheduler)  # workers lent to drivers of this host
         scheduler.sessions = self
 
     # -- from the accept thread -----------------------------------------------------------

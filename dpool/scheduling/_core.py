@@ -40,6 +40,8 @@ class SchedulerCore:
     spiller: Any
     cpu_limit: Optional[int]
     id_prefix: Optional[Callable[[], int]]
+    leases: int
+    recall_leases: Callable[[], None]
 
     # -- implemented by LocalScheduler ---------------------------------------------------
     def _admit(self, t: Task) -> None: raise NotImplementedError
@@ -60,7 +62,8 @@ class SchedulerCore:
     def _retire_group(self, g: Group) -> None: raise NotImplementedError
     def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None: raise NotImplementedError
     def busy_cpus(self) -> int: raise NotImplementedError
-    def _spawn(self, g: Group, gpus: Optional[tuple] = None) -> WorkerHandle:
+    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
+               lease: Any = None) -> WorkerHandle:
         raise NotImplementedError
 
     # -- implemented by ResourceDispatch -------------------------------------------------

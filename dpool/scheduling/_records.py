@@ -57,7 +57,7 @@ class Obj:
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
-                 "sees", "rcpus")
+                 "sees", "rcpus", "leased")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -82,6 +82,9 @@ class WorkerHandle:
         self.gpus: Optional[tuple] = None
         self.sees: Optional[frozenset] = None
         self.rcpus = 0  # CPUs beyond one that its running task holds (num_cpus - 1)
+        # the attached driver this worker is lent to (cluster mode): it sends the tasks;
+        # the node's dispatch leaves the worker alone and counts it busy until it ends
+        self.leased: Any = None
 
 
 @dataclass

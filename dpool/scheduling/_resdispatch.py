@@ -68,7 +68,8 @@ class ResourceDispatch(SchedulerCore):
         # mean nothing now. None of them runs a task with GPUs (nothing is held).
         for g in self._groups.values():
             for w in g.workers:
-                if w.alive and not w.inflight and (w.gpus is not None or w.sees is not None):
+                if w.alive and not w.inflight and w.leased is None and (
+                        w.gpus is not None or w.sees is not None):
                     self._retire_worker(w)
 
     # -- entering ------------------------------------------------------------------------
@@ -142,7 +143,8 @@ class ResourceDispatch(SchedulerCore):
                 del rq[req]
 
     def _cpus_busy(self, g: Group) -> int:
-        return sum(1 for w in g.workers if w.alive and w.inflight and not w.blocked) + g.extra
+        return sum(1 for w in g.workers if w.alive and (w.inflight or w.leased is not None)
+                   and not w.blocked) + g.extra
 
     def _start_res(self, g: Group, t: Task) -> bool:
         r: Request = t.req
@@ -152,8 +154,8 @@ class ResourceDispatch(SchedulerCore):
                 self.busy_cpus() + r.cpus > self.cpu_limit:  # type: ignore[attr-defined]
             return False
         led = self.resources()
-        idle = [w for w in g.workers
-                if w.alive and not w.inflight and not w.blocked and not w.retiring]
+        idle = [w for w in g.workers if w.alive and not w.inflight and not w.blocked
+                and not w.retiring and w.leased is None]
         a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False

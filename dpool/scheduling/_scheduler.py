@@ -112,6 +112,8 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
         self.ledger_spec: Optional[dict] = None
+        self.leases = 0  # workers lent to drivers of this host (``_leases``, cluster mode)
+        self.recall_leases: Callable[[], None] = lambda: None
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
             m.TaskDone.CODE: self._on_task_done,

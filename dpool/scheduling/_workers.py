@@ -60,6 +60,8 @@ class WorkerPool(SchedulerCore):
             w = self._pick_worker(g, idle_only, prefetch)
             if w is None:
                 if not self._maybe_spawn(g):
+                    if self.leases:  # a lent worker may hold the CPU these tasks need
+                        self.recall_leases()
                     return
                 continue
             quota = None if g.max_tasks is None else g.max_tasks - w.assigned
@@ -105,6 +107,9 @@ class WorkerPool(SchedulerCore):
         for w in g.workers:
             if not w.alive or w.blocked:
                 continue
+            if w.leased is not None:  # lent to a driver: busy, not ours to send to
+                busy += 1
+                continue
             n = len(w.inflight)
             if n:
                 busy += 1
@@ -123,7 +128,7 @@ class WorkerPool(SchedulerCore):
     def busy_cpus(self) -> int:
         """Workers running tasks now, over every group (lock held)."""
         return sum(1 for g in self._groups.values() for w in g.workers
-                   if w.inflight and w.alive and not w.blocked) + \
+                   if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
             sum(g.extra for g in self._groups.values())
 
     def _maybe_spawn(self, g: Group) -> bool:
@@ -150,8 +155,8 @@ class WorkerPool(SchedulerCore):
         if busy + g.extra >= g.max_workers:
             return False
         if self.slots_used(g) >= g.max_workers:
-            victim = next((w for w in g.workers
-                           if w.alive and w.fenced and not w.inflight), None)
+            victim = next((w for w in g.workers if w.alive and w.fenced and not w.inflight
+                           and w.leased is None), None)
             if victim is None:
                 return False
             self._retire_worker(victim)
@@ -167,8 +172,10 @@ class WorkerPool(SchedulerCore):
                 self._fail_group(g, f"cannot start a worker process: {exc}")
             return False
 
-    def _spawn(self, g: Group, gpus: Optional[tuple] = None) -> WorkerHandle:
-        """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``)."""
+    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
+               lease: Optional[socket.socket] = None) -> WorkerHandle:
+        """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``);
+        ``lease``: a driver's connection it is lent to."""
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         if gpus is not None:
@@ -184,7 +191,8 @@ class WorkerPool(SchedulerCore):
                            self.store.capacity, self.sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0,
                            env, gpu_names)
-        proc = g.mp_context.Process(target=start_worker, args=(child_sock, cfg),
+        args = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
+        proc = g.mp_context.Process(target=start_worker, args=args,
                                     name=f"dpool-worker-{wid}")
         try:
             proc.start()
@@ -237,6 +245,8 @@ class WorkerPool(SchedulerCore):
             was_alive = w.alive
             w.alive = False
             g = w.group
+            if w.leased is not None:
+                self.sessions.leases.lost(w)
             if w.blocked:
                 w.blocked = False
                 g.n_blocked -= 1

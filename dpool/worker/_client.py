@@ -218,6 +218,18 @@ class WorkerClient:
         finally:
             self._inbox.put(_CLOSED)
 
+    def poll_messages(self) -> list:
+        """Main loop of a leased worker: the messages queued so far (maybe none)."""
+        msgs = []
+        while True:
+            try:
+                msgs.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        if _CLOSED in msgs:
+            raise ChannelClosed("scheduler closed the connection")
+        return msgs
+
     def next_messages(self) -> list:
         """Main loop: block for the next messages the receiver queued."""
         msgs = [self._inbox.get()]

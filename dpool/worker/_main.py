@@ -52,6 +52,7 @@ class _Worker:
         self.first_result_t = 0.0
         self.done_count = 0
         self.client = None  # set by _client when the first nested call happens
+        self.lease: Any = None  # _lease.LeaseLink while lent to a driver (cluster mode)
 
     # -- messages ------------------------------------------------------------------------
     def send(self, msgs: list) -> None:
@@ -77,6 +78,9 @@ class _Worker:
 
     def receive(self) -> None:
         """Block until at least one message arrives; handle what came."""
+        if self.lease is not None:
+            self.lease.receive()
+            return
         if self.client is not None and self.client.receiving:
             for msg in self.client.next_messages():
                 self.handle(msg)
@@ -127,10 +131,14 @@ class _Worker:
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything, as in the stdlib
             done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc),
                               time.perf_counter() - t0)
+        self.done_count += 1
+        lease = self.lease
+        if lease is not None and task.task_id in lease.tasks:
+            lease.send_done(done)  # straight back to the driver it is lent to
+            return
         if not self.results:
             self.first_result_t = time.perf_counter()
         self.results.append(done)
-        self.done_count += 1
 
     def run(self) -> None:
         self.send([m.Hello(PROTOCOL_VERSION, self.cfg.worker_id, os.getpid())])
@@ -142,6 +150,8 @@ class _Worker:
                 log.error("worker %d: initializer failed", self.cfg.worker_id, exc_info=True)
                 self.send([m.InitFailed(_payload.dumps_error(exc))])
                 return
+        if self.lease is not None:
+            self.lease.ready()
         max_tasks = self.cfg.max_tasks
         pending = self.pending
         while True:
@@ -154,6 +164,8 @@ class _Worker:
                 self.flush()
                 return
             results = self.results
+            if not results:
+                continue  # a leased task's result went to its driver already
             if (
                 not pending
                 or results[-1].duration > _FLUSH_AFTER_TASK_S
@@ -181,7 +193,7 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
     return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
 
 
-def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
+def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
     """Process target: set up like the driver, connect, serve until told to stop."""
     if cfg.env:
         # First of all: CUDA reads CUDA_VISIBLE_DEVICES once, when first used, so the
@@ -220,6 +232,10 @@ def worker_entry(sock: Any, cfg: WorkerConfig) -> None:
 
         output = OutputForwarder(chan)
     worker = _Worker(chan, cfg)
+    if lease is not None:
+        from dpool.worker._lease import LeaseLink
+
+        worker.lease = LeaseLink(worker, lease)
     from dpool.worker._client import WorkerClient
 
     _current.set_worker(worker, WorkerClient)

@@ -21,6 +21,7 @@ import pytest
 
 from dpool.control._redis_server import RedisServer
 from tests.cluster.redis_helpers import assert_gone, start_server
+from tests._started import STARTED_PIDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -132,6 +133,7 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
     record = json.loads((state / "cluster.json").read_text())
     node.address = record["node"]["address"]
     node.pid = record["node"]["pid"]
+    STARTED_PIDS.add(node.pid)
     node.record = record
     return node, values.get("DPOOL_TOKEN", token)
 

@@ -1,0 +1,149 @@
+"""Worker leases: a node lends a worker to a driver on its own host (cluster mode).
+
+    driver ──LeaseRequest (new unix connection)──▶ node: starts a worker of the driver's
+           │                                         group with that connection as its
+           │                                         lease channel; counts it busy
+           ◀════════ ExecuteTask / TaskDone over the lease, no node hop ════════▶ worker
+           ──LeasedResult (main connection)──▶ node: the value joins its object table
+
+A hop through the node costs a round trip of its own (~50 us here); with a lease, the
+driver's round trip is the embedded runtime's. The node stays in charge of its CPUs: a
+lent worker counts as busy, a lease is granted only while the group and the node have
+room and nothing is queued, and when tasks queue up behind a lent worker's CPU the node
+asks for it back (``LeaseRecall``); the driver closes the lease once its task is done, and
+the worker tells the node (``LeaseEnded``) and serves it as any other worker.
+
+Handlers run on the IO thread with the scheduler's lock held; ``grant`` runs on the
+accept thread that authenticated the connection and takes the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any, Optional
+
+from dpool.errors import Error, ObjectStoreFullError
+from dpool.protocol import Channel, ChannelClosed, encode_batch
+from dpool.protocol import _messages as m
+from dpool.runtime import _payload
+from dpool.scheduling._records import Group, Obj, WorkerHandle
+
+log = logging.getLogger("dpool.node")
+
+_GROUP_WAIT_S = 1.0
+
+
+class LeaseDesk:
+    def __init__(self, scheduler: Any) -> None:
+        self._s = scheduler
+        self.lent: dict[int, WorkerHandle] = {}  # worker id -> the lent worker
+        self._recalled: set[int] = set()
+        h = scheduler._handlers
+        h[m.LeasedResult.CODE] = self._on_leased_result
+        h[m.LeaseEnded.CODE] = self._on_lease_ended
+        scheduler.recall_leases = self.recall
+
+    # -- the accept thread ---------------------------------------------------------------
+    def grant(self, sock: socket.socket, req: m.LeaseRequest) -> None:
+        """Lend a new worker of the group on this connection, or say why not."""
+        s = self._s
+        deadline = time.monotonic() + _GROUP_WAIT_S
+        while req.group_id not in s._groups and time.monotonic() < deadline:
+            time.sleep(0.005)  # its CreateGroup, sent first, comes on another connection
+        with s._lock:
+            g = s._groups.get(req.group_id)
+            reason = self._refusal(g)
+            if reason is None:
+                try:
+                    w = s._spawn(g, lease=sock)
+                except (OSError, Error) as exc:
+                    reason = f"cannot start a worker process: {exc}"
+                else:
+                    w.leased = g.owner  # type: ignore[union-attr]
+                    self.lent[w.worker_id] = w
+                    s.leases = len(self.lent)
+                    # closed under the lock: a worker forked after this must not hold
+                    # the lease's end, or the driver would not see this worker die
+                    sock.close()
+                    log.debug("lent worker %d to driver session %d (group %d)",
+                              w.worker_id, g.owner.session_id, g.group_id)  # type: ignore
+                    return
+        try:
+            Channel(sock, blocking=True).send(encode_batch([m.LeaseDenied(reason)]))
+        except ChannelClosed:
+            pass
+        sock.close()
+
+    def _refusal(self, g: Optional[Group]) -> Optional[str]:
+        s = self._s
+        if s._closed:
+            return "the node is stopping"
+        owner = getattr(g, "owner", None)
+        if g is None or owner is None or not getattr(owner, "local", False) \
+                or not owner.alive:
+            return "no such group of a driver on this host"
+        if g.closed or g.broken is not None:
+            return "the group is closed"
+        if g.max_tasks is not None:
+            return "workers of this group exit after max_tasks_per_child tasks"
+        if g.queue:
+            return "tasks of the group are queued"
+        if g.rq:
+            return "tasks of the group wait for resources"
+        if any(w.leased is not None for w in g.workers):
+            return "a worker of the group is lent already"
+        if sum(1 for w in g.workers if w.alive and not w.retiring) >= g.max_workers:
+            return "the group's workers are all started"
+        if s.cpu_limit is not None and s.busy_cpus() >= s.cpu_limit:
+            return "the node's CPUs are all in use"
+        return None
+
+    # -- the IO thread (lock held) -------------------------------------------------------
+    def recall(self) -> None:
+        """Tasks wait for a CPU: ask every lent worker back (once each)."""
+        for wid, w in self.lent.items():
+            d = w.leased
+            if wid in self._recalled or d is None or not d.alive:
+                continue
+            self._recalled.add(wid)
+            self._s._send(d, [m.LeaseRecall(w.group.group_id)])
+
+    def _on_lease_ended(self, w: WorkerHandle, msg: m.LeaseEnded) -> None:
+        self.forget(w)
+        s = self._s
+        for g in s._groups.values():  # its CPU is free for whatever waits
+            if g.queue and g not in s._refill:
+                s._refill.append(g)
+
+    def lost(self, w: WorkerHandle) -> None:
+        """A lent worker exited: tell its driver, which may be waiting on its task."""
+        d = w.leased
+        self.forget(w)
+        if d is not None and d.alive:
+            self._s._send(d, [m.LeaseLost(w.group.group_id, w.worker_id)])
+
+    def forget(self, w: WorkerHandle) -> None:
+        """``w`` is no longer lent (the lease ended, or the worker is gone)."""
+        if self.lent.pop(w.worker_id, None) is not None:
+            self._recalled.discard(w.worker_id)
+            self._s.leases = len(self.lent)
+        w.leased = None
+
+    def _on_leased_result(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
+        """A leased task's outcome: the driver owns it, as it owns what it puts."""
+        s = self._s
+        obj = Obj()
+        obj.ready = True
+        obj.ok = msg.ok
+        obj.payload = msg.payload
+        obj.refs = 1  # the driver's handle
+        if msg.ok:
+            try:
+                s.store.adopt(msg.payload)
+            except ObjectStoreFullError as exc:
+                obj.ok, obj.payload = False, _payload.dumps_error(exc)
+        s._objects[msg.object_id] = obj
+        d.owned.add(msg.object_id)
+        s._ctl.add_object(msg.object_id, len(msg.payload), "host")

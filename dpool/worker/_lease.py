@@ -1,0 +1,106 @@
+"""A worker lent to a driver on its node's host (cluster mode): the worker's side.
+
+    driver ──ExecuteTask/RegisterFunction──▶ lease channel ──▶ _Worker (main thread)
+           ◀─────────────── TaskDone ──────────────────────────┘
+    node   ◀── everything else (nested submits, gets, puts, output, LeaseEnded) ──▶
+
+The node starts the worker with the driver's lease connection as a second channel
+(``scheduling._workers``). The driver sends a task over it only while the worker is idle,
+so one leased task runs at a time and its result goes straight back: no hop through the
+node on the latency path. When the driver closes the lease (idle, recalled by the node,
+or gone), the worker tells the node and serves it as an ordinary worker again.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+from typing import Any
+
+from dpool.errors import ProtocolError
+from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+
+_NESTED_POLL_S = 0.005  # idle in threaded receive: how often the inbox is looked at
+
+
+class LeaseLink:
+    def __init__(self, worker: Any, sock: socket.socket) -> None:
+        self.worker = worker
+        self.chan = Channel(sock, blocking=True)
+        self.tasks: set[int] = set()  # ids of the tasks that came over the lease
+        self._poll = select.poll()
+        self._poll.register(self.chan.fileno, select.POLLIN)
+        self._node_polled = False
+
+    def ready(self) -> None:
+        """Tell the driver the worker is up (its initializer ran)."""
+        try:
+            self.chan.send(encode_batch([m.LeaseReady(self.worker.cfg.worker_id,
+                                                      os.getpid())]))
+        except ChannelClosed:
+            self.end()
+
+    def receive(self) -> None:
+        """Block until the driver or the node sends something; handle what came."""
+        w = self.worker
+        client = w.client
+        if client is not None and client.receiving:  # the node's socket is the receiver's
+            if self._node_polled:
+                self._poll.unregister(w.chan.fileno)
+                self._node_polled = False
+            if self._poll.poll(_NESTED_POLL_S * 1000.0):
+                self._read()
+            for msg in client.poll_messages():
+                w.handle(msg)
+            return
+        if not self._node_polled:
+            self._poll.register(w.chan.fileno, select.POLLIN)
+            self._node_polled = True
+        for fd, _ in self._poll.poll():
+            if fd == self.chan.fileno:
+                self._read()
+            else:
+                for frame in w.chan.recv_ready():
+                    for msg in decode_batch(frame):
+                        w.handle(msg)
+
+    def _read(self) -> None:
+        w = self.worker
+        try:
+            frames = self.chan.recv_ready()
+        except ChannelClosed:
+            self.end()
+            return
+        for frame in frames:
+            for msg in decode_batch(frame):
+                code = msg.CODE
+                if code == m.ExecuteTask.CODE:
+                    self.tasks.add(msg.task_id)
+                    w.pending.append(msg)
+                elif code == m.RegisterFunction.CODE:
+                    w.fn_payloads[msg.fn_id] = msg.payload
+                else:
+                    raise ProtocolError(f"unexpected {type(msg).__name__} on a lease")
+
+    def send_done(self, done: m.TaskDone) -> None:
+        self.tasks.discard(done.task_id)
+        client = self.worker.client
+        if client is not None:  # handles the task dropped: to the node that keeps them
+            released = client.take_releases()
+            if released:
+                self.worker.send(released)
+        try:
+            self.chan.send(encode_batch([done]))
+        except ChannelClosed:  # the driver is gone: so is whoever wanted this result
+            self.end()
+
+    def end(self) -> None:
+        """The lease is over: serve the node only, from now on."""
+        w = self.worker
+        if w.lease is not self:
+            return
+        w.lease = None
+        self.chan.close()
+        w.send([m.LeaseEnded()])
