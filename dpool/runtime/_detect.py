@@ -29,9 +29,11 @@ log = logging.getLogger("dpool.runtime")
 
 
 def cpus() -> int:
+    import psutil
+
     try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+        n = len(psutil.Process().cpu_affinity() or ()) or (os.cpu_count() or 1)
+    except (AttributeError, psutil.Error, OSError):  # no affinity on this platform
         n = os.cpu_count() or 1
     quota = _cgroup_quota()
     if quota is not None:
