@@ -297,6 +297,27 @@ def test_zero_cpu_gpu_tasks_and_memory(gpus2):
             ex.options(memory=2**62).submit(devices).result(timeout=10)
 
 
+_seen_at_init = None
+
+
+def remember_devices():
+    global _seen_at_init
+    _seen_at_init = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def devices_at_init():
+    return _seen_at_init
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_initializer_already_sees_the_workers_gpus(gpus2, method):
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context(method),
+                             initializer=remember_devices) as ex:
+        assert ex.options(num_gpus=2).submit(devices_at_init).result(timeout=60) == "0,1"
+
+
 # -- the bookkeeping alone (no processes) ----------------------------------------------------
 from dpool.runtime import _detect  # noqa: E402
 from dpool.scheduling import _resources  # noqa: E402
