@@ -295,3 +295,75 @@ def test_zero_cpu_gpu_tasks_and_memory(gpus2):
         assert ex.options(memory=2**20).submit(devices).result(timeout=30)[1] == []
         with pytest.raises(ResourceError, match="memory"):
             ex.options(memory=2**62).submit(devices).result(timeout=10)
+
+
+_seen_at_init = None
+
+
+def remember_devices():
+    global _seen_at_init
+    _seen_at_init = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def devices_at_init():
+    return _seen_at_init
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_initializer_already_sees_the_workers_gpus(gpus2, method):
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context(method),
+                             initializer=remember_devices) as ex:
+        assert ex.options(num_gpus=2).submit(devices_at_init).result(timeout=60) == "0,1"
+
+
+# -- the bookkeeping alone (no processes) ----------------------------------------------------
+from dpool.runtime import _detect  # noqa: E402
+from dpool.scheduling import _resources  # noqa: E402
+
+
+def test_requests_merge_and_default_to_none():
+    assert _resources.build() is None
+    assert _resources.build(_resources.spec(num_cpus=1)) is None  # the default
+    r = _resources.build(_resources.spec(resources={"GPU": 1, "TPU": 2}),
+                         _resources.spec(num_gpus=0.5))
+    assert r == _resources.Request(1, 0.5, 0, (("TPU", 2.0),))
+    assert str(r) == "{CPU: 1, GPU: 0.5, TPU: 2}"
+    assert _resources.from_wire(_resources.to_wire(r)) == r
+
+
+def test_ledger_packs_shares_and_gives_whole_gpus():
+    led = _resources.Ledger(["0", "1"], memory=100, custom={"TPU": 1})
+    q = _resources.Request(1, 0.25)
+    shares = [led.acquire(q) for _ in range(4)]
+    assert {a.gpu_ids for a in shares} == {(0,)}  # packed onto one device
+    assert led.acquire(_resources.Request(1, 2.0)) is None  # device 0 is in use
+    whole = led.acquire(_resources.Request(1, 1.0))
+    assert whole.gpu_ids == (1,) and led.held_gpus() == {0, 1}
+    assert led.acquire(q) is None
+    for a in shares:
+        led.release(a)
+    assert led.held_gpus() == {1}
+    assert led.acquire(_resources.Request(1, 1.0), prefer=[(1,), (0,)]).gpu_ids == (0,)
+    assert led.acquire(_resources.Request(1, 0, 101)) is None
+    assert "memory: 101 bytes asked, 100 here" in led.shortfall(_resources.Request(1, 0, 101))
+    assert led.shortfall(_resources.Request(1, 0, 0, (("TPU", 1.0),))) is None
+    assert led.names((1, 0)) == "1,0"
+
+
+def test_gpu_names_declared_or_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert _detect.gpu_names(2) == ["3", "5"]
+    assert _detect.gpu_names(3) == ["0", "1", "2"]
+    monkeypatch.setattr(_detect, "_nvml_count", lambda: None)
+    monkeypatch.setattr(_detect, "_smi_count", lambda: None)
+    assert _detect.gpu_names() == ["3", "5"]
+    monkeypatch.setattr(_detect, "_nvml_count", lambda: 1)
+    assert _detect.gpu_names() == ["3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(_detect, "_nvml_count", lambda: None)
+    assert _detect.gpu_names() == []
+    assert 1 <= _detect.cpus() <= (os.cpu_count() or 1)
+    with pytest.raises(ValueError, match="JSON object"):
+        _detect.parse_resources("[1]", "--resources")

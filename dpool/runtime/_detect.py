@@ -3,8 +3,10 @@
 - CPUs: the CPUs this process may run on (affinity), capped by a cgroup CPU quota
   (``cpu.max`` of cgroup v2, ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` of v1), at least 1.
 - GPUs: through NVML (``pip install dpool[gpu]`` brings ``nvidia-ml-py``; imported only
-  here, only when asked), limited to ``CUDA_VISIBLE_DEVICES`` when that is set; without
-  NVML, the entries of ``CUDA_VISIBLE_DEVICES``; else none.
+  here, only when asked), else ``nvidia-smi -L`` when it is on ``PATH`` -- limited to
+  ``CUDA_VISIBLE_DEVICES`` when that is set; with neither, the entries of
+  ``CUDA_VISIBLE_DEVICES``; else none. (Never through CUDA itself: a driver process that
+  initializes CUDA before its workers fork leaves them unable to use it.)
 - memory: the host's RAM (psutil).
 
 Overrides, embedded runtime: ``DPOOL_NUM_CPUS``, ``DPOOL_NUM_GPUS``, ``DPOOL_RESOURCES``
@@ -27,9 +29,11 @@ log = logging.getLogger("dpool.runtime")
 
 
 def cpus() -> int:
+    import psutil
+
     try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+        n = len(psutil.Process().cpu_affinity() or ()) or (os.cpu_count() or 1)
+    except (AttributeError, psutil.Error, OSError):  # no affinity on this platform
         n = os.cpu_count() or 1
     quota = _cgroup_quota()
     if quota is not None:
@@ -72,6 +76,8 @@ def gpu_names(count: Optional[int] = None) -> list:
             return visible[:count]
         return [str(i) for i in range(count)]
     n = _nvml_count()
+    if n is None:
+        n = _smi_count()
     if n is not None:
         return visible[:n] if visible is not None else [str(i) for i in range(n)]
     return visible or []
@@ -91,6 +97,24 @@ def _nvml_count() -> Optional[int]:
     except Exception as exc:  # noqa: BLE001 - no driver: no GPUs
         log.debug("NVML found no GPUs: %s", exc)
         return None
+
+
+def _smi_count() -> Optional[int]:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("nvidia-smi failed: %s", exc)
+        return None
+    if out.returncode != 0:
+        return None
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def memory() -> int:

@@ -100,10 +100,9 @@ class ResourceDispatch(SchedulerCore):
             problems.append(short)
         if not problems:
             return None
-        where = "this executor (max_workers) and runtime" if self.cpu_limit is None \
-            else "this node"
-        return (f"the task asks for {r} but {where} offer {self.offer(g)}: "
-                f"{'; '.join(problems)}")
+        where = "this executor (max_workers) and runtime offer" if self.cpu_limit is None \
+            else "this node offers"
+        return f"the task asks for {r} but {where} {self.offer(g)}: {'; '.join(problems)}"
 
     def offer(self, g: Optional[Group] = None) -> str:
         from dpool.scheduling._resources import _describe

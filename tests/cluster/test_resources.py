@@ -6,14 +6,16 @@ fails with ``ResourceError`` after the grace period (set short here)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from tests.cluster.conftest import (Cluster, base_env, dpool_cli, start_node, stop_cluster,
-                                    wait_for_nodes)
+from tests.cluster.conftest import (TIMEOUT, Cluster, base_env, dpool_cli, start_node,
+                                    stop_cluster, wait_for_nodes)
 
-GRACE_S = 2.0
+GRACE_S = 8.0  # long enough for a node to join within it (the last test)
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +126,37 @@ def test_status_shows_what_each_node_offers(gpu_cluster):
     env["DPOOL_STATE_DIR"] = gpu_cluster.head.state_dir
     text = dpool_cli(["status"], env).stdout
     assert "GPU: 2, TPU: 1" in text, text
+
+
+def test_a_node_that_joins_within_the_grace_period_gets_the_task(gpu_cluster, tmp_path):
+    code = textwrap.dedent("""
+        import os, time
+        import dpool
+
+        def where():
+            return os.environ.get("DPOOL_NODE_ID")
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor() as ex:
+                f = ex.options(resources={"FPGA": 1}).submit(where)
+                print("submitted", flush=True)
+                print(f.result(timeout=60))
+    """)
+    script = tmp_path / "driver_script.py"
+    script.write_text(code)
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                              env=gpu_cluster.driver_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "submitted"
+        fpga, _ = start_node(tmp_path, "127.0.0.5", head=False,
+                             address=gpu_cluster.address, token=gpu_cluster.token,
+                             extra=("--resources", '{"FPGA": 1}'))
+        gpu_cluster.nodes.append(fpga)  # stopped with the cluster
+        out, err = driver.communicate(timeout=TIMEOUT)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode == 0, err
+    assert out.strip() == fpga.address, (out, err)
