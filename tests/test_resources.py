@@ -297,6 +297,27 @@ def test_zero_cpu_gpu_tasks_and_memory(gpus2):
             ex.options(memory=2**62).submit(devices).result(timeout=10)
 
 
+def test_a_gpu_task_after_a_queue_of_plain_tasks_starts_once_they_are_done(gpus2):
+    # (it used to wait for good: the last plain result did not look at waiting requests)
+    with ProcessPoolExecutor(1) as ex:
+        plain = [ex.submit(interval, 0.005) for _ in range(40)]
+        gpu = ex.options(num_gpus=1).submit(interval, 0.005)
+        start = gpu.result(timeout=30)[0]
+        assert all(f.result(timeout=30)[1] <= start for f in plain)
+
+
+def test_tasks_submitted_after_a_waiting_request_do_not_overtake_it(gpus2):
+    # One CPU: plain tasks submitted after the GPU task must not keep it waiting
+    # (each of them would find the CPU taken again by the one before).
+    with ProcessPoolExecutor(1) as ex:
+        first = [ex.submit(interval, 0.01) for _ in range(5)]
+        gpu = ex.options(num_gpus=1).submit(interval, 0.01)
+        later = [ex.submit(interval, 0.01) for _ in range(50)]
+        start = gpu.result(timeout=30)[0]
+        assert all(f.result(timeout=30)[0] >= start for f in later)
+        assert all(f.result(timeout=30)[1] <= start for f in first)
+
+
 _seen_at_init = None
 
 
