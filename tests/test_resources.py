@@ -318,6 +318,19 @@ def test_tasks_submitted_after_a_waiting_request_do_not_overtake_it(gpus2):
         assert all(f.result(timeout=30)[1] <= start for f in first)
 
 
+def two_cpu_parent(barrier_dir):
+    ex = dpool.get_executor()
+    fs = [ex.submit(devices, barrier_dir, f"c{i}", 2) for i in range(2)]
+    return [f.result(timeout=30)[2] for f in fs]
+
+
+def test_a_waiting_task_gives_all_its_cpus_back(tmp_path):
+    # num_cpus=2 on max_workers=2: while it waits, both of its children run at once
+    with ProcessPoolExecutor(2) as ex:
+        assert ex.options(num_cpus=2).submit(two_cpu_parent, str(tmp_path)).result(
+            timeout=60) == [True, True]
+
+
 _seen_at_init = None
 
 
