@@ -297,6 +297,40 @@ def test_zero_cpu_gpu_tasks_and_memory(gpus2):
             ex.options(memory=2**62).submit(devices).result(timeout=10)
 
 
+def test_a_gpu_task_after_a_queue_of_plain_tasks_starts_once_they_are_done(gpus2):
+    # (it used to wait for good: the last plain result did not look at waiting requests)
+    with ProcessPoolExecutor(1) as ex:
+        plain = [ex.submit(interval, 0.005) for _ in range(40)]
+        gpu = ex.options(num_gpus=1).submit(interval, 0.005)
+        start = gpu.result(timeout=30)[0]
+        assert all(f.result(timeout=30)[1] <= start for f in plain)
+
+
+def test_tasks_submitted_after_a_waiting_request_do_not_overtake_it(gpus2):
+    # One CPU: plain tasks submitted after the GPU task must not keep it waiting
+    # (each of them would find the CPU taken again by the one before).
+    with ProcessPoolExecutor(1) as ex:
+        first = [ex.submit(interval, 0.01) for _ in range(5)]
+        gpu = ex.options(num_gpus=1).submit(interval, 0.01)
+        later = [ex.submit(interval, 0.01) for _ in range(50)]
+        start = gpu.result(timeout=30)[0]
+        assert all(f.result(timeout=30)[0] >= start for f in later)
+        assert all(f.result(timeout=30)[1] <= start for f in first)
+
+
+def two_cpu_parent(barrier_dir):
+    ex = dpool.get_executor()
+    fs = [ex.submit(devices, barrier_dir, f"c{i}", 2) for i in range(2)]
+    return [f.result(timeout=30)[2] for f in fs]
+
+
+def test_a_waiting_task_gives_all_its_cpus_back(tmp_path):
+    # num_cpus=2 on max_workers=2: while it waits, both of its children run at once
+    with ProcessPoolExecutor(2) as ex:
+        assert ex.options(num_cpus=2).submit(two_cpu_parent, str(tmp_path)).result(
+            timeout=60) == [True, True]
+
+
 _seen_at_init = None
 
 

@@ -71,7 +71,7 @@ class WorkerMessages(SchedulerCore):
                 ok, payload = False, _payload.dumps_error(exc)
         self._finish(t, ok, payload)
         g = w.group
-        if g.queue and g not in self._refill:
+        if (g.queue or g.rq) and g not in self._refill:
             # Refilled once the whole read is handled (``_handle_frames``): one frame to
             # each worker for the room a batch of results freed, not one per result (one
             # send() each: a third of the IO thread's time in a 10k no-op burst).

@@ -114,3 +114,4 @@ class Group:
     rq: dict = field(default_factory=dict)  # Request -> deque of tasks asking it
     extra: int = 0
     n_fenced: int = 0
+    starved: bool = False  # a task in ``rq`` waits for CPUs or a worker slot only

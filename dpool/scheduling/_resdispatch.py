@@ -128,6 +128,7 @@ class ResourceDispatch(SchedulerCore):
         if g.broken is not None:
             return
         rq = g.rq
+        g.starved = False
         for req, waiting in list(rq.items()):
             while waiting:
                 t = waiting[0]
@@ -148,9 +149,11 @@ class ResourceDispatch(SchedulerCore):
     def _start_res(self, g: Group, t: Task) -> bool:
         r: Request = t.req
         if r.cpus and self._cpus_busy(g) + r.cpus > g.max_workers:
+            g.starved = True
             return False
         if r.cpus and self.cpu_limit is not None and \
                 self.busy_cpus() + r.cpus > self.cpu_limit:  # type: ignore[attr-defined]
+            g.starved = True
             return False
         led = self.resources()
         idle = [w for w in g.workers if w.alive and not w.inflight and not w.blocked
@@ -161,6 +164,7 @@ class ResourceDispatch(SchedulerCore):
         w = self._res_worker(g, a.gpu_ids, idle, r.cpus)
         if w is None:
             led.release(a)
+            g.starved = True
             return False
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
@@ -297,9 +301,18 @@ class ResourceDispatch(SchedulerCore):
                 t.started = True
             self._finish(t, False, err)
 
+    @property
+    def _res_waiting(self) -> bool:
+        """Whether tasks wait for resources (read without the lock: a hint)."""
+        return self.ledger is not None and any(g.rq for g in list(self._groups.values()))
+
     def _refill_now(self) -> None:
-        """Dispatch the groups a release left work for (from the IO thread's tick)."""
+        """Dispatch the groups a release left work for, and those with tasks waiting for
+        resources (from the IO thread's tick)."""
         refill = self._refill
+        for g in self._groups.values():
+            if g.rq and g not in refill:
+                refill.append(g)
         while refill:
             g = refill.pop(0)
             if g.queue or g.rq:

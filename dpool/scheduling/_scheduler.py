@@ -655,7 +655,10 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
     def _on_tick(self) -> None:
         while self._closing:
             self.close_group(self._closing.popleft())
-        if self._refill:  # resources released outside a worker's read (``_resdispatch``)
+        if self._refill or self._res_waiting:
+            # resources released outside a worker's read; and, as a safety net, tasks
+            # waiting for resources are looked at every tick (on a node, CPUs another
+            # group frees are theirs too)
             with self._lock:
                 self._refill_now()
                 out = self._take_out()
