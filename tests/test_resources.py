@@ -331,6 +331,16 @@ def test_a_waiting_task_gives_all_its_cpus_back(tmp_path):
             timeout=60) == [True, True]
 
 
+def test_cancelling_a_request_that_waits_for_cpus_lets_the_others_run(gpus2):
+    with ProcessPoolExecutor(1) as ex:
+        busy = ex.submit(interval, 0.3)
+        waiting = ex.options(num_cpus=1, num_gpus=1).submit(interval, 0.01)
+        time.sleep(0.1)  # it waits for the CPU now; plain tasks behind it are held
+        later = ex.submit(interval, 0.01)
+        assert waiting.cancel()
+        assert later.result(timeout=10) and busy.result(timeout=10)
+
+
 _seen_at_init = None
 
 

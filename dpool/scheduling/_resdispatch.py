@@ -131,15 +131,16 @@ class ResourceDispatch(SchedulerCore):
         g.starved = False
         for req, waiting in list(rq.items()):
             while waiting:
-                t = waiting[0]
+                # taken off first: finishing a cancelled task may dispatch this group
+                # again (a dependent of it), which must find the queue consistent
+                t = waiting.popleft()
                 if t.future is not None and not t.started and t.future.cancelled():
-                    waiting.popleft()
                     self._skip_cancelled(t)
                     continue
                 if not self._start_res(g, t):
+                    waiting.appendleft(t)
                     break
-                waiting.popleft()
-            if not waiting:
+            if not waiting and rq.get(req) is waiting:
                 del rq[req]
 
     def _cpus_busy(self, g: Group) -> int:

@@ -56,7 +56,7 @@ class WorkerPool(SchedulerCore):
             if q[0].req is not None:  # asks for resources: ``_resdispatch``
                 self._route_res(g, q.popleft())
                 continue
-            if g.starved:
+            if g.starved and g.rq:
                 # A task with a request waits for the CPUs (or worker slot) that tasks
                 # without one would take: they wait instead, so the workers drain and it
                 # starts (else a stream of short tasks would hold it back for good).
