@@ -4,7 +4,7 @@
 
 Beyond the stdlib: futures as task arguments (dataflow), tasks that submit tasks
 (``get_executor``), ``wait(fs, num_returns, timeout)``, ``put``/``get``, retries when a
-worker dies.
+worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``).
 """
 
 from dpool.errors import (
@@ -17,11 +17,13 @@ from dpool.errors import (
     ObjectLostError,
     ObjectStoreFullError,
     ProtocolError,
+    ResourceError,
     SerializationError,
     TimeoutError,
     WorkerCrashedError,
 )
-from dpool.executor import Executor, ProcessPoolExecutor, get_executor
+from dpool._resources_api import get_gpu_ids, resources
+from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
 from dpool.futures import Future, ObjectRef, get, put, wait
 from dpool.pool import Pool, cpu_count
 from dpool.runtime._current import node_id
@@ -37,6 +39,9 @@ __all__ = [
     "Future",
     "ObjectRef",
     "get_executor",
+    "resources",
+    "get_gpu_ids",
+    "ResourceOptions",
     "wait",
     "get",
     "put",
@@ -50,6 +55,7 @@ __all__ = [
     "NodeLostError",
     "ControlStoreError",
     "ProtocolError",
+    "ResourceError",
     "CancelledError",
     "TimeoutError",
 ]

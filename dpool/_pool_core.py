@@ -79,6 +79,10 @@ class _BatchRunner:
     def __reduce__(self) -> tuple:
         return (_BatchRunner, (self.fn,))
 
+    @property
+    def __dpool_resources__(self) -> Any:  # the wrapped function's @dpool.resources
+        return getattr(self.fn, "__dpool_resources__", None)
+
 
 class _MapChunk:
     """Runs ``fn(x)`` for each ``x`` of one chunk of ``map``/``imap`` input, in a worker."""
@@ -94,6 +98,10 @@ class _MapChunk:
 
     def __reduce__(self) -> tuple:
         return (_MapChunk, (self.fn,))
+
+    @property
+    def __dpool_resources__(self) -> Any:  # the wrapped function's @dpool.resources
+        return getattr(self.fn, "__dpool_resources__", None)
 
 
 class PoolCore:

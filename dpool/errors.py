@@ -20,6 +20,7 @@ __all__ = [
     "SerializationError",
     "DeserializationError",
     "ProtocolError",
+    "ResourceError",
     "AuthenticationError",
     "ControlStoreError",
     "NodeLostError",
@@ -152,3 +153,16 @@ class CancelledError(Error, _StdCancelledError):
 
 class TimeoutError(Error, _StdTimeoutError):  # noqa: A001 - mirrors the stdlib name
     """A wait ran past its timeout (also the builtin/``concurrent.futures`` ``TimeoutError``)."""
+
+
+class ResourceError(Error, ValueError):
+    """A task asks for resources that no node can ever give it: more CPUs than its
+    executor's ``max_workers`` or its node has, more GPUs, memory or of a custom resource
+    than any node offers, or a resource nobody offers at all.
+
+    Raised by that task's ``result()`` -- at once on the embedded runtime; in a cluster
+    once no node that has it joined within the grace period (``DPOOL_RESOURCE_GRACE_S``).
+    The message says what was asked and what is offered. (A request that is merely busy
+    waits; bad values -- a negative amount, 1.5 GPUs -- raise ``ValueError``/``TypeError``
+    at the call that made them.)
+    """

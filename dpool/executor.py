@@ -14,13 +14,14 @@ import threading
 import time
 import weakref
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from dpool.futures import Future
 from dpool.runtime import _current, _driver, _payload  # noqa: F401 - _driver: import cost at import time, as the stdlib
 from dpool.scheduling import GroupConfig
+from dpool.scheduling import _resources
 
-__all__ = ["ProcessPoolExecutor", "Executor", "get_executor"]
+__all__ = ["ProcessPoolExecutor", "Executor", "ResourceOptions", "get_executor"]
 
 
 class _ChunkRunner:
@@ -37,6 +38,10 @@ class _ChunkRunner:
 
     def __reduce__(self) -> tuple:
         return (_ChunkRunner, (self.fn,))
+
+    @property
+    def __dpool_resources__(self) -> Any:  # the wrapped function's @dpool.resources
+        return getattr(self.fn, "__dpool_resources__", None)
 
 
 def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
@@ -150,6 +155,15 @@ class ProcessPoolExecutor(_cf.Executor):
     - ``object_store_memory``: bytes of shared memory the host's object store may hold
       (default: ``$DPOOL_OBJECT_STORE_MEMORY``, else 30% of RAM capped by /dev/shm). The
       store is shared by every executor of the process; the last value given applies.
+    - ``resources``: what every task of this executor needs, e.g. ``{"GPU": 1}`` or
+      ``{"CPU": 2, "memory": 2**30, "TPU": 1}`` (default: one CPU). ``options()`` and
+      ``@dpool.resources`` refine it per call or per function. ``max_workers`` is the
+      executor's CPU budget: a task asking 2 CPUs takes 2 of it. See README, "Resources".
+    - ``runtime_resources``: what the embedded runtime offers to every executor of this
+      process, e.g. ``{"GPU": 2, "TPU": 4}`` (default: ``$DPOOL_NUM_GPUS`` and
+      ``$DPOOL_RESOURCES``, else detected). Declaring GPUs the host lacks makes *fake*
+      ones: tasks get ids and ``CUDA_VISIBLE_DEVICES`` as with real ones. The last value
+      given applies; ignored in cluster mode (each node says what it has).
     """
 
     def __init__(
@@ -163,6 +177,8 @@ class ProcessPoolExecutor(_cf.Executor):
         max_attempts: int = 3,
         object_store_memory: Optional[int] = None,
         working_dir: Optional[str] = None,
+        resources: Optional[Mapping[str, float]] = None,
+        runtime_resources: Optional[Mapping[str, float]] = None,
     ) -> None:
         if max_workers is None:
             max_workers = _current.cluster_cpus()
@@ -187,9 +203,16 @@ class ProcessPoolExecutor(_cf.Executor):
             raise ValueError(
                 f"object_store_memory must be a positive number of bytes, got "
                 f"{object_store_memory!r}")
+        self._spec = _resources.spec(resources=resources) if resources is not None else None
+        self._req = _resources.build(self._spec)
+        offer = None
+        if runtime_resources is not None:
+            offer = _resources.spec(resources=runtime_resources)
         self._runtime = _current.driver()
         if object_store_memory is not None:
             self._runtime.scheduler.set_store_capacity(object_store_memory)
+        if offer is not None:
+            self._runtime.scheduler.set_resource_offer(offer)
         self._group = self._runtime.add_group(
             GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
                         max_attempts, working_dir),
@@ -217,6 +240,8 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_lock = threading.Lock()
         self._view = True
         self._process_views = {}
+        self._spec = None
+        self._req = None
         return self
 
     # -- the stdlib's private attributes that programs read (compatibility shims) ----------
@@ -262,9 +287,41 @@ class ProcessPoolExecutor(_cf.Executor):
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        return self._runtime.submit(group, fn, args, kwargs)
+        if self._req is None and not _resources.decorated:  # the default: no request
+            return self._runtime.submit(group, fn, args, kwargs)
+        return self._runtime.submit(group, fn, args, kwargs, self._request(fn))
 
     submit.__doc__ = _cf.Executor.submit.__doc__
+
+    def _request(self, fn: Any, extra: Optional[dict] = None) -> Optional[_resources.Request]:
+        """What a call of ``fn`` needs: this executor's, refined by the function's
+        ``@dpool.resources``, refined by ``options()`` (``extra``)."""
+        fs = _resources.of_function(fn) if _resources.decorated else None
+        if fs is None and extra is None:
+            return self._req
+        return _resources.build(self._spec, fs, extra)
+
+    def _submit_request(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                        req: Optional[_resources.Request]) -> Future:
+        group = self._group
+        if not self._view and group.broken is not None:
+            raise BrokenProcessPool(group.broken)
+        if self._shutdown_thread:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if req is None:
+            return self._runtime.submit(group, fn, args, kwargs)
+        return self._runtime.submit(group, fn, args, kwargs, req)
+
+    def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
+                memory: Optional[int] = None,
+                resources: Optional[Mapping[str, float]] = None) -> "ResourceOptions":
+        """A view of this executor whose ``submit`` and ``map`` ask for these resources
+        (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
+        ones, ``{"TPU": 1}``). What is not given comes from the function's
+        ``@dpool.resources``, then from the executor's ``resources=``. The view shares
+        the executor: its workers, its ``max_workers`` (the CPU budget) and its
+        shutdown."""
+        return ResourceOptions(self, _resources.spec(num_cpus, num_gpus, memory, resources))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
@@ -274,15 +331,30 @@ class ProcessPoolExecutor(_cf.Executor):
         not ready by then raises ``TimeoutError`` (the remaining calls are cancelled).
         ``chunksize`` > 1 sends that many calls per task.
         """
+        if self._req is None and not _resources.decorated:
+            return self._map(fn, iterables, timeout, chunksize, None, False)
+        return self._map(fn, iterables, timeout, chunksize, self._request(fn), True)
+
+    def _map(self, fn: Callable[..., Any], iterables: tuple, timeout: Optional[float],
+             chunksize: int, req: Optional[_resources.Request],
+             with_req: bool) -> Iterator[Any]:
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         end_time = None if timeout is None else timeout + time.monotonic()
         if chunksize == 1:
-            fs = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
+            if with_req:
+                fs = [self._submit_request(fn, args, {}, req)
+                      for args in zip(*iterables, strict=False)]
+            else:
+                fs = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
         else:
             runner = _ChunkRunner(fn)
             rows = zip(*iterables, strict=False)  # shortest iterable wins, as in the stdlib
-            fs = [self.submit(runner, chunk) for chunk in _chunks(rows, chunksize)]
+            if with_req:
+                fs = [self._submit_request(runner, (chunk,), {}, req)
+                      for chunk in _chunks(rows, chunksize)]
+            else:
+                fs = [self.submit(runner, chunk) for chunk in _chunks(rows, chunksize)]
 
         def result_iterator() -> Iterator[Any]:
             # Holds no reference to a result once it is yielded (bpo-14406): neither in a
@@ -335,6 +407,38 @@ class ProcessPoolExecutor(_cf.Executor):
             self._shutdown_thread = True
         if not self._view:
             self._runtime.scheduler.terminate_group(self._group, reason)
+
+
+class ResourceOptions:
+    """``executor.options(...)``: the executor's ``submit`` and ``map`` with a resource
+    request (see ``ProcessPoolExecutor.options``). Chain ``options()`` to refine it."""
+
+    __slots__ = ("_executor", "_spec")
+
+    def __init__(self, executor: ProcessPoolExecutor, spec: dict) -> None:
+        self._executor = executor
+        self._spec = spec
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        """``executor.submit(fn, *args, **kwargs)`` with this view's resource request."""
+        ex = self._executor
+        return ex._submit_request(fn, args, kwargs, ex._request(fn, self._spec))
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
+        """``executor.map(...)`` with this view's resource request for every call."""
+        ex = self._executor
+        return ex._map(fn, iterables, timeout, chunksize, ex._request(fn, self._spec), True)
+
+    def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
+                memory: Optional[int] = None,
+                resources: Optional[Mapping[str, float]] = None) -> "ResourceOptions":
+        return ResourceOptions(self._executor, {**self._spec, **_resources.spec(
+            num_cpus, num_gpus, memory, resources)})
+
+    def __repr__(self) -> str:
+        return f"<ResourceOptions {_resources.build(self._spec) or '{CPU: 1}'} of " \
+               f"{self._executor!r}>"
 
 
 Executor = ProcessPoolExecutor

@@ -58,6 +58,9 @@ class Pool:
     on demand (the stdlib starts them all at once). A worker that dies mid-task has the
     task retried, and only that task fails if it keeps dying; an initializer that raises
     breaks the pool with ``BrokenProcessPool`` instead of hanging it.
+
+    ``resources`` (keyword-only, dpool's): what every task of the pool needs, e.g.
+    ``{"GPU": 1}``; ``processes`` is then the pool's CPU budget (README, "Resources").
     """
 
     @staticmethod
@@ -72,6 +75,8 @@ class Pool:
         initargs: Iterable[Any] = (),
         maxtasksperchild: Optional[int] = None,
         context: Any = None,
+        *,
+        resources: Optional[Mapping[str, float]] = None,
     ) -> None:
         self._core: Optional[PoolCore] = None  # exists for __del__ if the checks below raise
         if processes is None:
@@ -87,7 +92,8 @@ class Pool:
         self._processes = processes  # the stdlib's attribute; some programs read it
         executor = ProcessPoolExecutor(processes, mp_context=context, initializer=initializer,
                                        initargs=tuple(initargs),
-                                       max_tasks_per_child=maxtasksperchild)
+                                       max_tasks_per_child=maxtasksperchild,
+                                       resources=resources)
         self._ctx = executor._mp_context
         self._core = PoolCore(executor, processes)
 

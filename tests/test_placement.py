@@ -37,3 +37,20 @@ def test_a_node_holding_the_inputs_is_preferred_by_their_transfer_time():
     assert choose([fresh, warm], origin="x", inputs=inputs) is fresh
     holder = NodeLoad("h:1", cpus=2, avg_task_s=0.001)  # the holder needs no transfer
     assert choose([fresh, holder], origin="x", inputs=inputs) is holder
+
+
+def test_a_request_goes_only_to_a_node_that_has_it_free_ones_first():
+    from dpool.scheduling._resources import Request
+
+    gpu = NodeLoad("g:1", cpus=2, busy=2, queued=5, resources={"GPU": 2, "TPU": 1},
+                   free={"GPU": 0, "TPU": 1})
+    gpu_idle = NodeLoad("g:2", cpus=2, busy=0, resources={"GPU": 1}, free={"GPU": 1})
+    cpu = NodeLoad("c:1", cpus=8, resources={"GPU": 0}, free={"GPU": 0})
+    nodes = [gpu, gpu_idle, cpu]
+    assert choose(nodes, "o:1", req=Request(1, 1.0)) is gpu_idle
+    assert choose(nodes, "o:1", req=Request(1, 2.0)) is gpu  # only it can, busy or not
+    assert choose(nodes, "o:1", req=Request(1, 0, 0, (("TPU", 1.0),))) is gpu
+    assert choose(nodes, "o:1", req=Request(4)) is cpu
+    assert choose(nodes, "o:1", req=Request(1, 3.0)) is None
+    assert choose(nodes, "o:1", req=Request(1, 0, 0, (("FPGA", 1.0),))) is None
+    assert choose(nodes, "o:1") is cpu  # no request: the least wait

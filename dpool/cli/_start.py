@@ -30,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the cluster token (joining; default $DPOOL_TOKEN)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs this node offers (default: all it may use; 0: runs no tasks)")
+    p.add_argument("--num-gpus", type=int, default=None,
+                   help="GPUs this node offers (default: detected through NVML or "
+                   "CUDA_VISIBLE_DEVICES; more than it has: fake ones, for tests)")
+    p.add_argument("--resources", default=None, metavar="JSON",
+                   help='custom resources this node offers, e.g. \'{"TPU": 4}\'')
     p.add_argument("--node-ip", default="127.0.0.1",
                    help="the address other hosts reach this node at (default 127.0.0.1)")
     p.add_argument("--bind", default=None,
@@ -50,6 +55,18 @@ def run(args: argparse.Namespace) -> int:
     if args.num_cpus is not None and args.num_cpus < 0:
         sys.stderr.write("dpool start: --num-cpus must be >= 0\n")
         return 2
+    if args.num_gpus is not None and args.num_gpus < 0:
+        sys.stderr.write("dpool start: --num-gpus must be >= 0\n")
+        return 2
+    if args.resources is not None:
+        from dpool.runtime._detect import parse_resources
+        from dpool.scheduling._resources import spec
+
+        try:
+            spec(resources=parse_resources(args.resources, "--resources"))
+        except (TypeError, ValueError) as exc:
+            sys.stderr.write(f"dpool start: {exc}\n")
+            return 2
     existing = _address.read_record()
     if existing is not None and _node_alive(existing):
         sys.stderr.write(
@@ -154,6 +171,10 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         argv += ["--bind", args.bind]
     if args.num_cpus is not None:
         argv += ["--num-cpus", str(args.num_cpus)]
+    if args.num_gpus is not None:
+        argv += ["--num-gpus", str(args.num_gpus)]
+    if args.resources is not None:
+        argv += ["--resources", args.resources]
     if args.object_store_memory:
         argv += ["--object-store-memory", str(args.object_store_memory)]
     proc, line = launch("dpool.node", argv, log_path, {"DPOOL_TOKEN": token})

@@ -48,12 +48,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
         return 0
     print(f"cluster {status['address']}")
-    print(f"{'node':<24}{'alive':<7}{'CPUs used/total':<17}{'queued':<8}{'store used/capacity'}")
+    print(f"{'node':<24}{'alive':<7}{'CPUs used/total':<17}{'queued':<8}"
+          f"{'store used/capacity':<22}other resources")
     for n in status["nodes"]:
         store = f"{n['store_used'] / 2**20:.1f}/{n['store_capacity'] / 2**20:.0f} MiB"
         cpus = f"{n['cpus_used']}/{n['cpus_total']}"
+        other = ", ".join(f"{k}: {v:g}" for k, v in (n.get("resources") or {}).items()
+                          if k not in ("CPU", "memory") and v)
         print(f"{n['node_id']:<24}{'yes' if n['alive'] else 'NO':<7}{cpus:<17}"
-              f"{n['queued']:<8}{store}")
+              f"{n['queued']:<8}{store:<22}{other or '-'}")
     for gs in status["global_schedulers"]:
         print(f"global scheduler {gs['address']} alive={gs['alive']}")
     for sh in status["shards"]:

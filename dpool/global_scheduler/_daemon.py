@@ -27,6 +27,7 @@ from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.scheduling._attach import PeerHandle
 from dpool.scheduling._ioloop import IOLoop
+from dpool.scheduling import _resources
 from dpool.scheduling._placement import NodeLoad, choose
 
 log = logging.getLogger("dpool.global_scheduler")
@@ -119,6 +120,8 @@ class GlobalScheduler:
                             load.queued, load.busy = msg.queued, msg.busy
                             load.cpus, load.avg_task_s = msg.num_cpus, msg.avg_task_s
                             load.holds = frozenset(msg.holds)
+                            load.resources = {k: total for k, total, _ in msg.resources}
+                            load.free = {k: free for k, _, free in msg.resources}
                             load.pending = 0
                 else:
                     raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
@@ -136,16 +139,23 @@ class GlobalScheduler:
                 inputs.append((ref[1], ref[2], ref[0]))
             else:
                 size += len(p or b"")
+        req = _resources.from_wire(msg.req)
         with self._lock:
             alive = self._alive
-            best = choose((load for _, load in self._nodes.values()
-                           if alive is None or load.address in alive), msg.origin, size,
-                          tuple(inputs))
+            loads = [load for _, load in self._nodes.values()
+                     if alive is None or load.address in alive]
+            best = choose(loads, msg.origin, size, tuple(inputs), req)
             target = self._nodes[best.address][0] if best is not None else None
             if best is not None:
                 best.pending += 1
         if target is None or not target.alive:
             self.rejected += 1
+            if req is not None:
+                offers = "; ".join(f"{n.address} {_resources._describe(n.offers())}"
+                                   for n in sorted(loads, key=lambda n: n.address))
+                return origin, m.SpillRejected(
+                    msg.task_id, f"the task asks for {req} but no node has it (the nodes "
+                    f"offer: {offers or 'none linked'})")
             return origin, m.SpillRejected(
                 msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1

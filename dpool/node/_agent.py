@@ -22,6 +22,7 @@ from typing import Any
 
 from dpool.control import _keys as K
 from dpool.protocol import _messages as m
+from dpool.scheduling import _resources
 
 log = logging.getLogger("dpool.node")
 
@@ -76,9 +77,19 @@ class ClusterAgent:
         status["holds"] = d.runner.holds()
         return status
 
+    def _resources(self) -> tuple:
+        """((name, total, free), ...) of the node's GPUs, memory and custom resources."""
+        s = self._d.scheduler
+        with s._lock:
+            led = s.resources()
+            gpus = (("GPU", led.num_gpus, sum(led.gpu_free) / _resources.GPU_UNIT),)
+            mem = (("memory", led.memory, led.memory_free),)
+            return gpus + mem + tuple((k, v, led.custom_free.get(k, 0.0))
+                                      for k, v in led.custom.items())
+
     def _push_load(self, load: dict) -> None:
         msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
-                     load["holds"])
+                     load["holds"], self._resources())
         for address in self.linked_schedulers():
             self._d.links.send(address, [msg])
 

@@ -40,19 +40,13 @@ from dpool.node._workdirs import WorkdirCache
 from dpool.node._server import NodeServer
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
+from dpool.runtime import _detect
 from dpool.scheduling import LocalScheduler
 from dpool.scheduling._attach import DriverSessions, PeerHandle
 from dpool.scheduling._remote import RemoteRunner
 from dpool.scheduling._spill import Spiller
 
 log = logging.getLogger("dpool.node")
-
-
-def _default_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 class _FlushedInBackground:
@@ -73,12 +67,19 @@ class NodeDaemon:
     def __init__(self, token: bytes, node_ip: str, bind: str, port: int, num_cpus: int,
                  unix_path: Optional[str], object_store_memory: Optional[int] = None,
                  redis: Optional[list] = None, join: Optional[str] = None,
-                 state_dir: Optional[str] = None) -> None:
+                 state_dir: Optional[str] = None, num_gpus: Optional[int] = None,
+                 resources: Optional[dict] = None) -> None:
         self.token = token
         self.num_cpus = num_cpus
         self.redis: list = list(redis or [])
         self.scheduler = LocalScheduler(InProcessControlStore())
         self.scheduler.cpu_limit = num_cpus
+        # GPUs (declared or detected), memory and custom resources this node offers
+        custom = dict(resources or {})
+        mem = custom.pop("memory", None)
+        custom.pop("CPU", None)
+        gpus = custom.pop("GPU", num_gpus)
+        self.ledger = self.scheduler.ledger = _detect.ledger(gpus, mem, custom)
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
         self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer,
@@ -126,7 +127,8 @@ class NodeDaemon:
         self.agent = ClusterAgent(self, store)
         self.spiller = Spiller(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers,
-            local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g))
+            local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g),
+            mirror=self.runner.is_mirror)
         self.spiller.token = self.token
         self.sessions.peer_closed_hooks.append(self._peer_closed)
         self.sessions.cluster_status = self._cluster_status
@@ -152,7 +154,8 @@ class NodeDaemon:
                     "cpus_used": load.get("cpus_used", 0), "queued": load.get("queued", 0),
                     "store_used": load.get("store_used", 0),
                     "store_capacity": load.get("store_capacity", 0),
-                    "linked_schedulers": load.get("linked_schedulers", 0)}
+                    "linked_schedulers": load.get("linked_schedulers", 0),
+                    "resources": row.get("resources") or {}}
             if row["node_id"] == self.node_id:
                 node.update({k: v for k, v in here.items() if k in node})
             nodes.append(node)
@@ -163,8 +166,8 @@ class NodeDaemon:
 
     def node_info(self) -> dict:
         return {"address": self.address, "num_cpus": self.num_cpus,
-                "resources": {"CPU": self.num_cpus}, "hostname": socket.gethostname(),
-                "pid": os.getpid()}
+                "resources": self.ledger.offer(self.num_cpus),
+                "hostname": socket.gethostname(), "pid": os.getpid()}
 
     # -- connections ---------------------------------------------------------------------
     def _attach(self, chan: Channel, hello: m.Attach) -> None:
@@ -237,6 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=None, help="listen address (default: --node-ip)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--num-cpus", type=int, default=None)
+    p.add_argument("--num-gpus", type=int, default=None)
+    p.add_argument("--resources", default=None, help='JSON: {"name": amount, ...}')
     p.add_argument("--unix-path", default=None)
     p.add_argument("--object-store-memory", type=int, default=None)
     p.add_argument("--join", default=None, help="the head node's address")
@@ -249,12 +254,15 @@ def main(argv: Optional[list] = None) -> int:
     proc = _process.DaemonProcess("dpool node", args)
     if (status := proc.missing_token()) is not None:
         return status
-    num_cpus = args.num_cpus if args.num_cpus is not None else _default_cpus()
+    num_cpus = args.num_cpus if args.num_cpus is not None else _detect.cpus()
     bind = args.bind or args.node_ip
     try:
+        resources = _detect.parse_resources(args.resources, "--resources") \
+            if args.resources else None
         daemon = NodeDaemon(proc.token.encode(), args.node_ip, bind, args.port, num_cpus,
                             args.unix_path, args.object_store_memory, proc.redis, args.join,
-                            os.path.dirname(args.unix_path) if args.unix_path else None)
+                            os.path.dirname(args.unix_path) if args.unix_path else None,
+                            args.num_gpus, resources)
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
         return proc.failed(f"cannot listen on {bind}:{args.port}: {exc}"
                            if isinstance(exc, OSError) else str(exc))

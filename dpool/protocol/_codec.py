@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from dpool.errors import ProtocolError
 from dpool.protocol import _messages as m
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request
 
 _BY_CODE: dict[int, type] = {}
 for _cls in m.ALL_MESSAGES:

@@ -77,6 +77,7 @@ class SubmitTask:
     args: Optional[bytes]
     dep_ids: Optional[tuple]  # object ids of top-level ref arguments
     group_id: int
+    req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
 @dataclass(slots=True)
@@ -280,6 +281,7 @@ class Load:
     num_cpus: int
     avg_task_s: float
     holds: tuple  # ("holder address|segment name", ...): inputs it has copies of now
+    resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
 
 
 @dataclass(slots=True)
@@ -302,6 +304,7 @@ class RemoteTask:
     cwd: str
     sys_path: tuple
     workdir: tuple  # (digest, the driver's directory) of the group's shipped code, or ()
+    req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
 @dataclass(slots=True)

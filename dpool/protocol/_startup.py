@@ -21,6 +21,8 @@ class WorkerConfig:
     store_capacity: Optional[int] = None
     capture_output: bool = False  # on a node daemon: stdout/stderr go to the task's driver
     id_base: int = 0  # first id of the worker's own (cluster-unique on a node); 0: per host
+    env: Optional[dict] = None  # set before anything else runs (CUDA_VISIBLE_DEVICES)
+    gpu_ids: tuple = ()  # the GPUs it is bound to, as CUDA_VISIBLE_DEVICES names them
 
 
 WORKER_ENTRY = "dpool.worker._main"

@@ -243,7 +243,7 @@ class ClusterRuntime:
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
-               kwargs: dict) -> Future:
+               kwargs: dict, req: Any = None) -> Future:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
         try:
@@ -263,13 +263,15 @@ class ClusterRuntime:
             fut._client = None
             return _calls.failed_future(fut, exc)
         leases = self.leases
-        if leases is not None and not deps and not group.lease_closed:
+        if leases is not None and not deps and req is None and not group.lease_closed:
+            # (a task with a resource request goes through the node, which holds them)
             if leases.try_submit(group, oid, fn_id, payload, fut):
                 return fut
             if group.lease is None and not self._futures:  # waits, one task at a time
                 leases.request(group)
         self._futures[oid] = fut
-        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id)])
+        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id,
+                                 None if req is None else tuple(req))])
         return fut
 
     def resubmit(self, group: RemoteGroup, oid: int, fn_id: int, payload: Optional[bytes],
@@ -478,6 +480,10 @@ class _RemoteScheduler:
 
     def estimate(self, fn_id: int, default: Any = ...) -> Any:
         return 0.001 if default is ... else default
+
+    def set_resource_offer(self, spec: Any) -> None:
+        log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
+                  "ignored on a cluster driver")
 
     def close_group_soon(self, group: RemoteGroup) -> None:
         """(From a finalizer: no lock may be taken here.)"""

@@ -45,6 +45,10 @@ def cluster_cpus() -> int:
     set (``max_workers=None``, ``cpu_count()``), else this machine's (as the stdlib)."""
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
         return driver().cluster_cpus
+    if os.environ.get("DPOOL_NUM_CPUS"):
+        from dpool.runtime._detect import embedded_cpus
+
+        return embedded_cpus() or 1
     return os.cpu_count() or 1
 
 
@@ -61,6 +65,13 @@ def node_id() -> str:
 
 def in_worker() -> bool:
     return _worker is not None
+
+
+def gpu_ids() -> list:
+    """The GPUs given to the task running in this process (``dpool.get_gpu_ids``)."""
+    if _worker is None:
+        return []
+    return [int(n) if n.isdigit() else n for n in _worker.cfg.gpu_ids]
 
 
 def client() -> Any:

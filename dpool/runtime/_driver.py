@@ -56,7 +56,8 @@ class DriverRuntime:
         return self.scheduler.add_group(cfg)
 
     # -- the task API --------------------------------------------------------------------------
-    def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
+    def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
+               req: Any = None) -> Future:
         oid = next(self._ids)
         fut = Future(oid, self)
         try:
@@ -66,7 +67,7 @@ class DriverRuntime:
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
-        self.scheduler.submit(group, oid, fn_id, payload, deps, fut)
+        self.scheduler.submit(group, oid, fn_id, payload, deps, fut, req)
         return fut
 
     def lead(self, future: Future, timeout: Any) -> Any:

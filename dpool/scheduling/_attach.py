@@ -304,6 +304,7 @@ class DriverSessions:
             "node_id": self.node_id,
             "alive": True,
             "cpus_total": self.num_cpus,
+            "resources": s.resources().offer(self.num_cpus),
             "cpus_used": busy,
             "workers": sum(len(g.workers) for g in groups),
             "queued": sum(len(g.queue) for g in groups),

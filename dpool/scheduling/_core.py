@@ -61,3 +61,21 @@ class SchedulerCore:
     def _fail_group(self, g: Group, reason: str) -> None: raise NotImplementedError
     def _retire_group(self, g: Group) -> None: raise NotImplementedError
     def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None: raise NotImplementedError
+    def busy_cpus(self) -> int: raise NotImplementedError
+    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
+               lease: Any = None) -> WorkerHandle:
+        raise NotImplementedError
+
+    # -- implemented by ResourceDispatch -------------------------------------------------
+    def resources(self) -> Any: raise NotImplementedError
+    def spawn_env(self) -> tuple: raise NotImplementedError
+    def _route_res(self, g: Group, t: Task) -> None: raise NotImplementedError
+    def _dispatch_res(self, g: Group) -> None: raise NotImplementedError
+    def _release_res(self, t: Task, w: Optional[WorkerHandle]) -> None:
+        raise NotImplementedError
+    def _fence(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
+    def _retire_worker(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def slots_used(self, g: Group) -> int: raise NotImplementedError
+    def _fail_waiting_res(self, g: Group, err: bytes) -> None: raise NotImplementedError
+    def _on_blocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def _on_unblocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError

@@ -17,6 +17,7 @@ from dpool.protocol import _messages as m
 from dpool.protocol import decode_batch
 from dpool.runtime import _payload
 from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling import _resources
 from dpool.scheduling._records import Obj, Task, WorkerHandle
 from dpool.scheduling._workers import _broken_error
 
@@ -45,7 +46,7 @@ class WorkerMessages(SchedulerCore):
                 refill = self._refill
                 while refill:
                     g = refill.pop(0)
-                    if g.queue:
+                    if g.queue or g.rq:
                         self._dispatch(g)
             return self._take_out()
 
@@ -59,6 +60,8 @@ class WorkerMessages(SchedulerCore):
             self.store.discard(msg.payload if msg.ok else None)
             return
         w.load = w.load - t.est if w.inflight else 0.0
+        if t.alloc is not None:  # it held resources (``_resdispatch``)
+            self._release_res(t, w)
         self._batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
         if ok:
@@ -68,7 +71,7 @@ class WorkerMessages(SchedulerCore):
                 ok, payload = False, _payload.dumps_error(exc)
         self._finish(t, ok, payload)
         g = w.group
-        if g.queue and g not in self._refill:
+        if (g.queue or g.rq) and g not in self._refill:
             # Refilled once the whole read is handled (``_handle_frames``): one frame to
             # each worker for the room a batch of results freed, not one per result (one
             # send() each: a third of the IO thread's time in a 10k no-op burst).
@@ -95,7 +98,10 @@ class WorkerMessages(SchedulerCore):
                 _broken_error("the pool this task was submitted to was shut down")))])
             return
         w.owned.add(msg.task_id)
-        self._admit(Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None))
+        t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)
+        if msg.req is not None:
+            t.req = _resources.from_wire(msg.req)
+        self._admit(t)
 
     def _on_output(self, w: WorkerHandle, msg: m.Output) -> None:
         """What a worker printed (node daemons only): to the driver that owns its group."""
@@ -105,6 +111,8 @@ class WorkerMessages(SchedulerCore):
     def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:
             w.group.n_blocked += 1
+            if w.rcpus:
+                self._on_blocked_res(w)
         w.blocked = True
         self._requeue(w, msg.returned)
         self._dispatch(w.group)
@@ -112,6 +120,8 @@ class WorkerMessages(SchedulerCore):
     def _on_unblocked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
         if w.blocked:
             w.group.n_blocked -= 1
+            if w.rcpus:
+                self._on_unblocked_res(w)
         w.blocked = False
 
     def _on_return_tasks(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:

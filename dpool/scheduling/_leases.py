@@ -100,6 +100,8 @@ class LeaseDesk:
             return "workers of this group exit after max_tasks_per_child tasks", None
         if g.queue:
             return "tasks of the group are queued", None
+        if g.rq:
+            return "tasks of the group wait for resources", None
         if s.cpu_limit is not None and s.busy_cpus() >= s.cpu_limit:
             return "the node's CPUs are all in use", None
         live = [w for w in g.workers if w.alive and not w.retiring]

@@ -13,7 +13,8 @@ class Task:
     """A task the local scheduler has accepted and not yet finished."""
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
-                 "attempts", "started", "missing", "deps", "est", "deps_counted")
+                 "attempts", "started", "missing", "deps", "est", "deps_counted", "req",
+                 "alloc")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
@@ -31,6 +32,8 @@ class Task:
         self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
         self.est = 0.0  # estimated run time, set when dispatched
         self.deps_counted = False  # holds a reference on each of dep_ids (released at finish)
+        self.req: Any = None  # _resources.Request; None: one CPU, nothing else (the default)
+        self.alloc: Any = None  # _resources.Allocation while it holds resources (running)
 
 
 class Obj:
@@ -53,7 +56,8 @@ class Obj:
 
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "alive", "owned", "leased")
+                 "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
+                 "sees", "rcpus", "leased")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -70,6 +74,14 @@ class WorkerHandle:
         self.pid = getattr(process, "pid", None)
         self.alive = True
         self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
+        # Resources (``_resdispatch``): a fenced worker takes no task without a resource
+        # request -- it is bound to GPUs (``gpus``: device indexes, for good), runs a task
+        # that holds resources, or can see a GPU another task holds (``sees``: the
+        # devices visible to it; None: all of them, as the stdlib's workers).
+        self.fenced = False
+        self.gpus: Optional[tuple] = None
+        self.sees: Optional[frozenset] = None
+        self.rcpus = 0  # CPUs beyond one that its running task holds (num_cpus - 1)
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None
@@ -96,3 +108,10 @@ class Group:
     sys_path: Optional[list] = None
     owner: Any = None  # the attached driver whose group this is (cluster mode)
     workdir: tuple = ()  # (digest, driver's directory) of the driver's shipped code
+    # Resources (``_resdispatch``): tasks with a request wait in ``rq`` until what they
+    # need is free; ``extra`` is the CPUs their running tasks hold beyond one worker each,
+    # ``n_fenced`` the workers that take no task without a request.
+    rq: dict = field(default_factory=dict)  # Request -> deque of tasks asking it
+    extra: int = 0
+    n_fenced: int = 0
+    starved: bool = False  # a task in ``rq`` waits for CPUs or a worker slot only

@@ -33,6 +33,7 @@ from dpool.objects import _manager, _segment, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.runtime._workdir import map_path
+from dpool.scheduling import _resources
 from dpool.scheduling._records import Group, Task
 
 log = logging.getLogger("dpool.scheduling")
@@ -242,7 +243,8 @@ class RemoteRunner:
                 new.append((oid, ok, p))
             deps = tuple(new)
         return m.RemoteTask(msg.task_id, msg.origin, msg.group_id, msg.group_cfg, msg.fn_id,
-                            msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir)
+                            msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir,
+                            msg.req)
 
     def _on_release_lent(self, h: Any, msg: m.ReleaseLent) -> None:
         lent = self._lent.pop(msg.name, None)
@@ -319,6 +321,8 @@ class RemoteRunner:
                                              s._batch.estimate(fn_id))])
 
         t = Task(local_id, fn_id, msg.args, None, g, None, done)
+        if msg.req is not None:  # the global scheduler chose this node for it
+            t.req = _resources.from_wire(msg.req)
         t.started = True  # no future to move to RUNNING: ``done`` is a plain callback
         t.deps = msg.deps
         if not accepted:

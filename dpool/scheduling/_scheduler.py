@@ -62,6 +62,8 @@ from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._ioloop import IOLoop
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.scheduling._resdispatch import ResourceDispatch
+from dpool.scheduling._resources import Request
 from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
 
 log = logging.getLogger("dpool.scheduling")
@@ -83,7 +85,7 @@ class GroupConfig:
     working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
 
 
-class LocalScheduler(WorkerMessages, WorkerPool):
+class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
     def __init__(self, control: Any) -> None:
         self._lock = threading.Lock()
         self._ctl = control
@@ -106,6 +108,10 @@ class LocalScheduler(WorkerMessages, WorkerPool):
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
+        # GPUs, memory, custom resources (``_resdispatch``): detected on the first task
+        # that asks for any, from ``ledger_spec`` if given (the executor keyword).
+        self.ledger = None
+        self.ledger_spec: Optional[dict] = None
         self.leases = 0  # workers lent to drivers of this host (``_leases``, cluster mode)
         self.recall_leases: Callable[[], None] = lambda: None
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
@@ -150,11 +156,14 @@ class LocalScheduler(WorkerMessages, WorkerPool):
         self._ctl.register_function(fn_id, name, payload)
 
     def submit(self, group: Group, task_id: int, fn_id: int, args: Optional[bytes],
-               dep_ids: Optional[tuple], future: Any) -> None:
+               dep_ids: Optional[tuple], future: Any, req: Optional[Request] = None) -> None:
+        t = Task(task_id, fn_id, args, dep_ids, group, None, future)
+        if req is not None:
+            t.req = req
         with self._lock:
             if self._releases:
                 self._drain_releases()
-            self._admit(Task(task_id, fn_id, args, dep_ids, group, None, future))
+            self._admit(t)
             out = self._take_out()
         self._deliver(out)
 
@@ -308,16 +317,32 @@ class LocalScheduler(WorkerMessages, WorkerPool):
             obj.refs += 1
             return True
 
+    def set_resource_offer(self, spec: Optional[dict]) -> None:
+        """What the embedded runtime offers (``runtime_resources=``); None: detect."""
+        from dpool.runtime import _detect
+
+        led = _detect.embedded_ledger(spec)
+        with self._lock:
+            self.set_resources(led)
+            self.ledger_spec = spec
+            for g in self._groups.values():
+                if g.rq:
+                    self._refill.append(g)
+
     def cancel_queued(self, group: Group) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
         with self._lock:
-            keep: deque = deque()
-            for t in group.queue:
-                if t.future is not None and not t.started and t.future.cancel():
-                    self._skip_cancelled(t)
-                else:
-                    keep.append(t)
-            group.queue = keep
+            for queue in [group.queue, *group.rq.values()]:
+                keep: deque = deque()
+                for t in queue:
+                    if t.future is not None and not t.started and t.future.cancel():
+                        self._skip_cancelled(t)
+                    else:
+                        keep.append(t)
+                queue.clear()
+                queue.extend(keep)
+            for req in [r for r, q in group.rq.items() if not q]:
+                del group.rq[req]
             # Tasks still waiting for their inputs: cancel their futures now; dispatch
             # skips them once their inputs are ready.
             for obj in self._objects.values():
@@ -630,6 +655,14 @@ class LocalScheduler(WorkerMessages, WorkerPool):
     def _on_tick(self) -> None:
         while self._closing:
             self.close_group(self._closing.popleft())
+        if self._refill or self._res_waiting:
+            # resources released outside a worker's read; and, as a safety net, tasks
+            # waiting for resources are looked at every tick (on a node, CPUs another
+            # group frees are theirs too)
+            with self._lock:
+                self._refill_now()
+                out = self._take_out()
+            self._deliver(out)
         if self._releases or self.store.has_news:  # news: e.g. the pool expired pages
             with self._lock:
                 self._drain_releases()

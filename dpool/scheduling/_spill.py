@@ -29,6 +29,14 @@ inline, so the node that runs it needs nothing from here. What can go wrong:
   attempts are used the task fails with ``ObjectLostError`` naming the result and node
   (the pull, not the link's closing, decides: the two race when the lender dies).
 
+A task asking for resources this node does not have at all (``_resdispatch``: more
+CPUs or GPUs, a custom resource it lacks) goes to a global scheduler at once
+(``unmet``), which places it only on a node that has them. While no node has them
+(``SpillRejected``, or no global scheduler linked) it is parked here and offered again
+every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 s: time
+for such a node to join) it fails with ``ResourceError``, saying what it asked and what
+the nodes offer.
+
 Runs under the scheduler's lock (called from its handlers and ticks).
 """
 
@@ -45,12 +53,23 @@ from dpool.errors import ObjectLostError, WorkerCrashedError
 from dpool.objects import _manager, _segment, _transfer, _values
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
+from dpool.scheduling import _resources
 from dpool.scheduling._records import Group, Task
 
 log = logging.getLogger("dpool.scheduling")
 
 _BACKOFF_S = 0.2
 REFERENCE_MIN = 1 << 20  # stored inputs this large go by reference (pulled by the runner)
+GRACE_S = 10.0  # default of DPOOL_RESOURCE_GRACE_S
+
+
+def resource_grace_s() -> float:
+    text = os.environ.get("DPOOL_RESOURCE_GRACE_S")
+    try:
+        return max(0.0, float(text)) if text else GRACE_S
+    except ValueError:
+        log.warning("DPOOL_RESOURCE_GRACE_S=%r is not a number: using %g s", text, GRACE_S)
+        return GRACE_S
 
 
 class _Away:
@@ -69,7 +88,8 @@ class Spiller:
     def __init__(self, scheduler: Any, node_address: str,
                  send: Callable[[str, list], None], schedulers: Callable[[], list],
                  threshold_s: float = 0.005, place_timeout_s: float = 10.0,
-                 local_groups: Optional[Callable[[Group], bool]] = None) -> None:
+                 local_groups: Optional[Callable[[Group], bool]] = None,
+                 mirror: Optional[Callable[[Group], bool]] = None) -> None:
         self._s = scheduler
         self.address = node_address
         self._send = send
@@ -77,6 +97,7 @@ class Spiller:
         self.threshold_s = threshold_s
         self.place_timeout_s = place_timeout_s
         self._keep_local = local_groups or (lambda g: False)
+        self._mirror = mirror or (lambda g: False)  # runs tasks other nodes placed here
         self.away: dict[int, _Away] = {}
         self._away_per_group: dict[int, int] = {}
         self._paused_until = 0.0
@@ -84,6 +105,9 @@ class Spiller:
         self.token = b""  # the cluster token, to pull lent results
         self._borrowers: dict[str, set] = {}  # our segment -> nodes that may hold a copy
         scheduler.store.on_freed = self._freed
+        self.grace_s = resource_grace_s()
+        self._unmet: dict[int, list] = {}  # task id -> [first seen, why not placed]
+        self._parked: list = []  # (when to offer again, group, task): resources unmet
         h = scheduler._handlers
         h[m.SpillRejected.CODE] = self._on_rejected
         h[m.Accepted.CODE] = self._on_accepted
@@ -158,7 +182,8 @@ class Spiller:
         msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
                            s._functions[t.fn_id],
                            self._outgoing(t.args) if t.args else t.args, deps,
-                           g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir)
+                           g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir,
+                           _resources.to_wire(t.req))
         t.attempts += 1
         t.est = s._batch.estimate(t.fn_id)
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
@@ -201,13 +226,74 @@ class Spiller:
         t = self._take(msg.task_id)
         if t is not None:
             log.debug("spill of task %#x rejected: %s", msg.task_id, msg.reason)
+            unmet = self._unmet.get(t.task_id)
+            if unmet is not None:  # no node has what it asks (yet): offer it again soon
+                t.attempts -= 1
+                unmet[1] = msg.reason
+                self._parked.append((time.monotonic() + _BACKOFF_S, t.group, t))
+                return
             self._paused_until = time.monotonic() + _BACKOFF_S
             self._home(t, charge=False)
+
+    # -- resources this node lacks ---------------------------------------------------------
+    def unmet(self, g: Group, t: Task, reason: str) -> bool:
+        """``t`` asks for resources this node never has (``reason``): send it to a node
+        that has them, or park it until one joins; after the grace period, fail it.
+        False: not this spiller's (a mirror group's task: the caller fails it)."""
+        if self._mirror(g):
+            return False
+        now = time.monotonic()
+        unmet = self._unmet.get(t.task_id)
+        if unmet is None:
+            unmet = self._unmet[t.task_id] = [now, reason]
+        if now - unmet[0] >= self.grace_s:
+            del self._unmet[t.task_id]
+            self._s._fail_res(t, f"{unmet[1]}; no node of the cluster offered it within "
+                                 f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S)")
+            return True
+        gss = self._schedulers()
+        if not gss or self._keep_local(g):  # (its code is not published for others yet)
+            if not gss:
+                unmet[1] = f"{reason} (and no global scheduler is linked to place it)"
+            self._parked.append((now + _BACKOFF_S, g, t))
+            return True
+        if t.future is not None and not t.started:
+            if not t.future.set_running_or_notify_cancel():
+                del self._unmet[t.task_id]
+                self._s._skip_cancelled(t)
+                return True
+        t.started = True
+        gs = gss[self._rr % len(gss)]
+        self._rr += 1
+        try:
+            msg = self._spill(t, g, gs)
+        except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
+            del self._unmet[t.task_id]
+            self._s._fail_res(t, f"{reason}; it could not be sent to another node: {exc}")
+            return True
+        self._send(gs, [msg])
+        return True
+
+    def _retry_parked(self, now: float) -> None:
+        due = [p for p in self._parked if p[0] <= now]
+        if not due:
+            return
+        self._parked = [p for p in self._parked if p[0] > now]
+        for _, g, t in due:
+            if g.broken is not None:
+                continue  # failed with its group
+            if t.future is not None and not t.started and t.future.cancelled():
+                self._unmet.pop(t.task_id, None)
+                self._s._skip_cancelled(t)
+                continue
+            reason = self._unmet.get(t.task_id, [0.0, ""])[1]
+            self.unmet(g, t, reason)
 
     def _on_accepted(self, h: Any, msg: m.Accepted) -> None:
         a = self.away.get(msg.task_id)
         if a is not None:
             a.node = h.address if h.address else msg.node_id
+            self._unmet.pop(msg.task_id, None)  # placed: a node has what it asks
             for name in a.refs:  # it will copy these inputs, and keep them for later tasks
                 self._borrowers.setdefault(name, set()).add(a.node)
 
@@ -221,6 +307,7 @@ class Spiller:
         t = self._take(msg.task_id)
         if t is None:
             return  # a late duplicate: it was retried and finished already
+        self._unmet.pop(t.task_id, None)
         s = self._s
         s._batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
@@ -336,6 +423,15 @@ class Spiller:
             t = self._take(a.task.task_id)
             if t is not None:
                 self._s._finish(t, False, err)
+        parked = [p for p in self._parked if p[1] is g]
+        if parked:
+            self._parked = [p for p in self._parked if p[1] is not g]
+            for _, _, t in parked:
+                self._unmet.pop(t.task_id, None)
+                if t.future is not None and not t.started:
+                    t.future.set_running_or_notify_cancel()
+                    t.started = True
+                self._s._finish(t, False, err)
         for node in nodes:  # they stop running its tasks, and free its workers there
             self._send(node, [m.DropGroup(self.address, g.group_id,
                                           g.broken or "the pool was terminated")])
@@ -343,6 +439,8 @@ class Spiller:
     # -- periodic ------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()
+        if self._parked:
+            self._retry_parked(now)
         stale = [a for a in self.away.values()
                  if a.node is None and now - a.sent_at > self.place_timeout_s]
         for a in stale:

@@ -48,9 +48,19 @@ class WorkerPool(SchedulerCore):
         if g.broken is not None:
             self._fail_group(g, g.broken)
             return
+        if g.rq:  # tasks with resource requests first: what was released is theirs
+            self._dispatch_res(g)
         batch = self._batch
         log_event = self._ctl.log_event
         while q:
+            if q[0].req is not None:  # asks for resources: ``_resdispatch``
+                self._route_res(g, q.popleft())
+                continue
+            if g.starved and g.rq:
+                # A task with a request waits for the CPUs (or worker slot) that tasks
+                # without one would take: they wait instead, so the workers drain and it
+                # starts (else a stream of short tasks would hold it back for good).
+                return
             prefetch = len(q) >= 2 * g.max_workers
             w = self._pick_worker(g, idle_only, prefetch)
             if w is None:
@@ -64,6 +74,8 @@ class WorkerPool(SchedulerCore):
             inflight = w.inflight
             while q and (quota is None or quota > 0):
                 t = q[0]
+                if t.req is not None:
+                    break
                 est = batch.estimate(t.fn_id)
                 if not batch.fits(len(inflight), w.load, est, prefetch):
                     break
@@ -106,12 +118,13 @@ class WorkerPool(SchedulerCore):
             n = len(w.inflight)
             if n:
                 busy += 1
-            if w.retiring or (n and idle_only) or not fits(n, w.load, est, prefetch):
+            if w.retiring or w.fenced or (n and idle_only) or not fits(n, w.load, est,
+                                                                       prefetch):
                 continue
             if best is None or w.load < best.load:
                 best = w
         if best is not None and not best.inflight:
-            if busy >= g.max_workers:
+            if busy + g.extra >= g.max_workers:  # (extra: CPUs of multi-CPU tasks)
                 return None  # an extra worker (started while others were blocked) stays idle
             if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
                 return None  # the node's CPUs are all in use (by other groups too)
@@ -120,7 +133,8 @@ class WorkerPool(SchedulerCore):
     def busy_cpus(self) -> int:
         """Workers running tasks now, over every group (lock held)."""
         return sum(1 for g in self._groups.values() for w in g.workers
-                   if (w.inflight or w.leased is not None) and w.alive and not w.blocked)
+                   if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
+            sum(g.extra for g in self._groups.values())
 
     def _maybe_spawn(self, g: Group) -> bool:
         if self._closed or g.broken is not None:
@@ -129,11 +143,28 @@ class WorkerPool(SchedulerCore):
             return False
         if len(g.workers) < g.max_workers:
             return self._try_spawn(g)
-        if g.n_blocked == 0 and g.max_tasks is None:
+        if g.n_blocked == 0 and g.max_tasks is None and not g.n_fenced:
             return False  # the common case: every worker counts against max_workers
+        if g.n_fenced:
+            return self._spawn_past_fenced(g)
         active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
         if active >= g.max_workers:
             return False
+        return self._try_spawn(g)
+
+    def _spawn_past_fenced(self, g: Group) -> bool:
+        """Some workers take no task without a request (``_resdispatch``): a worker for
+        one if CPUs are left, retiring an idle fenced one to stay within the slots."""
+        busy = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring
+                   and (w.inflight or not w.fenced))
+        if busy + g.extra >= g.max_workers:
+            return False
+        if self.slots_used(g) >= g.max_workers:
+            victim = next((w for w in g.workers if w.alive and w.fenced and not w.inflight
+                           and w.leased is None), None)
+            if victim is None:
+                return False
+            self._retire_worker(victim)
         return self._try_spawn(g)
 
     def _try_spawn(self, g: Group) -> bool:
@@ -146,14 +177,25 @@ class WorkerPool(SchedulerCore):
                 self._fail_group(g, f"cannot start a worker process: {exc}")
             return False
 
-    def _spawn(self, g: Group, lease: Optional[socket.socket] = None) -> WorkerHandle:
-        """Start a worker for ``g``; ``lease``: a driver's connection it is lent to."""
+    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
+               lease: Optional[socket.socket] = None) -> WorkerHandle:
+        """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``);
+        ``lease``: a driver's connection it is lent to."""
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
+        if gpus is not None:
+            led = self.resources()
+            gpu_names = tuple(led.gpu_names[i] for i in gpus)
+            env: Optional[dict] = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_names)}
+            sees: Optional[frozenset] = frozenset(gpus)
+        else:
+            gpu_names = ()
+            env, sees = self.spawn_env()
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self.sessions is not None,
-                           (self.id_prefix() << 40) if self.id_prefix is not None else 0)
+                           (self.id_prefix() << 40) if self.id_prefix is not None else 0,
+                           env, gpu_names)
         args = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
         proc = g.mp_context.Process(target=start_worker, args=args,
                                     name=f"dpool-worker-{wid}")
@@ -166,6 +208,10 @@ class WorkerPool(SchedulerCore):
             child_sock.close()
         w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
         g.workers.append(w)
+        if gpus is not None:
+            w.gpus = gpus
+            self._fence(w, True)  # for good: it runs only tasks given these devices
+        w.sees = sees
         self._io.add(w)
         log.debug("started worker %d (pid %s) for group %d", wid, w.pid, g.group_id)
         return w
@@ -181,6 +227,8 @@ class WorkerPool(SchedulerCore):
         for tid in reversed(task_ids):
             t = w.inflight.pop(tid, None)
             if t is not None:
+                if t.alloc is not None:
+                    self._release_res(t, w)
                 w.load = w.load - t.est if w.inflight else 0.0
                 w.assigned -= 1
                 if w.retiring and w.assigned < (w.group.max_tasks or 0):
@@ -207,10 +255,14 @@ class WorkerPool(SchedulerCore):
             if w.blocked:
                 w.blocked = False
                 g.n_blocked -= 1
+                g.extra += w.rcpus  # taken off while blocked; released with its task
             if w in g.workers:
                 g.workers.remove(w)
+            self._fence(w, False)
             held = list(w.inflight.values())
             for t in held:
+                if t.alloc is not None:
+                    self._release_res(t, w)
                 # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
                     _segment.segment_name(self.store.owner_pid, t.task_id))
@@ -245,7 +297,7 @@ class WorkerPool(SchedulerCore):
             for obj in self._objects.values():
                 if obj.waiters and w in obj.waiters:
                     obj.waiters = [x for x in obj.waiters if x is not w] or None
-            if g.queue:
+            if g.queue or g.rq:
                 self._dispatch(g)
             elif g.closed and not g.workers and g.outstanding == 0:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
@@ -264,9 +316,13 @@ class WorkerPool(SchedulerCore):
                 t.future.set_running_or_notify_cancel()
                 t.started = True
             self._finish(t, False, err)
+        if g.rq:
+            self._fail_waiting_res(g, err)
         for w in g.workers:
             for t in list(w.inflight.values()):
                 w.inflight.pop(t.task_id)
+                if t.alloc is not None:
+                    self._release_res(t, w)
                 self._finish(t, False, err)
         # tasks still waiting for their inputs (maybe another executor's results)
         waiting: dict[int, Task] = {}

@@ -89,7 +89,8 @@ class WorkerClient:
         return [m.Release(tuple(rel))]
 
     # -- the task API ----------------------------------------------------------------------
-    def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
+    def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
+               req: Any = None) -> Future:
         self._ensure_receiver()
         oid = self.new_id()
         fut = Future(oid, self)
@@ -102,7 +103,8 @@ class WorkerClient:
         # cancel() says False rather than promising what the scheduler cannot keep.
         fut.set_running_or_notify_cancel()
         self._futures[oid] = fut
-        self._send([m.SubmitTask(oid, fn_id, payload, deps, group_id)])
+        self._send([m.SubmitTask(oid, fn_id, payload, deps, group_id,
+                                 None if req is None else tuple(req))])
         return fut
 
     def put(self, value: Any) -> ObjectRef:

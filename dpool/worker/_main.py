@@ -198,6 +198,10 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
 
 def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
     """Process target: set up like the driver, connect, serve until told to stop."""
+    if cfg.env:
+        # First of all: CUDA reads CUDA_VISIBLE_DEVICES once, when first used, so the
+        # worker's GPUs must be set before any code of the user's runs (initializer too).
+        os.environ.update(cfg.env)
     # A forked worker inherits the driver's other sockets. They are not closed here: the
     # inherited Python objects still own those fd numbers, and closing them by number
     # would let a later close() of a reused fd hit the wrong file. Orphan-safety comes
@@ -214,6 +218,11 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
     from dpool.runtime import _current
 
     _current.enter_worker(cfg)
+    from dpool.scheduling import _resources
+
+    # A function pickled by value keeps its @dpool.resources, but its module's decorator
+    # never ran here: nested submits look for requests on every function.
+    _resources.decorated = True
     _mainref.set_worker_namespace()  # the script's globals, shared by its functions here
     from dpool.objects import _values
 

@@ -1,0 +1,261 @@
+"""Per-task resources: what a task asks for (``Request``) and what a runtime or node has
+left to give (``Ledger``).
+
+A request names CPUs, GPUs, bytes of memory and custom resources (any name: ``"TPU"``,
+``"license"``). The default -- one CPU, nothing else -- is no request at all (``None``):
+such tasks never reach this module, so the ordinary dispatch path pays nothing for it.
+
+GPUs are counted per device. A request below one GPU (``0.25``) is a share of a single
+device, and shares pack onto the device that is already most used; a request of one or
+more must be whole and gets that many devices to itself. Shares are kept in integer
+units (``GPU_UNIT`` per device) so that four quarter-GPU tasks add up to exactly one.
+
+CPUs are not in the ledger: on the embedded runtime they are each executor's
+``max_workers`` (its CPU budget), on a node its ``--num-cpus``; the local scheduler
+counts them where it counts busy workers. Everything else -- GPUs, memory, custom
+resources -- is shared by every executor of the runtime (or node) and lives here.
+
+Pure bookkeeping, no processes, no locks: the scheduler calls it with its lock held.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
+
+GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest request)
+
+_BUILTIN = ("CPU", "GPU", "memory")
+
+
+class Request(NamedTuple):
+    """A task's needs. Travels on the wire as a plain tuple (``tuple(req)``)."""
+
+    cpus: int = 1
+    gpus: float = 0.0
+    memory: int = 0
+    custom: tuple = ()  # ((name, amount), ...) sorted by name, amounts > 0
+
+    def as_dict(self) -> dict:
+        """``{"CPU": .., "GPU": .., "memory": .., name: ..}`` without zero entries but CPU."""
+        d: dict = {"CPU": self.cpus}
+        if self.gpus:
+            d["GPU"] = self.gpus
+        if self.memory:
+            d["memory"] = self.memory
+        d.update(self.custom)
+        return d
+
+    def __str__(self) -> str:
+        return _describe(self.as_dict())
+
+
+def _describe(d: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {_num(v)}" for k, v in d.items()) + "}"
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if math.isnan(v) or math.isinf(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def spec(num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
+         resources: Optional[Mapping[str, Any]] = None) -> dict:
+    """A validated partial request: ``{"CPU": .., "GPU": .., "memory": .., name: ..}``
+    with only the entries given. Raises ``TypeError``/``ValueError`` saying which."""
+    out: dict = {}
+    if resources is not None:
+        if not isinstance(resources, Mapping):
+            raise TypeError("resources must be a mapping of resource name to amount, "
+                            f"got {type(resources).__name__}")
+        for name, amount in resources.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"resource names must be non-empty strings, got {name!r}")
+            out[name] = amount
+    for name, value in (("CPU", num_cpus), ("GPU", num_gpus), ("memory", memory)):
+        if value is not None:
+            out[name] = value
+    for name in list(out):
+        label = {"CPU": "num_cpus", "GPU": "num_gpus"}.get(name, name)
+        if name not in ("CPU", "GPU", "memory") and resources is not None:
+            label = f"resources[{name!r}]"
+        v = _number(label, out[name])
+        if name == "CPU" or name == "memory":
+            if v != int(v):
+                raise ValueError(f"{label} must be a whole number, got {out[name]!r}")
+            out[name] = int(v)
+        elif name == "GPU":
+            if v > 1 and v != int(v):
+                raise ValueError(f"num_gpus above 1 must be a whole number (a share of one "
+                                 f"GPU is below 1), got {out[name]!r}")
+            if 0 < v < 1 and round(v * GPU_UNIT) == 0:
+                raise ValueError(f"num_gpus {out[name]!r} is below the finest share "
+                                 f"(1/{GPU_UNIT} of a GPU)")
+            out[name] = v
+        else:
+            out[name] = v
+    return out
+
+
+def build(*specs: Optional[Mapping[str, Any]]) -> Optional[Request]:
+    """The request of validated partial specs merged left to right (later ones win per
+    resource); ``None`` when that is the default (one CPU, nothing else)."""
+    merged: dict = {}
+    for s in specs:
+        if s:
+            merged.update(s)
+    if not merged:
+        return None
+    cpus = merged.pop("CPU", 1)
+    gpus = float(merged.pop("GPU", 0.0))
+    memory = merged.pop("memory", 0)
+    custom = tuple(sorted((k, float(v)) for k, v in merged.items() if v))
+    if cpus == 1 and not gpus and not memory and not custom:
+        return None
+    return Request(cpus, gpus, memory, custom)
+
+
+def from_wire(t: Optional[tuple]) -> Optional[Request]:
+    return None if t is None else Request(t[0], t[1], t[2], tuple(tuple(x) for x in t[3]))
+
+
+def to_wire(r: Optional[Request]) -> Optional[tuple]:
+    return None if r is None else (r.cpus, r.gpus, r.memory, r.custom)
+
+
+# -- functions that declare their needs (``@dpool.resources``) -----------------------------
+ATTR = "__dpool_resources__"
+decorated = False  # no function was ever decorated: submit skips the lookup entirely
+
+
+def mark(fn: Any, s: dict) -> Any:
+    global decorated
+    try:
+        setattr(fn, ATTR, s)
+    except (AttributeError, TypeError) as exc:
+        raise TypeError(f"@dpool.resources cannot annotate {fn!r} (no attributes can be "
+                        "set on it); use executor.options(...) instead") from exc
+    decorated = True
+    return fn
+
+
+def of_function(fn: Any) -> Optional[dict]:
+    return getattr(fn, ATTR, None)
+
+
+# -- what a runtime or node has ------------------------------------------------------------
+class Allocation(NamedTuple):
+    request: Request
+    gpu_ids: tuple  # device indexes (into Ledger.gpu_names)
+    gpu_units: int  # units taken from each of gpu_ids
+
+
+class Ledger:
+    """Capacity and free amounts of GPUs, memory and custom resources of one runtime or
+    node; per GPU, the units still free."""
+
+    def __init__(self, gpu_names: Iterable[str] = (), memory: int = 0,
+                 custom: Optional[Mapping[str, float]] = None) -> None:
+        self.gpu_names = [str(n) for n in gpu_names]
+        self.gpu_free = [GPU_UNIT] * len(self.gpu_names)
+        self.memory = int(memory)
+        self.memory_free = self.memory
+        self.custom = {k: float(v) for k, v in (custom or {}).items() if v}
+        self.custom_free = dict(self.custom)
+        self.held = 0  # allocations not yet released
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpu_names)
+
+    def offer(self, cpus: Optional[int] = None) -> dict:
+        """What it has in all, as users name it (for messages and status)."""
+        d: dict = {} if cpus is None else {"CPU": cpus}
+        d["GPU"] = self.num_gpus
+        if self.memory:
+            d["memory"] = self.memory
+        d.update(self.custom)
+        return d
+
+    def shortfall(self, r: Request) -> Optional[str]:
+        """Why ``r`` can never be met here, whatever is released (None: it can)."""
+        missing = []
+        if r.gpus > self.num_gpus:
+            missing.append(f"GPU: {_num(r.gpus)} asked, {self.num_gpus} here")
+        if r.memory > self.memory:
+            missing.append(f"memory: {r.memory} bytes asked, {self.memory} here")
+        for name, amount in r.custom:
+            have = self.custom.get(name, 0.0)
+            if amount > have + 1e-9:
+                missing.append(f"{name}: {_num(amount)} asked, {_num(have)} here"
+                               if have else f"{name}: unknown here")
+        return "; ".join(missing) or None
+
+    def acquire(self, r: Request, prefer: Iterable[tuple] = ()) -> Optional[Allocation]:
+        """Take what ``r`` needs if all of it is free now (else None, nothing taken).
+        ``prefer``: GPU id sets with an idle worker bound to them, tried first."""
+        if r.memory > self.memory_free:
+            return None
+        for name, amount in r.custom:
+            if amount > self.custom_free.get(name, 0.0) + 1e-9:
+                return None
+        ids: tuple = ()
+        units = 0
+        if r.gpus:
+            ids, units = self._gpus(r.gpus, prefer)
+            if not ids:
+                return None
+            for i in ids:
+                self.gpu_free[i] -= units
+        self.memory_free -= r.memory
+        for name, amount in r.custom:
+            self.custom_free[name] -= amount
+        self.held += 1
+        return Allocation(r, ids, units)
+
+    def _gpus(self, gpus: float, prefer: Iterable[tuple]) -> tuple[tuple, int]:
+        free = self.gpu_free
+        prefer = [ids for ids in prefer if all(i < len(free) for i in ids)]
+        if gpus < 1:
+            units = max(1, round(gpus * GPU_UNIT))
+            for ids in prefer:
+                if len(ids) == 1 and free[ids[0]] >= units:
+                    return ids, units
+            # pack: the most used device that still has room
+            fits = [i for i, f in enumerate(free) if f >= units]
+            if not fits:
+                return (), 0
+            return (min(fits, key=lambda i: (free[i], i)),), units
+        n = int(gpus)
+        for ids in prefer:
+            if len(ids) == n and all(free[i] == GPU_UNIT for i in ids):
+                return ids, GPU_UNIT
+        whole = [i for i, f in enumerate(free) if f == GPU_UNIT]
+        if len(whole) < n:
+            return (), 0
+        return tuple(whole[:n]), GPU_UNIT
+
+    def release(self, a: Allocation) -> None:
+        for i in a.gpu_ids:
+            self.gpu_free[i] += a.gpu_units
+        self.memory_free += a.request.memory
+        for name, amount in a.request.custom:
+            self.custom_free[name] += amount
+        self.held -= 1
+
+    def held_gpus(self) -> frozenset:
+        """Device indexes some task holds (a share or whole)."""
+        return frozenset(i for i, f in enumerate(self.gpu_free) if f < GPU_UNIT)
+
+    def names(self, ids: Iterable[int]) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for these device indexes."""
+        return ",".join(self.gpu_names[i] for i in ids)
