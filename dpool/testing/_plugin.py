@@ -1,0 +1,154 @@
+"""pytest plugin: ``--dpool`` runs pytest-xdist's test workers as dpool tasks.
+
+Loaded by pytest on every run (the ``pytest11`` entry point ``dpool``), so at import it
+adds two options and nothing else: without ``--dpool`` a run is unchanged and pays no
+import of dpool's runtime. With it (and ``-n``/``--numprocesses``):
+
+- ``-n auto`` / ``-n logical`` mean the CPU count of the cluster (``dpool.cpu_count()``:
+  this machine's on the embedded runtime, every node's with ``DPOOL_ADDRESS`` set);
+- every test worker is a dpool task started at once (see ``_controller``), on the
+  embedded runtime or on the cluster's nodes, with the test files shipped there as the
+  working directory (pytest's rootdir);
+- ``--dpool-resources '{"GPU": 1}'`` asks that much per test worker.
+
+It never patches xdist: it uses xdist's hooks (``pytest_xdist_auto_num_workers``,
+``pytest_xdist_setupnodes``, ``pytest_configure_node``, ``pytest_xdist_getremotemodule``)
+and execnet's gateway specs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("dpool", "dpool: run pytest-xdist's test workers on dpool")
+    group.addoption(
+        "--dpool", action="store_true", default=False,
+        help="run the test workers of -n/--numprocesses as dpool tasks: on this machine, or "
+             "on the cluster's nodes when DPOOL_ADDRESS is set (-n auto: the cluster's "
+             "CPUs).")
+    group.addoption(
+        "--dpool-resources", default=None, metavar="JSON",
+        help='resources each test worker asks dpool for, as JSON, e.g. \'{"GPU": 1}\'.')
+    group.addoption(
+        "--dpool-start-timeout", type=float, default=120.0, metavar="SECONDS",
+        help="how long a test worker may wait for a dpool worker to start it (default "
+             "120).")
+
+
+def _active(config: pytest.Config) -> bool:
+    """``--dpool`` given, in the controller (an xdist worker has ``workerinput``)."""
+    return bool(config.getoption("dpool", False)) and not hasattr(config, "workerinput")
+
+
+def parse_resources(text: Optional[str]) -> Optional[dict]:
+    """``--dpool-resources``' JSON as ``{name: positive number}``; UsageError if not."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--dpool-resources is not JSON: {exc}") from None
+    if not isinstance(value, dict) or not value:
+        raise pytest.UsageError(
+            f'--dpool-resources must be a JSON object such as {{"GPU": 1}}, got {text!r}')
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount <= 0:
+            raise pytest.UsageError(
+                f"--dpool-resources: {name!r} must be a positive number, got {amount!r}")
+    return value
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> Optional[int]:
+    if not _active(config):
+        return None
+    import dpool
+
+    return dpool.cpu_count()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if not _active(config):
+        return
+    if not config.pluginmanager.hasplugin("xdist"):
+        raise pytest.UsageError("--dpool runs pytest-xdist's test workers: install "
+                                "pytest-xdist (pip install pytest-xdist)")
+    resources = parse_resources(config.getoption("dpool_resources"))
+    if resources is not None:
+        import inspect
+
+        from dpool.executor import ProcessPoolExecutor
+
+        if "resources" not in inspect.signature(ProcessPoolExecutor).parameters:
+            raise pytest.UsageError(
+                "--dpool-resources needs a dpool whose ProcessPoolExecutor accepts "
+                "resources= (per-task resources); this one does not")
+    if config.getoption("dist", "no") == "no" or not config.getoption("tx", None):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            "--dpool has no effect without -n/--numprocesses (or --tx popen)"), stacklevel=2)
+        return
+    timeout = config.getoption("dpool_start_timeout")
+    config.pluginmanager.register(_DpoolXdist(config, resources, timeout), "dpool-xdist")
+
+
+class _DpoolXdist:
+    """The hooks of a ``--dpool`` run's controller (registered by ``pytest_configure``)."""
+
+    def __init__(self, config: pytest.Config, resources: Optional[dict],
+                 timeout: float) -> None:
+        self.config = config
+        self.resources = resources
+        self.timeout = timeout
+        self.backend: Any = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_setupnodes(self, config: pytest.Config, specs: list) -> None:
+        import execnet
+
+        from dpool.testing._controller import Backend
+
+        for spec in specs:
+            if not spec.popen or spec.via or spec.chdir or spec.python:
+                raise pytest.UsageError(
+                    f"--dpool starts the test workers itself: use -n N instead of --tx "
+                    f"{spec}")
+        rootdir = str(config.rootpath)
+        self.backend = Backend(rootdir, self.resources, self.timeout, _marker(config))
+        self.backend.start(len(specs))
+        for i, spec in enumerate(specs):
+            python = self.backend.bridge_command(str(spec.id))
+            new = execnet.XSpec(f"popen//python={python}//id={spec.id}")
+            if spec.execmodel:
+                new = execnet.XSpec(f"execmodel={spec.execmodel}//{new}")
+            specs[i] = new
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["dpool_xdist"] = {"root": str(self.config.rootpath)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_getremotemodule(self) -> Any:
+        from dpool.testing import _remote
+
+        return _remote
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+def _marker(config: pytest.Config) -> Optional[str]:
+    """A file under rootdir that a node's copy of it must hold (its ini file, if any)."""
+    inipath = config.inipath
+    root = str(config.rootpath)
+    if inipath is not None and str(inipath).startswith(root.rstrip(os.sep) + os.sep):
+        return os.path.relpath(str(inipath), root)
+    return None
