@@ -11,6 +11,28 @@ worker dies.
 # its submodules, such as the pytest plugin that pytest loads on every run through its
 # entry point (dpool.testing._plugin) -- costs next to nothing. ``from dpool import
 # ProcessPoolExecutor`` loads the runtime then, as before.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
+    from dpool.errors import (
+        AuthenticationError,
+        CancelledError,
+        ControlStoreError,
+        DeserializationError,
+        Error,
+        NodeLostError,
+        ObjectLostError,
+        ObjectStoreFullError,
+        ProtocolError,
+        SerializationError,
+        TimeoutError,
+        WorkerCrashedError,
+    )
+    from dpool.executor import Executor, ProcessPoolExecutor, get_executor
+    from dpool.futures import Future, ObjectRef, get, put, wait
+    from dpool.pool import Pool, cpu_count
+    from dpool.runtime._current import node_id
+
 _LAZY = {
     **dict.fromkeys(
         ("AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",

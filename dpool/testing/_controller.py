@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -71,7 +72,7 @@ def _is_closed(sock: socket.socket) -> bool:
 
 
 class _TaskConn:
-    __slots__ = ("sock", "hello")
+    __slots__ = ("hello", "sock")
 
     def __init__(self, sock: socket.socket, hello: dict) -> None:
         self.sock = sock
@@ -210,7 +211,7 @@ class Backend:
             if self._closed:
                 sock.close()
                 return
-            if self._unconnected.pop(hello.get("task"), None) is None:
+            if self._unconnected.pop(hello.get("task", -1), None) is None:
                 sock.close()  # not a task of this run's, or one that already ended
                 return
             self._supply -= 1
@@ -292,16 +293,9 @@ class Backend:
         if ex is None:
             return
         ex.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + timeout
-        for fut in self._futures:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                fut.exception(timeout=left)
-            except BaseException:  # noqa: BLE001 - timed out or cancelled: terminated below
-                pass
-        if not all(f.done() for f in self._futures):
+        # the test workers have exited (xdist tore them down) or got EOF just now
+        _, running = concurrent.futures.wait(self._futures, timeout=timeout)
+        if running:
             ex._terminate("the pytest run ended")
         ex.shutdown(wait=True)
 

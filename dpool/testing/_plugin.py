@@ -68,9 +68,9 @@ def parse_resources(text: Optional[str]) -> Optional[dict]:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> Optional[int]:
     if not _active(config):
         return None
-    import dpool
+    from dpool.pool import cpu_count
 
-    return dpool.cpu_count()
+    return cpu_count()
 
 
 @pytest.hookimpl(trylast=True)

@@ -23,16 +23,16 @@ if __name__ == "__channelexec__":
     class _Replayed:
         """xdist's channel, whose first ``receive()`` returns the mapped first message."""
 
-        def __init__(self, channel, first):  # noqa: ANN001
+        def __init__(self, channel, first):
             self._channel = channel
             self._first = [first]
 
-        def receive(self, timeout=None):  # noqa: ANN001
+        def receive(self, timeout=None):
             if self._first:
                 return self._first.pop()
             return self._channel.receive(timeout)
 
-        def __getattr__(self, name):  # noqa: ANN001
+        def __getattr__(self, name):
             return getattr(self._channel, name)
 
     _real = channel  # type: ignore[name-defined] # noqa: F821 - given by execnet
@@ -42,14 +42,14 @@ if __name__ == "__channelexec__":
     if _root and _here and _root != _here:
         _prefix = _root.rstrip(os.sep) + os.sep
 
-        def _map(path):  # noqa: ANN001
+        def _map(path):
             if path == _root:
                 return _here
             if isinstance(path, str) and path.startswith(_prefix):
                 return os.path.join(_here, path[len(_prefix):])
             return path
 
-        def _map_arg(arg):  # noqa: ANN001
+        def _map_arg(arg):
             if arg.startswith("--") and "=" in arg:
                 key, value = arg.split("=", 1)
                 return key + "=" + _map(value)
@@ -64,8 +64,9 @@ if __name__ == "__channelexec__":
         os.makedirs(os.path.dirname(_basetemp), mode=0o700, exist_ok=True)
     # (the package's spec, not ``xdist.remote``'s: that would import ``xdist`` before
     # pytest can rewrite its asserts, and pytest would warn about it)
-    _origin = os.path.join(os.path.dirname(importlib.util.find_spec("xdist").origin),
-                           "remote.py")
+    _spec = importlib.util.find_spec("xdist")
+    assert _spec is not None and _spec.origin is not None  # xdist's controller started us
+    _origin = os.path.join(os.path.dirname(_spec.origin), "remote.py")
     with open(_origin, encoding="utf-8") as _f:
         _source = _f.read()
     exec(compile(_source, _origin, "exec"), {  # noqa: S102 - xdist's own worker code
