@@ -18,7 +18,6 @@ and execnet's gateway specs.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
@@ -50,6 +49,8 @@ def parse_resources(text: Optional[str]) -> Optional[dict]:
     """``--dpool-resources``' JSON as ``{name: positive number}``; UsageError if not."""
     if text is None:
         return None
+    import json
+
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -94,6 +95,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "--dpool has no effect without -n/--numprocesses (or --tx popen)"), stacklevel=2)
         return
+    if os.environ.get("DPOOL_ADDRESS"):
+        from xdist.workermanage import parse_tx_spec_config
+
+        from dpool.pool import cpu_count
+
+        n, cpus = len(parse_tx_spec_config(config)), cpu_count()
+        if n > cpus:  # each test worker holds a CPU: the others would never start
+            raise pytest.UsageError(
+                f"-n {n} asks for more test workers than the cluster has CPUs ({cpus}): "
+                f"use -n auto or at most -n {cpus}")
     timeout = config.getoption("dpool_start_timeout")
     config.pluginmanager.register(_DpoolXdist(config, resources, timeout), "dpool-xdist")
 
