@@ -151,7 +151,7 @@ def bench_startup(rounds: int, sizes: tuple = (2, 8, 32)) -> list[dict]:
                 for kind in order:
                     args = ["-n", str(n), "-q", "-p", "no:cacheprovider"] + (
                         ["--dpool"] if kind == "dpool" else [])
-                    wall, counts, rc, tail = run(where, args)
+                    wall, counts, _, tail = run(where, args)
                     assert counts == {"passed": n}, tail
                     row[kind].append(round(wall, 3))
             row["median_plain"] = round(statistics.median(row["plain"]), 3)
@@ -186,8 +186,8 @@ def bench_plugin_load(rounds: int) -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = ["| project | counts (`-n 2`, every run) | same counts | median `-n 2` | "
-             "median `-n 2 --dpool` | ratio |", "|---|---|---|---|---|---|"]
+    lines = [("| project | counts (`-n 2`, every run) | same counts | median `-n 2` | "
+              "median `-n 2 --dpool` | ratio |"), "|---|---|---|---|---|---|"]
     for row in res.get("projects", []):
         counts = ", ".join(f"{v} {k}" for k, v in row["plain"][0]["counts"].items())
         lines.append(f"| {row['version']} | {counts} | {row['same_counts']} | "
@@ -200,9 +200,9 @@ def markdown(res: dict) -> str:
                          f"{row['median_dpool']:.2f} s |")
     if res.get("plugin_load"):
         p = res["plugin_load"]
-        lines += ["", f"pytest start-up (serial `--collect-only`, one test): plugin "
-                      f"loaded {p['median_loaded'] * 1000:.0f} ms, blocked "
-                      f"(`-p no:dpool`) {p['median_blocked'] * 1000:.0f} ms"]
+        lines += ["", (f"pytest start-up (serial `--collect-only`, one test): plugin "
+                       f"loaded {p['median_loaded'] * 1000:.0f} ms, blocked "
+                       f"(`-p no:dpool`) {p['median_blocked'] * 1000:.0f} ms")]
     return "\n".join(lines)
 
 
