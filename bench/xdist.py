@@ -63,7 +63,8 @@ def setup(names: list[str]) -> dict[str, Path]:
         sh([sys.executable, "-m", "venv", str(VENV)])
         sh([python(), "-m", "pip", "install", "-q", "--upgrade", "pip"])
     deps = sorted({d for n in names for d in PROJECTS[n][1]})
-    sh([python(), "-m", "pip", "install", "-q", "-e", str(REPO), *BASE, *deps])
+    sh([python(), "-m", "pip", "install", "-q", "-e", f"{REPO}[cluster]", "psutil", *BASE,
+        *deps])
     WORK.mkdir(exist_ok=True)
     out = {}
     for name in names:
@@ -89,7 +90,8 @@ def setup(names: list[str]) -> dict[str, Path]:
 
 def env() -> dict:
     e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("DPOOL_", "PYTEST_")) and k != "PYTHONPATH"}
+         if k in ("DPOOL_ADDRESS", "DPOOL_TOKEN") or
+         not k.startswith(("DPOOL_", "PYTEST_")) and k != "PYTHONPATH"}
     e["PYTHONDONTWRITEBYTECODE"] = "1"
     return e
 
@@ -136,28 +138,56 @@ def bench_projects(srcs: dict[str, Path], rounds: int, workers: int) -> list[dic
     return results
 
 
+_BRINGUP = '''
+import time
+
+_t0 = []
+_ready = []
+
+
+def pytest_configure(config):
+    _t0.append(time.monotonic())
+
+
+def pytest_testnodeready(node):
+    _ready.append(time.monotonic())
+    if len(_ready) == len(node.nodemanager.specs):
+        print("BRINGUP %.3f" % (_ready[-1] - _t0[0]), flush=True)
+'''
+
+
 def bench_startup(rounds: int, sizes: tuple = (2, 8, 32)) -> list[dict]:
-    """Wall time of ``pytest -n N`` on N trivial tests: what start-up costs."""
+    """Wall time of ``pytest -n N`` on N trivial tests, and its bring-up: from the
+    controller's ``pytest_configure`` to the N-th worker ready (a conftest records it)."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
+        (where / "conftest.py").write_text(_BRINGUP)
         for n in sizes:
             (where / "test_trivial.py").write_text(
                 "import pytest\n\n@pytest.mark.parametrize('i', range(%d))\n"
                 "def test_trivial(i):\n    pass\n" % n)
-            row: dict = {"workers": n, "plain": [], "dpool": []}
+            row: dict = {"workers": n, "plain": [], "dpool": [], "bringup_plain": [],
+                         "bringup_dpool": []}
             for r in range(rounds):
                 order = ("plain", "dpool") if r % 2 == 0 else ("dpool", "plain")
                 for kind in order:
-                    args = ["-n", str(n), "-q", "-p", "no:cacheprovider"] + (
+                    args = ["-n", str(n), "-q", "-s", "-p", "no:cacheprovider"] + (
                         ["--dpool"] if kind == "dpool" else [])
                     wall, counts, _, tail = run(where, args)
                     assert counts == {"passed": n}, tail
                     row[kind].append(round(wall, 3))
-            row["median_plain"] = round(statistics.median(row["plain"]), 3)
-            row["median_dpool"] = round(statistics.median(row["dpool"]), 3)
-            print(f"start-up, {n:2} workers: plain {row['median_plain']:.2f} s, "
-                  f"--dpool {row['median_dpool']:.2f} s", flush=True)
+                    m = re.search(r"BRINGUP ([0-9.]+)", tail)
+                    row["bringup_" + kind].append(float(m.group(1)) if m else None)
+            for kind in ("plain", "dpool"):
+                row["median_" + kind] = round(statistics.median(row[kind]), 3)
+                got = [x for x in row["bringup_" + kind] if x is not None]
+                row["median_bringup_" + kind] = round(statistics.median(got), 3) \
+                    if got else None
+            print(f"start-up, {n:2} workers: wall plain {row['median_plain']:.2f} s, "
+                  f"--dpool {row['median_dpool']:.2f} s; bring-up plain "
+                  f"{row['median_bringup_plain']} s, --dpool "
+                  f"{row['median_bringup_dpool']} s", flush=True)
             out.append(row)
     return out
 
@@ -185,19 +215,73 @@ def bench_plugin_load(rounds: int) -> dict:
     return out
 
 
+def bench_cluster(srcs: dict[str, Path], nodes: int = 3, cpus: int = 2) -> list[dict]:
+    """Counts of ``pytest -n <all CPUs> --dpool`` on a cluster of ``nodes`` node daemons
+    on loopback (tests/cluster/conftest.py's), against plain ``pytest -n 2``. Runs
+    itself again under the bench venv's python (the nodes run that interpreter)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
+        sh([python(), str(Path(__file__).resolve()), "--cluster-inner", f.name,
+            "--projects", ",".join(srcs), "--nodes", str(nodes), "--cpus", str(cpus)],
+           env={**env(), "PYTHONPATH": str(REPO)})
+        return json.loads(Path(f.name).read_text())
+
+
+def _cluster_inner(path: str, names: list[str], nodes: int, cpus: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.cluster.conftest import start_cluster, stop_cluster
+
+    srcs = {n: next(p for p in WORK.iterdir() if p.is_dir() and p.name.lower().replace(
+        "_", "-").startswith(PROJECTS[n][0].replace("==", "-"))) for n in names}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        c = start_cluster(Path(tmp), nodes, head_cpus=cpus, cpus=cpus)
+        try:
+            for name, src in srcs.items():
+                _, _, testpath, extra = PROJECTS[name]
+                addopts = "addopts=--import-mode=importlib" if name == "attrs" else "addopts="
+                common = ["-p", "no:cacheprovider", "-q", "-o", addopts, *extra, testpath]
+                _, plain, _, _ = run(src, ["-n", "2", *common])
+                saved = dict(os.environ)
+                os.environ.update(DPOOL_ADDRESS=c.address, DPOOL_TOKEN=c.token)
+                try:
+                    wall, ours, _, tail = run(src, ["-n", str(nodes * cpus), "--dpool",
+                                                    *common])
+                finally:
+                    os.environ.clear()
+                    os.environ.update(saved)
+                print(f"{name:16} cluster ({nodes} nodes x {cpus} CPUs): {ours} "
+                      f"(plain -n 2: {plain}) in {wall:.1f} s", flush=True)
+                if not ours:
+                    print(tail)
+                out.append({"project": name, "plain": plain, "cluster": ours,
+                            "wall": round(wall, 2), "same_counts": plain == ours})
+        finally:
+            stop_cluster(c)
+    Path(path).write_text(json.dumps(out))
+
+
 def markdown(res: dict) -> str:
     lines = [("| project | counts (`-n 2`, every run) | same counts | median `-n 2` | "
-              "median `-n 2 --dpool` | ratio |"), "|---|---|---|---|---|---|"]
+              "median `-n 2 --dpool` | ratio |"), "|---|---|---|---|---|---|"] \
+        if res.get("projects") else []
     for row in res.get("projects", []):
         counts = ", ".join(f"{v} {k}" for k, v in row["plain"][0]["counts"].items())
         lines.append(f"| {row['version']} | {counts} | {row['same_counts']} | "
                      f"{row['median_plain']:.2f} s | {row['median_dpool']:.2f} s | "
                      f"{row['ratio']:.2f}x |")
+    if res.get("cluster"):
+        lines += ["", "| project | plain `-n 2` | `--dpool` on 3 nodes (`-n 6`) | same |",
+                  "|---|---|---|---|"]
+        for row in res["cluster"]:
+            lines.append(f"| {row['project']} | {row['plain']} | {row['cluster']} | "
+                         f"{row['same_counts']} |")
     if res.get("startup"):
-        lines += ["", "| workers | `-n N` | `-n N --dpool` |", "|---|---|---|"]
+        lines += ["", ("| workers | wall `-n N` | wall `-n N --dpool` | bring-up `-n N` | "
+                       "bring-up `--dpool` |"), "|---|---|---|---|---|"]
         for row in res["startup"]:
             lines.append(f"| {row['workers']} | {row['median_plain']:.2f} s | "
-                         f"{row['median_dpool']:.2f} s |")
+                         f"{row['median_dpool']:.2f} s | {row['median_bringup_plain']} s | "
+                         f"{row['median_bringup_dpool']} s |")
     if res.get("plugin_load"):
         p = res["plugin_load"]
         lines += ["", (f"pytest start-up (serial `--collect-only`, one test): plugin "
@@ -212,15 +296,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--startup-rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--only", choices=("projects", "startup"), default=None)
+    ap.add_argument("--only", choices=("projects", "cluster", "startup"), default=None)
     ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--cpus", type=int, default=2, help="CPUs per simulated node")
+    ap.add_argument("--cluster-inner", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     names = [n for n in a.projects.split(",") if n]
+    if a.cluster_inner:
+        _cluster_inner(a.cluster_inner, names, a.nodes, a.cpus)
+        return
     srcs = setup(names if a.only != "startup" else [])
     res: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
-    if a.only != "startup":
+    if a.only in (None, "projects"):
         res["projects"] = bench_projects(srcs, a.rounds, a.workers)
-    if a.only != "projects":
+    if a.only in (None, "cluster"):
+        res["cluster"] = bench_cluster(srcs, a.nodes, a.cpus)
+    if a.only in (None, "startup"):
         res["startup"] = bench_startup(a.startup_rounds)
         res["plugin_load"] = bench_plugin_load(max(10, a.startup_rounds))
     if a.json:
