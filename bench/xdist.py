@@ -7,7 +7,8 @@
 Sets up its own virtual environment (``bench/.venv-xdist``, git-ignored; not CI): this
 checkout of dpool (editable, so the ``pytest11`` entry point is registered), pytest,
 pytest-xdist, and the third-party projects below, each installed from its sdist (from
-the registry with pip), whose own test suite then runs from the unpacked sdist. For each
+the registry with pip), whose own test suite then runs from the unpacked sdist (in
+``$DPOOL_BENCH_XDIST_PROJECTS``, default ``$TMPDIR/dpool-bench-xdist-projects``). For each
 project it runs ``pytest -n 2`` and ``pytest -n 2 --dpool`` alternately (``--rounds``
 times each) and reports the passed/failed/skipped counts of every run and the ratio of
 median wall times. Then start-up: a suite of one trivial test per worker, with 2, 8 and
@@ -33,7 +34,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 VENV = HERE / ".venv-xdist"
-WORK = VENV / "projects"
+# The unpacked sdists live outside this repository: inside it, pytest would take dpool's
+# own pyproject.toml for the ini file of projects that have none, and rootdir would be
+# dpool's checkout.
+WORK = Path(os.environ.get("DPOOL_BENCH_XDIST_PROJECTS") or
+            Path(tempfile.gettempdir()) / "dpool-bench-xdist-projects")
 
 # name: (requirement pinned, test dependencies, where the tests are in the sdist, args)
 PROJECTS = {
@@ -65,7 +70,7 @@ def setup(names: list[str]) -> dict[str, Path]:
     deps = sorted({d for n in names for d in PROJECTS[n][1]})
     sh([python(), "-m", "pip", "install", "-q", "-e", f"{REPO}[cluster]", "psutil", *BASE,
         *deps])
-    WORK.mkdir(exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     out = {}
     for name in names:
         req = PROJECTS[name][0]

@@ -91,7 +91,9 @@ class Backend:
         self.rundir: Optional[str] = None
         self._token = secrets.token_bytes(32)
         self._listeners: list[socket.socket] = []
-        self._lock = threading.Lock()
+        # reentrant: a future that fails at submit runs its done-callback (which takes
+        # the lock) inside submit, which is called with the lock held
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._ready: deque[_TaskConn] = deque()
         self._supply = 0  # tasks submitted whose connection no bridge has taken yet

@@ -105,6 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"-n {n} asks for more test workers than the cluster has CPUs ({cpus}): "
                 f"use -n auto or at most -n {cpus}")
+        _check_shipped(config)
     timeout = config.getoption("dpool_start_timeout")
     config.pluginmanager.register(_DpoolXdist(config, resources, timeout), "dpool-xdist")
 
@@ -156,10 +157,55 @@ class _DpoolXdist:
             self.backend = None
 
 
-def _marker(config: pytest.Config) -> Optional[str]:
-    """A file under rootdir that a node's copy of it must hold (its ini file, if any)."""
-    inipath = config.inipath
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _paths(config: pytest.Config) -> list[str]:
+    """The invocation directory and the existing paths among the arguments, absolute."""
+    cwd = str(config.invocation_params.dir)
+    out = [cwd]
+    for arg in config.args:
+        path = os.path.join(cwd, arg.split("::")[0])
+        if os.path.exists(path):
+            out.append(os.path.abspath(path))
+    return out
+
+
+def _check_shipped(config: pytest.Config) -> None:
+    """In cluster mode the nodes get pytest's rootdir as dpool ships it, which leaves out
+    virtual environments, caches and version control: running from, or naming tests in,
+    such a directory would run something else on the nodes. Say so instead."""
+    from dpool.runtime._workdir import _SKIP_DIRS
+
     root = str(config.rootpath)
-    if inipath is not None and str(inipath).startswith(root.rstrip(os.sep) + os.sep):
-        return os.path.relpath(str(inipath), root)
+    for path in _paths(config):
+        if not _under(path, root):
+            continue
+        parts = os.path.relpath(path, root).split(os.sep)
+        here = root
+        for part in parts:
+            if part in ("", "."):
+                continue
+            here = os.path.join(here, part)
+            if part in _SKIP_DIRS or os.path.exists(os.path.join(here, "pyvenv.cfg")):
+                raise pytest.UsageError(
+                    f"--dpool ships pytest's rootdir {root} to the cluster's nodes without "
+                    f"{here} (dpool skips virtual environments, caches and version "
+                    f"control), but the tests to run are in it: run pytest with a rootdir "
+                    f"that holds them (a pytest.ini / pyproject.toml [tool.pytest.ini_options]"
+                    f" there, or --rootdir)")
+
+
+def _marker(config: pytest.Config) -> Optional[str]:
+    """A file under rootdir that a node's copy of it must hold: the first file named on
+    the command line, else the ini file (a test worker checks it runs in the right
+    directory)."""
+    root = str(config.rootpath)
+    candidates = [p for p in _paths(config)[1:] if os.path.isfile(p)]
+    if config.inipath is not None:
+        candidates.append(str(config.inipath))
+    for path in candidates:
+        if _under(path, root) and path != root:
+            return os.path.relpath(path, root)
     return None
