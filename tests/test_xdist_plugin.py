@@ -455,6 +455,38 @@ def test_unauthenticated_peer_is_refused(tmp_path: Path) -> None:
     assert not os.path.exists(backend.rundir)
 
 
+def test_local_root_finds_the_shipped_copy(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node the dpool worker runs in the copy (its cwd mapped into it): the test
+    worker's root is the copy that holds the marker file, never a look-alike."""
+    from dpool.testing._task import local_root
+
+    root, copy = tmp_path / "orig", tmp_path / "copy"
+    for d in (root, copy):
+        (d / "sub").mkdir(parents=True)
+    (copy / "tests.py").write_text("")
+    monkeypatch.chdir(copy / "sub")
+    assert local_root(str(root), "sub", "tests.py") == str(copy)
+    monkeypatch.chdir(root / "sub")  # a cwd that is not the copy: the marker decides
+    (root / "tests.py").write_text("")
+    assert local_root(str(root), "sub", "tests.py") == str(root)
+    with pytest.raises(FileNotFoundError, match="not on node"):
+        local_root(str(root), "sub", "missing.py")
+
+
+def workers_under(path: Path) -> list[int]:
+    """Test workers (``$DPOOL_XDIST_ROOT`` set by their task) running from under ``path``."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("DPOOL_XDIST_ROOT", "").startswith(str(path)) and \
+                    p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
 def dpool_auth_error() -> type:
     from dpool.errors import AuthenticationError
 
@@ -492,5 +524,22 @@ def test_cluster_same_counts_from_shipped_copy(tmp_path: Path) -> None:
         # the test file ran from a node's unpacked copy of the project, not from here
         assert all("workdirs" in path and not path.startswith(str(where))
                    for _, path in ran), ran
+        # the test workers on the nodes (which do not carry the run's mark) are gone too
+        deadline = time.monotonic() + 10
+        while workers_under(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not workers_under(tmp_path)
+        # tests in a directory that is not shipped (a virtual environment): a usage error
+        venv = where / "env"
+        venv.mkdir()
+        (venv / "pyvenv.cfg").write_text("")
+        (venv / "test_in_venv.py").write_text("def test_x():\n    pass\n")
+        refused = run_pytest(where, "-n", "2", "--dpool", "env/test_in_venv.py",
+                             tmp_path=tmp_path, env=env)
+        assert refused.proc.returncode == 4, refused.out[-2000:]
+        assert "dpool skips virtual environments" in refused.out
+        too_many = run_pytest(where, "-n", "7", "--dpool", tmp_path=tmp_path, env=env)
+        assert too_many.proc.returncode == 4 and "more test workers than the cluster has " \
+            "CPUs (6)" in too_many.out, too_many.out[-2000:]
     finally:
         stop_cluster(c)
