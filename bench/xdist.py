@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,11 +102,19 @@ def env() -> dict:
     return e
 
 
+_cpu: list = []  # CPU seconds (user + sys) of the last run's whole process tree
+
+
 def run(cwd: Path, args: list, timeout: float = 900) -> tuple[float, dict, int, str]:
+    """One pytest run: wall seconds, counts, exit code, output tail. Its CPU time (every
+    process of the run, reaped in turn by its parent) goes to ``_cpu``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     p = subprocess.run([python(), "-m", "pytest", *args], cwd=cwd, env=env(),
                        capture_output=True, text=True, timeout=timeout, check=False)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _cpu[:] = [round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 3)]
     lines = [ln for ln in p.stdout.splitlines() if _COUNT.search(ln) and " in " in ln]
     counts = {k.rstrip("s") if k.startswith("error") else k: int(n)
               for n, k in _COUNT.findall(lines[-1])} if lines else {}
@@ -127,9 +136,10 @@ def bench_projects(srcs: dict[str, Path], rounds: int, workers: int) -> list[dic
             for kind in order:
                 args = common + (["--dpool"] if kind == "dpool" else [])
                 wall, counts, rc, tail = run(src, args)
-                row[kind].append({"wall": round(wall, 3), "counts": counts, "rc": rc})
-                print(f"{name:16} {kind:6} round {r}: {wall:7.2f} s  {counts}  rc={rc}",
-                      flush=True)
+                row[kind].append({"wall": round(wall, 3), "cpu": _cpu[0], "counts": counts,
+                                  "rc": rc})
+                print(f"{name:16} {kind:6} round {r}: {wall:7.2f} s wall {_cpu[0]:7.2f} s "
+                      f"CPU  {counts}  rc={rc}", flush=True)
                 if not counts:
                     print(tail)
         plain = statistics.median(x["wall"] for x in row["plain"])
@@ -137,6 +147,8 @@ def bench_projects(srcs: dict[str, Path], rounds: int, workers: int) -> list[dic
         row["median_plain"] = round(plain, 3)
         row["median_dpool"] = round(ours, 3)
         row["ratio"] = round(ours / plain, 3)
+        row["median_cpu_plain"] = statistics.median(x["cpu"] for x in row["plain"])
+        row["median_cpu_dpool"] = statistics.median(x["cpu"] for x in row["dpool"])
         row["same_counts"] = all(x["counts"] == row["plain"][0]["counts"]
                                  for x in row["plain"] + row["dpool"])
         results.append(row)
@@ -267,13 +279,15 @@ def _cluster_inner(path: str, names: list[str], nodes: int, cpus: int) -> None:
 
 def markdown(res: dict) -> str:
     lines = [("| project | counts (`-n 2`, every run) | same counts | median `-n 2` | "
-              "median `-n 2 --dpool` | ratio |"), "|---|---|---|---|---|---|"] \
+              "median `-n 2 --dpool` | ratio | CPU s, plain / --dpool |"),
+             "|---|---|---|---|---|---|---|"] \
         if res.get("projects") else []
     for row in res.get("projects", []):
         counts = ", ".join(f"{v} {k}" for k, v in row["plain"][0]["counts"].items())
         lines.append(f"| {row['version']} | {counts} | {row['same_counts']} | "
                      f"{row['median_plain']:.2f} s | {row['median_dpool']:.2f} s | "
-                     f"{row['ratio']:.2f}x |")
+                     f"{row['ratio']:.2f}x | {row['median_cpu_plain']:.1f} / "
+                     f"{row['median_cpu_dpool']:.1f} |")
     if res.get("cluster"):
         lines += ["", "| project | plain `-n 2` | `--dpool` on 3 nodes (`-n 6`) | same |",
                   "|---|---|---|---|"]
