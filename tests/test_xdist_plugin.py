@@ -474,6 +474,20 @@ def test_local_root_finds_the_shipped_copy(tmp_path: Path,
         local_root(str(root), "sub", "missing.py")
 
 
+def test_killed_controllers_directory_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    from dpool.testing._controller import _reap_rundirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"dpool-xdist-{dead.pid}-abc"
+    alive = tmp_path / f"dpool-xdist-{os.getpid()}-def"
+    other = tmp_path / "dpool-xdist-notapid-x"
+    for d in (gone, alive, other):
+        d.mkdir()
+    _reap_rundirs(str(tmp_path))
+    assert not gone.exists() and alive.exists() and other.exists()
+
+
 def workers_under(path: Path) -> list[int]:
     """Test workers (``$DPOOL_XDIST_ROOT`` set by their task) running from under ``path``."""
     out = []

@@ -22,7 +22,9 @@
 - ``close`` (at ``pytest_unconfigure``, also after Ctrl-C or ``-x``) closes the
   listeners and unclaimed connections, removes the directory, lets the tasks end (their
   test workers got EOF), and terminates what is still running: the test workers die
-  with their dpool workers.
+  with their dpool workers. A controller killed outright (SIGKILL) runs no ``close``: its
+  dpool workers exit (they watch their parent), their test workers with them
+  (``PR_SET_PDEATHSIG``), the bridges at EOF; its directory is removed by the next run.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ class Backend:
         base = tempfile.gettempdir()
         if len(base) > 60:  # a unix socket path has at most 107 bytes
             base = "/tmp"
-        self.rundir = tempfile.mkdtemp(prefix="dpool-xdist-", dir=base)  # mode 0700
+        _reap_rundirs(base)
+        # mode 0700; named for this process, so a later run removes it if we are killed
+        self.rundir = tempfile.mkdtemp(prefix=f"dpool-xdist-{os.getpid()}-", dir=base)
         fd = os.open(os.path.join(self.rundir, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(self._token)
@@ -300,6 +304,28 @@ class Backend:
         if running:
             ex._terminate("the pytest run ended")
         ex.shutdown(wait=True)
+
+
+def _reap_rundirs(base: str) -> None:
+    """Remove the listener directories of controllers that were killed (SIGKILL runs no
+    ``close``): ``dpool-xdist-<pid>-*`` of this user whose process is gone."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[:2] != ["dpool", "xdist"] or not parts[2].isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(parts[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _reachable_host(target: Any) -> str:
