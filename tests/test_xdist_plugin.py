@@ -339,6 +339,13 @@ def test_dpool_without_n_warns(suite: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT)
+def test_tx_specs_are_refused(suite: Path, tmp_path: Path) -> None:
+    run = run_pytest(suite, "--dist", "load", "--tx", f"popen//python={sys.executable}",
+                     "--dpool", tmp_path=tmp_path)
+    assert run.proc.returncode == 4 and "use -n N instead of --tx" in run.out
+
+
+@pytest.mark.timeout(TIMEOUT)
 def test_resources_option_is_validated(suite: Path, tmp_path: Path) -> None:
     bad = run_pytest(suite, "-n", "2", "--dpool", "--dpool-resources", "{GPU: 1}",
                      tmp_path=tmp_path)

@@ -95,12 +95,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "--dpool has no effect without -n/--numprocesses (or --tx popen)"), stacklevel=2)
         return
-    if os.environ.get("DPOOL_ADDRESS"):
-        from xdist.workermanage import parse_tx_spec_config
+    import execnet
+    from xdist.workermanage import parse_tx_spec_config
 
+    specs = parse_tx_spec_config(config)
+    for spec in map(execnet.XSpec, specs):
+        if not spec.popen or spec.via or spec.chdir or spec.python:
+            raise pytest.UsageError(
+                f"--dpool starts the test workers itself: use -n N instead of --tx {spec}")
+    if os.environ.get("DPOOL_ADDRESS"):
         from dpool.pool import cpu_count
 
-        n, cpus = len(parse_tx_spec_config(config)), cpu_count()
+        n, cpus = len(specs), cpu_count()
         if n > cpus:  # each test worker holds a CPU: the others would never start
             raise pytest.UsageError(
                 f"-n {n} asks for more test workers than the cluster has CPUs ({cpus}): "
@@ -126,11 +132,6 @@ class _DpoolXdist:
 
         from dpool.testing._controller import Backend
 
-        for spec in specs:
-            if not spec.popen or spec.via or spec.chdir or spec.python:
-                raise pytest.UsageError(
-                    f"--dpool starts the test workers itself: use -n N instead of --tx "
-                    f"{spec}")
         rootdir = str(config.rootpath)
         self.backend = Backend(rootdir, self.resources, self.timeout, _marker(config))
         self.backend.start(len(specs))
