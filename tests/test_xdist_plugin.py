@@ -481,6 +481,28 @@ def test_local_root_finds_the_shipped_copy(tmp_path: Path,
         local_root(str(root), "sub", "missing.py")
 
 
+def test_resources_reach_an_executor_that_takes_them(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the executor accepts ``resources=`` (per-task resources, being added), the
+    backend passes ``--dpool-resources`` through; here a stand-in executor records it."""
+    import dpool.executor
+    from dpool.testing._controller import Backend
+
+    seen: list = []
+
+    class WithResources(dpool.executor.ProcessPoolExecutor):
+        def __init__(self, *args: object, resources: dict | None = None,
+                     **kwargs: object) -> None:
+            seen.append(resources)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dpool.executor, "ProcessPoolExecutor", WithResources)
+    backend = Backend(str(tmp_path), {"GPU": 1}, 5.0, None)
+    backend.start(1)
+    backend.close()
+    assert seen == [{"GPU": 1}]
+
+
 def test_killed_controllers_directory_is_removed_by_the_next_run(tmp_path: Path) -> None:
     from dpool.testing._controller import _reap_rundirs
 
