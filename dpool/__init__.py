@@ -7,26 +7,67 @@ Beyond the stdlib: futures as task arguments (dataflow), tasks that submit tasks
 worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``).
 """
 
-from dpool.errors import (
-    AuthenticationError,
-    CancelledError,
-    ControlStoreError,
-    DeserializationError,
-    Error,
-    NodeLostError,
-    ObjectLostError,
-    ObjectStoreFullError,
-    ProtocolError,
-    ResourceError,
-    SerializationError,
-    TimeoutError,
-    WorkerCrashedError,
-)
-from dpool._resources_api import get_gpu_ids, resources
-from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
-from dpool.futures import Future, ObjectRef, get, put, wait
-from dpool.pool import Pool, cpu_count
-from dpool.runtime._current import node_id
+# The public names load on first use (PEP 562), so ``import dpool`` -- and importing one of
+# its submodules, such as the pytest plugin that pytest loads on every run through its
+# entry point (dpool.testing._plugin) -- costs next to nothing. ``from dpool import
+# ProcessPoolExecutor`` loads the runtime then, as before.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
+    from dpool.errors import (
+        AuthenticationError,
+        CancelledError,
+        ControlStoreError,
+        DeserializationError,
+        Error,
+        NodeLostError,
+        ObjectLostError,
+        ObjectStoreFullError,
+        ProtocolError,
+        ResourceError,
+        SerializationError,
+        TimeoutError,
+        WorkerCrashedError,
+    )
+    from dpool._resources_api import get_gpu_ids, resources
+    from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
+    from dpool.futures import Future, ObjectRef, get, put, wait
+    from dpool.pool import Pool, cpu_count
+    from dpool.runtime._current import node_id
+
+_LAZY = {
+    **dict.fromkeys(
+        ("AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",
+         "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "ProtocolError",
+         "ResourceError", "SerializationError", "TimeoutError", "WorkerCrashedError"),
+        "dpool.errors"),
+    **dict.fromkeys(("Executor", "ProcessPoolExecutor", "ResourceOptions", "get_executor"),
+                    "dpool.executor"),
+    **dict.fromkeys(("get_gpu_ids", "resources"), "dpool._resources_api"),
+    **dict.fromkeys(("Future", "ObjectRef", "get", "put", "wait"), "dpool.futures"),
+    **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
+    "node_id": "dpool.runtime._current",
+}
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+    import importlib.util
+
+    module = _LAZY.get(name)
+    if module is None:
+        # a submodule that ``import dpool`` used to load as a side effect (``dpool.pool``)
+        if name.startswith("__") or importlib.util.find_spec(f"dpool.{name}") is None:
+            raise AttributeError(f"module 'dpool' has no attribute {name!r}")
+        return importlib.import_module(f"dpool.{name}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 
