@@ -169,3 +169,48 @@ def test_a_zombie_owners_segments_are_orphans():
     finally:
         seg.unlink(name)
         child.wait(10)
+
+
+_FORKSERVER_DRIVER = textwrap.dedent("""
+    import multiprocessing as mp, os, time
+    from dpool import ProcessPoolExecutor
+
+    def sleep_pid(t):
+        time.sleep(t)
+        return os.getpid()
+
+    if __name__ == "__main__":
+        ex = ProcessPoolExecutor(2, mp_context=mp.get_context("forkserver"))
+        pids = set(ex.map(sleep_pid, [0.6] * 4))  # longer than the watchdog's poll
+        busy = [ex.submit(sleep_pid, 120) for _ in range(2)]
+        print(" ".join(map(str, sorted(pids))), flush=True)
+        time.sleep(120)
+""")
+
+
+def test_forkserver_workers_serve_and_die_with_their_driver(tmp_path):
+    """A forkserver worker's parent is the fork server, not the driver: it watches the
+    driver itself (tasks longer than a poll run; a killed driver's workers exit)."""
+    script = tmp_path / "driver.py"
+    script.write_text(_FORKSERVER_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        workers = [int(x) for x in line.split()]
+        assert workers and all(_running(p) for p in workers), line
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_running(p) for p in workers):
+        time.sleep(0.05)
+    assert not [p for p in workers if _running(p)], "workers outlived their driver"
+    for p in psutil.process_iter(["cmdline"]):  # the driver's fork server goes too
+        try:
+            if p.info["cmdline"] and "forkserver" in " ".join(p.info["cmdline"]) \
+                    and p.ppid() == proc.pid:
+                p.kill()
+        except psutil.Error:
+            pass

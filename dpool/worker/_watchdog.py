@@ -1,6 +1,7 @@
 """A worker outlives no driver, and leaves nothing of a dead one behind.
 
-A watchdog thread polls the parent pid: when the driver has died (SIGKILL sends no
+A watchdog thread polls the parent pid (or, when the worker's parent is not the driver --
+a forkserver start -- the driver's own process): when the driver has died (SIGKILL sends no
 ``Shutdown``, and EOF on the socket may never come, as a forked sibling may hold its other
 end open), the worker exits, even in the middle of a long task. Before exiting it removes
 the dead driver's shared-memory segments and recycling pool (``_segment.reap_owner``),
@@ -18,6 +19,8 @@ import os
 import threading
 import time
 
+import psutil
+
 from dpool.objects import _segment
 
 log = logging.getLogger("dpool.worker")
@@ -28,18 +31,38 @@ _LOST_WAIT_S = 1.0  # after EOF: how long to wait for a dying driver to be gone
 _owner: tuple[int, float | None] | None = None  # (driver pid, its start time)
 
 
+_child = True  # the driver is this process's parent (fork, spawn; not forkserver)
+
+
 def start(parent_pid: int) -> None:
     """In a new worker: remember the driver (pid and start time), watch it."""
-    global _owner
+    global _owner, _child
     _owner = (parent_pid, _segment.owner_started(parent_pid))
-    threading.Thread(target=_watch, args=(parent_pid,), daemon=True,
-                     name="dpool-parent-watch").start()
+    _child = os.getppid() == parent_pid
+    threading.Thread(target=_watch, daemon=True, name="dpool-parent-watch").start()
 
 
-def _watch(parent_pid: int) -> None:
+def driver_alive() -> bool:
+    """Whether the driver still runs. Our parent: until we are reparented (one
+    ``getppid``). Else (a forkserver's child) its process, told from a later process
+    given the same pid by its start time; a zombie is dead."""
+    if _owner is None:
+        return True
+    pid, started = _owner
+    if _child:
+        return os.getppid() == pid
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (
+            started is None or proc.create_time() == started)
+    except psutil.Error:
+        return False
+
+
+def _watch() -> None:
     while True:
         time.sleep(_POLL_S)
-        if os.getppid() != parent_pid:
+        if not driver_alive():
             clean_up()
             os._exit(1)
 
@@ -50,9 +73,9 @@ def connection_lost() -> None:
     if _owner is None:
         return
     deadline = time.monotonic() + _LOST_WAIT_S
-    while os.getppid() == _owner[0] and time.monotonic() < deadline:
+    while driver_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    if os.getppid() != _owner[0]:
+    if not driver_alive():
         clean_up()
 
 
