@@ -411,3 +411,27 @@ def test_gpu_names_declared_or_from_the_environment(monkeypatch):
     assert 1 <= _detect.cpus() <= (os.cpu_count() or 1)
     with pytest.raises(ValueError, match="JSON object"):
         _detect.parse_resources("[1]", "--resources")
+
+
+def test_a_malformed_offer_fails_the_task_and_shutdown_returns(tmp_path):
+    """DPOOL_NUM_GPUS that is not a number: the task asking for a GPU fails with a
+    clear error, the executor shuts down (nothing is left outstanding)."""
+    import textwrap
+
+    script = tmp_path / "bad_offer.py"
+    script.write_text(textwrap.dedent("""
+        import dpool
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor(2) as ex:
+                try:
+                    ex.options(num_gpus=1).submit(abs, -1).result(timeout=30)
+                except dpool.ResourceError as exc:
+                    print("ResourceError", "DPOOL_NUM_GPUS" in str(exc) or "abc" in str(exc))
+                print(ex.submit(abs, -2).result(timeout=30))
+            print("shut down")
+    """))
+    env = {**os.environ, "DPOOL_NUM_GPUS": "abc"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["ResourceError True", "2", "shut down"]

@@ -60,14 +60,30 @@ def take(host: str, port: int, token: bytes, timeout: float) -> tuple[socket.soc
 
 
 def give_back(host: str, port: int, sock: socket.socket) -> None:
-    """Keep ``sock`` (after a transfer that read its whole answer) for the next one."""
+    """Keep ``sock`` (after a transfer that read its whole answer) for the next one;
+    close the connections to any holder that have idled past ``IDLE_S`` (a holder never
+    asked again, or gone, would keep them open for good)."""
     key = f"{host}:{port}"
+    now = time.monotonic()
+    stale = []
     with _lock:
+        for k in list(_idle):
+            kept = _idle[k]
+            fresh = [(s, since) for s, since in kept if now - since < IDLE_S]
+            if len(fresh) < len(kept):
+                stale += [s for s, since in kept if now - since >= IDLE_S]
+                if fresh:
+                    _idle[k] = fresh
+                else:
+                    del _idle[k]
         kept = _idle.setdefault(key, [])
         if len(kept) < _PER_HOLDER:
-            kept.append((sock, time.monotonic()))
-            return
-    sock.close()
+            kept.append((sock, now))
+            sock = None  # type: ignore[assignment]
+    for s in stale:
+        s.close()
+    if sock is not None:
+        sock.close()
 
 
 def close_all() -> None:

@@ -461,6 +461,25 @@ class LeaseLost:
     worker_id: int
 
 
+@dataclass(slots=True)
+class LeasedTask:
+    """D->N a task went to a leased worker: its result will come (``LeasedResult``).
+    Until then the node holds a pending object for it, so a later task (or a worker)
+    that needs it waits for it as for any task's result."""
+
+    CODE: ClassVar[int] = 57
+    object_id: int
+
+
+@dataclass(slots=True)
+class LeasedLost:
+    """D->N the leased worker died with this task (the driver sends it to the node next):
+    remove what it may have written of the result."""
+
+    CODE: ClassVar[int] = 58
+    object_id: int
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -505,4 +524,6 @@ ALL_MESSAGES = (
     LeaseRecall,
     LeaseEnded,
     LeaseLost,
+    LeasedTask,
+    LeasedLost,
 )

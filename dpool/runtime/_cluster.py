@@ -146,6 +146,7 @@ class ClusterRuntime:
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._decoders: dict[tuple, Any] = {}
         self._print_lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._shipped: set[str] = set()  # digests of working directories sent
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -173,12 +174,16 @@ class ClusterRuntime:
 
     # -- sending ---------------------------------------------------------------------------
     def _send(self, msgs: list) -> None:
-        if self._releases or self._pending:
-            msgs = [*self._take_queued(), *msgs]
-        if self._lost is not None:
-            raise NodeLostError(self._lost)
         try:
-            self._chan.send(encode_batch(msgs))
+            # taken and sent under one lock: messages go out in the order they were
+            # queued or sent, from any thread (a leased task's note before a task that
+            # takes its future; its result before the release of its object)
+            with self._send_lock:
+                if self._releases or self._pending:
+                    msgs = [*self._take_queued(), *msgs]
+                if self._lost is not None:
+                    raise NodeLostError(self._lost)
+                self._chan.send(encode_batch(msgs))
         except ChannelClosed as exc:
             self._connection_lost(f"lost the connection to node {self.node_id}: {exc}")
             raise NodeLostError(self._lost or str(exc)) from exc
@@ -279,9 +284,15 @@ class ClusterRuntime:
         """A leased worker died with this task: the node runs it."""
         self._futures[oid] = fut
         try:
-            self._send([m.SubmitTask(oid, fn_id, payload, None, group.group_id)])
-        except NodeLostError:
-            pass  # the future failed with the connection
+            self._send([m.LeasedLost(oid), m.SubmitTask(oid, fn_id, payload, None,
+                                                        group.group_id)])
+        except NodeLostError as exc:  # (the connection may have failed the others first)
+            self._futures.pop(oid, None)
+            if not fut.done():
+                try:
+                    fut.set_exception(exc)
+                except Exception:  # noqa: BLE001 - cancelled meanwhile
+                    pass
 
     def lead(self, fut: Future, timeout: Any) -> Any:
         """Read a leased worker's result on the waiting thread (``_lease``)."""

@@ -37,6 +37,7 @@ log = logging.getLogger("dpool.runtime")
 
 _READY_S = 30.0  # a lent worker starts (and runs its initializer) within this
 _RETRY_S = 1.0  # after a refusal, ask again no sooner
+_RECALLED_S = 5.0  # after the node asked for the worker back
 _SPIN_S = 50e-6  # a leader polls without sleeping this long first
 _LEAD_S = 0.01  # and reads the socket itself this long at most
 
@@ -93,9 +94,12 @@ class DriverLeases:
                     and not g.lease_closed and rt._lost is None:
                 frames = chan.recv_frames(timeout=0.25)  # (its initializer may fail)
             msg = None
-            for msg in decode_batch(frames[0]) if frames else ():
-                if msg.CODE == m.Output.CODE:  # its initializer's, ahead of LeaseReady
-                    rt.print_output(msg)
+            for frame in frames:
+                for one in decode_batch(frame):
+                    if one.CODE == m.Output.CODE:  # its initializer's, around LeaseReady
+                        rt.print_output(one)
+                    elif msg is None:
+                        msg = one
             if isinstance(msg, m.LeaseReady):
                 lease = Lease(g, chan, msg)
                 chan.set_blocking(False)
@@ -116,7 +120,7 @@ class DriverLeases:
         except (OSError, Error, ChannelClosed) as exc:  # e.g. the worker's initializer failed
             reason = str(exc) or type(exc).__name__
         finally:
-            g.lease_retry_at = time.monotonic() + _RETRY_S
+            g.lease_retry_at = max(g.lease_retry_at, time.monotonic() + _RETRY_S)
             g.lease_asked = False
         log.debug("no lease for group %d: %s", g.group_id, reason)
         sock.close()
@@ -144,6 +148,9 @@ class DriverLeases:
             lease.fns.add(fn_id)
         msgs.append(m.ExecuteTask(oid, fn_id, payload, None))
         fut.set_running_or_notify_cancel()  # it starts now, as a stdlib task sent to a worker
+        # the node keeps a pending object for its result: a later task that takes this
+        # future as an argument waits there for it (sent ahead of any later message)
+        self._rt.note(m.LeasedTask(oid))
         try:
             if not lease.chan.send(encode_batch(msgs)):
                 self._loop().want_write(lease)
@@ -185,7 +192,10 @@ class DriverLeases:
             return
         oid, fn_id, payload, fut = task
         if g.broken is not None:
-            fut.set_exception(BrokenProcessPool(g.broken))
+            try:
+                fut.set_exception(BrokenProcessPool(g.broken))
+            except Exception:  # noqa: BLE001 - cancelled meanwhile
+                pass
             return
         log.warning("leased worker %d (pid %d) died running task %#x; the node runs it "
                     "again", lease.worker_id, lease.pid, oid)
@@ -193,10 +203,14 @@ class DriverLeases:
 
     # -- ending ------------------------------------------------------------------------
     def end(self, g: Any, closed: bool = False) -> None:
-        """Give ``g``'s lease back once its task is done (``closed``: and ask no more)."""
+        """Give ``g``'s lease back once its task is done (``closed``: and ask no more;
+        else the node recalled it: ask again only after a while, so a workload that
+        alternates bursts and single calls does not churn worker processes)."""
         with self._lock:
             if closed:
                 g.lease_closed = True
+            else:
+                g.lease_retry_at = time.monotonic() + _RECALLED_S
             lease = g.lease
             if lease is None:
                 g.lease_recalled = g.lease_asked  # (a lease on its way: end it on arrival)

@@ -139,6 +139,8 @@ class DriverSessions:
                 self._store_ids = itertools.count(base)
             msg.args = self._into_store(msg.args, next(self._store_ids))
         self._base_submit(w, msg)
+        if self.leases.resubmitted and msg.task_id in self.leases.resubmitted:
+            self.leases.rerun(msg.task_id)
 
     def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
         if isinstance(w, DriverHandle) and not w.local:

