@@ -24,7 +24,7 @@ import socket
 import time
 from typing import Any, Optional
 
-from dpool.errors import Error, ObjectStoreFullError
+from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
@@ -65,7 +65,7 @@ class LeaseDesk:
                     s._send(idle, [m.Shutdown()])
                 try:
                     w = s._spawn(g, lease=sock)
-                except (OSError, Error) as exc:
+                except Exception as exc:  # noqa: BLE001 - the driver hears why, at once
                     reason = f"cannot start a worker process: {exc}"
                 else:
                     w.leased = g.owner  # type: ignore[union-attr]

@@ -87,8 +87,8 @@ def serve_test_worker(address: Union[str, tuple], token: bytes, task_id: int, ro
         _auth.client_handshake(sock, token, "the pytest controller", timeout)
         cwd_rel = os.path.relpath(cwd, root) if _under(cwd, root) else None
         here = local_root(root, cwd_rel, marker)
-        hello = json.dumps({"task": task_id, "pid": os.getpid(), "node": os.environ.get("DPOOL_NODE_ID",
-                                                                        "local"),
+        node = os.environ.get("DPOOL_NODE_ID", "local")
+        hello = json.dumps({"task": task_id, "pid": os.getpid(), "node": node,
                             "root": here}).encode()
         sock.sendall(b"T" + struct.pack("!I", len(hello)) + hello)
         sock.settimeout(None)

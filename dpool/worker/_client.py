@@ -17,6 +17,7 @@ even with ``max_workers=1``.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 from collections import deque
@@ -51,6 +52,7 @@ class WorkerClient:
         self._depth = 0
         self._blocked = False
         self._thread: threading.Thread | None = None
+        self.wake_fd: int | None = None  # a lent worker's main loop waits on it (_lease)
         worker.client = self
 
     def new_id(self) -> int:
@@ -211,12 +213,22 @@ class WorkerClient:
                                     self._inbox.put(msg)
                         else:
                             self._inbox.put(msg)
+                if self.wake_fd is not None:
+                    self._wake()
                 if bounced:
                     self._send([m.ReturnTasks(tuple(bounced))])
         except (ChannelClosed, OSError):
             pass
         finally:
             self._inbox.put(_CLOSED)
+            if self.wake_fd is not None:
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_fd, b"x")  # type: ignore[arg-type]
+        except OSError:  # full (a wake-up is pending already) or closed
+            pass
 
     def poll_messages(self) -> list:
         """Main loop of a leased worker: the messages queued so far (maybe none)."""

@@ -16,13 +16,11 @@ from __future__ import annotations
 import os
 import select
 import socket
-from typing import Any
+from typing import Any, Optional
 
 from dpool.errors import ProtocolError
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
-
-_NESTED_POLL_S = 0.005  # idle in threaded receive: how often the inbox is looked at
 
 
 def _unlink_stored(payload: bytes) -> None:
@@ -41,6 +39,7 @@ class LeaseLink:
         self._poll = select.poll()
         self._poll.register(self.chan.fileno, select.POLLIN)
         self._node_polled = False
+        self._wake_r: Optional[int] = None
 
     def ready(self) -> None:
         """Tell the driver the worker is up (its initializer ran); what the worker prints
@@ -64,9 +63,24 @@ class LeaseLink:
             if self._node_polled:
                 self._poll.unregister(w.chan.fileno)
                 self._node_polled = False
-            if self._poll.poll(_NESTED_POLL_S * 1000.0):
-                self._read()
-            for msg in client.poll_messages():
+            if self._wake_r is None:  # its thread wakes us when it queues something
+                self._wake_r, wake_w = os.pipe()
+                os.set_blocking(self._wake_r, False)
+                os.set_blocking(wake_w, False)
+                self._poll.register(self._wake_r, select.POLLIN)
+                client.wake_fd = wake_w
+            msgs = client.poll_messages()
+            if not msgs:
+                for fd, _ in self._poll.poll():
+                    if fd == self.chan.fileno:
+                        self._read()
+                    else:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                msgs = client.poll_messages()
+            for msg in msgs:
                 w.handle(msg)
             return
         if not self._node_polled:
