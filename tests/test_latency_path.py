@@ -32,7 +32,7 @@ def die_once(marker):
 
 def test_results_are_read_by_the_waiting_thread():
     from dpool.runtime import _current
-    from dpool.scheduling import _scheduler
+    from dpool.scheduling import _ioloop
 
     with ProcessPoolExecutor(2) as ex:
         for _ in range(20):  # measured: no-ops become short enough to spin for
@@ -51,7 +51,7 @@ def test_results_are_read_by_the_waiting_thread():
         finally:
             del sched._deliver_leading
         assert led, "no result was delivered by the thread waiting for it"
-        assert _scheduler._SPIN_S < _scheduler._LEAD_S
+        assert _ioloop.SPIN_S < _ioloop.LEAD_S
 
 
 def test_done_callbacks_still_run_on_the_io_thread():

@@ -19,7 +19,6 @@ worker's task always gets).
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
@@ -38,8 +37,6 @@ log = logging.getLogger("dpool.runtime")
 _READY_S = 30.0  # a lent worker starts (and runs its initializer) within this
 _RETRY_S = 1.0  # after a refusal, ask again no sooner
 _RECALLED_S = 5.0  # after the node asked for the worker back
-_SPIN_S = 50e-6  # a leader polls without sleeping this long first
-_LEAD_S = 0.01  # and reads the socket itself this long at most
 
 
 class Lease:
@@ -261,41 +258,10 @@ class DriverLeases:
 
     def _lead(self, io: IOLoop, lease: Lease, fut: Any,
               timeout: Optional[float]) -> Optional[float]:
-        now = time.monotonic()
-        deadline = None if timeout is None else now + timeout
-        chan = lease.chan
-        fd = chan.fileno
-        if not io.suspend(fd):
-            return timeout
-        try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            end = now + _LEAD_S if deadline is None else min(deadline, now + _LEAD_S)
-            spin_end = now + _SPIN_S
-            while not fut.done() and lease.alive:
-                t = time.monotonic()
-                left = end - t
-                if left <= 0:
-                    break
-                if t < spin_end:
-                    if not poller.poll(0):
-                        continue
-                elif not poller.poll(min(left, 0.001) * 1000.0 + 0.5):
-                    continue
-                with chan.read_lock:
-                    try:
-                        frames = chan.recv_ready()
-                    except ChannelClosed:
-                        break  # the IO thread sees the EOF too and handles it
-                    if frames:
-                        self._on_frames(lease, frames)
-        except Exception:  # noqa: BLE001 - as the IO loop does: drop the lease
-            log.exception("dpool: error reading leased worker %d", lease.worker_id)
-            self._close(lease)
-        finally:
-            io.resume(fd)
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+        return io.lead(lease, fut, timeout, True,
+                       lambda frames: self._on_frames(lease, frames), _nothing,
+                       lambda: self._close(lease))
 
 
-def _nothing() -> None:
+def _nothing(*_: Any) -> None:
     pass

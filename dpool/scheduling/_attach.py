@@ -369,12 +369,7 @@ class DriverSessions:
         if victims:  # they may be busy with its tasks: kill what has not exited soon
             threading.Thread(target=_kill_later, args=(victims, 1.0), daemon=True,
                              name="dpool-reap-orphaned-workers").start()
-        for oid in d.owned:
-            s._decref(oid)
-        d.owned.clear()
-        for obj in s._objects.values():
-            if obj.waiters and d in obj.waiters:
-                obj.waiters = [x for x in obj.waiters if x is not d] or None
+        s._drop_handles(d)
 
     # -- values to a driver --------------------------------------------------------------
     @staticmethod

@@ -40,7 +40,7 @@ class SchedulerCore:
     spiller: Any
     cpu_limit: Optional[int]
     id_prefix: Optional[Callable[[], int]]
-    leases: int
+    leases: dict
     recall_leases: Callable[[], None]
 
     # -- implemented by LocalScheduler ---------------------------------------------------

@@ -63,12 +63,7 @@ class WorkerMessages(SchedulerCore):
         if t.alloc is not None:  # it held resources (``_resdispatch``)
             self._release_res(t, w)
         self._batch.observe(t.fn_id, msg.duration)
-        ok, payload = msg.ok, msg.payload
-        if ok:
-            try:
-                self.store.adopt(payload)
-            except ObjectStoreFullError as exc:
-                ok, payload = False, _payload.dumps_error(exc)
+        ok, payload = self._adopt_result(msg.ok, msg.payload)
         self._finish(t, ok, payload)
         g = w.group
         if (g.queue or g.rq) and g not in self._refill:
@@ -76,6 +71,16 @@ class WorkerMessages(SchedulerCore):
             # each worker for the room a batch of results freed, not one per result (one
             # send() each: a third of the IO thread's time in a 10k no-op burst).
             self._refill.append(g)
+
+    def _adopt_result(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
+        """A task's outcome as the object table keeps it: a value a worker wrote into
+        the store is accounted for (or, the store being full, the task failed)."""
+        if ok:
+            try:
+                self.store.adopt(payload)
+            except ObjectStoreFullError as exc:
+                return False, _payload.dumps_error(exc)
+        return ok, payload
 
     def _on_init_failed(self, w: WorkerHandle, msg: m.InitFailed) -> None:
         g = w.group

@@ -24,11 +24,9 @@ import socket
 import time
 from typing import Any, Optional
 
-from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
 from dpool.scheduling._records import Group, Obj, WorkerHandle
 
 log = logging.getLogger("dpool.node")
@@ -39,7 +37,7 @@ _GROUP_WAIT_S = 1.0
 class LeaseDesk:
     def __init__(self, scheduler: Any) -> None:
         self._s = scheduler
-        self.lent: dict[int, WorkerHandle] = {}  # worker id -> the lent worker
+        self.lent: dict[int, WorkerHandle] = scheduler.leases  # worker id -> lent worker
         self._recalled: set[int] = set()
         self.resubmitted: dict[int, Obj] = {}  # leased tasks the driver sends here again
         h = scheduler._handlers
@@ -74,7 +72,6 @@ class LeaseDesk:
                     # waits for running tasks, however long)
                     g.outstanding += 1  # type: ignore[union-attr]
                     self.lent[w.worker_id] = w
-                    s.leases = len(self.lent)
                     # closed under the lock: a worker forked after this must not hold
                     # the lease's end, or the driver would not see this worker die
                     sock.close()
@@ -151,7 +148,6 @@ class LeaseDesk:
             return
         s = self._s
         self._recalled.discard(w.worker_id)
-        s.leases = len(self.lent)
         g = w.group
         g.outstanding -= 1
         if g.outstanding == 0 and g.closed:
@@ -172,12 +168,7 @@ class LeaseDesk:
         if obj is None or obj.ready:  # released meanwhile: nobody can use it
             s.store.discard(msg.payload if msg.ok else None)
             return
-        ok, payload = msg.ok, msg.payload
-        if ok:
-            try:
-                s.store.adopt(payload)
-            except ObjectStoreFullError as exc:
-                ok, payload = False, _payload.dumps_error(exc)
+        ok, payload = s._adopt_result(msg.ok, msg.payload)
         obj.ready, obj.ok, obj.payload = True, ok, payload
         s._ctl.add_object(oid, len(payload), "host")
         if obj.waiters:

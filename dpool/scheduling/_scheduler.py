@@ -45,7 +45,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import select
 import threading
 import time
 from collections import deque
@@ -55,11 +54,10 @@ from typing import Any, Callable, Optional, cast
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping
 from dpool.objects._host import HostStore
-from dpool.protocol import ChannelClosed
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
 from dpool.scheduling._handlers import WorkerMessages
-from dpool.scheduling._ioloop import IOLoop
+from dpool.scheduling._ioloop import SPIN_S, IOLoop
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch
@@ -71,8 +69,6 @@ log = logging.getLogger("dpool.scheduling")
 # (future-or-callable, ok, payload): completions to deliver once the lock is released.
 Completion = tuple
 
-_SPIN_S = 50e-6  # a leader polls without sleeping this long for a task expected to end by then
-_LEAD_S = 0.01  # a driver thread reads its worker's socket itself this long at most (lead)
 
 
 @dataclass
@@ -112,7 +108,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
         self.ledger_spec: Optional[dict] = None
-        self.leases = 0  # workers lent to drivers of this host (``_leases``, cluster mode)
+        self.leases: dict = {}  # worker id -> worker lent to a driver (``_leases``, cluster)
         self.recall_leases: Callable[[], None] = lambda: None
         self._handlers: dict[int, Callable[[WorkerHandle, Any], None]] = {
             m.Hello.CODE: self._on_hello,
@@ -173,7 +169,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
         The leader/follower read (``_ioloop``): while this thread waits, the IO thread
         leaves the socket of the worker running the task alone, and this thread reads and
         handles that worker's messages itself, so a result wakes the thread waiting for it
-        directly. It leads for at most ``_LEAD_S`` (longer tasks: the latency of a hop
+        directly. It leads for at most ``_ioloop.LEAD_S`` (longer tasks: the latency of a hop
         does not matter) and only while no other thread leads; completions whose
         futures have done-callbacks go to the IO thread, which runs the callbacks as
         before. Returns what is left of ``timeout`` for the ordinary wait that follows.
@@ -189,53 +185,17 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
             self._leading.release()
 
     def _lead(self, future: Any, timeout: Optional[float]) -> Optional[float]:
-        now = time.monotonic()
-        deadline = None if timeout is None else now + timeout
         with self._lock:
             w = self._holder(future._oid)
-            # A task expected to end within the spin window: poll without sleeping
-            # until then. Waking a thread that sleeps costs ~20-30 us on this VM (its
-            # vCPU halts); a round trip went 85 -> 55 us with a 30 us spin.
-            spin = w is not None and w.inflight[future._oid].est < _SPIN_S
+            # a task expected to end within the spin window: poll without sleeping
+            spin = w is not None and w.inflight[future._oid].est < SPIN_S
         if w is None:
             return timeout
-        chan = w.chan
-        fd = chan.fileno
-        if not self._io.suspend(fd):
-            return timeout
-        try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            end = now + _LEAD_S if deadline is None else min(deadline, now + _LEAD_S)
-            spin_end = now + _SPIN_S if spin else now
-            while not future.done() and w.alive:
-                t = time.monotonic()
-                left = end - t
-                if left <= 0:
-                    break
-                if t < spin_end:
-                    if not poller.poll(0):
-                        continue
-                # Slices of 1 ms: the IO thread may have read the result just before
-                # it left the socket alone; then only future.done() tells.
-                elif not poller.poll(min(left, 0.001) * 1000.0 + 0.5):
-                    continue
-                with chan.read_lock:
-                    try:
-                        frames = chan.recv_ready()
-                    except ChannelClosed:
-                        break  # the IO thread sees the EOF too and handles the death
-                    if not frames:
-                        continue
-                    out = self._handle_frames(w, frames)
-                if out:
-                    self._deliver_leading(out)
-        except Exception:  # noqa: BLE001 - as the IO loop does: the worker is dropped
-            log.exception("dpool scheduler: error handling worker %s", w.worker_id)
-            self._io.call_soon(lambda: self._io.close_handle(w))
-        finally:
-            self._io.resume(fd)
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+        io = self._io
+        return io.lead(w, future, timeout, spin,
+                       lambda frames: self._handle_frames(w, frames),
+                       self._deliver_leading,
+                       lambda: io.call_soon(lambda: io.close_handle(w)))
 
     def _holder(self, task_id: int) -> Optional[WorkerHandle]:
         """The live worker of this host running ``task_id`` and nothing else (lock held).

@@ -146,13 +146,9 @@ class Spiller:
         batches: dict[str, list] = {}
         for _ in range(max(0, n)):
             t = q.pop()  # the tail: the task that would wait longest
-            if t.future is not None and not t.started:
-                if not t.future.set_running_or_notify_cancel():
-                    s._skip_cancelled(t)
-                    continue
-            t.started = True
-            gs = gss[self._rr % len(gss)]
-            self._rr += 1
+            gs = self._start(t, gss)
+            if gs is None:
+                continue
             try:
                 msg = self._spill(t, g, gs)
             except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
@@ -162,6 +158,18 @@ class Spiller:
             batches.setdefault(gs, []).append(msg)
         for gs, msgs in batches.items():
             self._send(gs, msgs)
+
+    def _start(self, t: Task, gss: list) -> Optional[str]:
+        """``t`` leaves for another node: its future runs (None: it was cancelled, and
+        is skipped); the global scheduler to send it to, in turn."""
+        if t.future is not None and not t.started:
+            if not t.future.set_running_or_notify_cancel():
+                self._s._skip_cancelled(t)
+                return None
+        t.started = True
+        gs = gss[self._rr % len(gss)]
+        self._rr += 1
+        return gs
 
     def _spill(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
         """The message for ``t`` (raises, leaving ``t`` unchanged, if its values cannot be
@@ -257,14 +265,10 @@ class Spiller:
                 unmet[1] = f"{reason} (and no global scheduler is linked to place it)"
             self._parked.append((now + _BACKOFF_S, g, t))
             return True
-        if t.future is not None and not t.started:
-            if not t.future.set_running_or_notify_cancel():
-                del self._unmet[t.task_id]
-                self._s._skip_cancelled(t)
-                return True
-        t.started = True
-        gs = gss[self._rr % len(gss)]
-        self._rr += 1
+        gs = self._start(t, gss)
+        if gs is None:
+            del self._unmet[t.task_id]
+            return True
         try:
             msg = self._spill(t, g, gs)
         except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone

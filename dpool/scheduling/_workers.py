@@ -290,13 +290,7 @@ class WorkerPool(SchedulerCore):
                         f"{g.max_attempts}",
                         exitcode=exitcode, attempts=t.attempts)
                     self._finish(t, False, _payload.dumps_error(err))
-            # Its handles die with it: nested futures' and puts' objects lose a reference.
-            for oid in w.owned:
-                self._decref(oid)
-            w.owned.clear()
-            for obj in self._objects.values():
-                if obj.waiters and w in obj.waiters:
-                    obj.waiters = [x for x in obj.waiters if x is not w] or None
+            self._drop_handles(w)
             if g.queue or g.rq:
                 self._dispatch(g)
             elif g.closed and not g.workers and g.outstanding == 0:
@@ -305,6 +299,16 @@ class WorkerPool(SchedulerCore):
             out = self._take_out()
         w.chan.close()
         self._deliver(out)
+
+    def _drop_handles(self, w: WorkerHandle) -> None:
+        """A worker (or attached driver) is gone: the objects it held a handle to (nested
+        futures, puts) lose that reference, and it waits for none of them (lock held)."""
+        for oid in w.owned:
+            self._decref(oid)
+        w.owned.clear()
+        for obj in self._objects.values():
+            if obj.waiters and w in obj.waiters:
+                obj.waiters = [x for x in obj.waiters if x is not w] or None
 
     def _fail_group(self, g: Group, reason: str) -> None:
         err = _payload.dumps_error(_broken_error(reason))

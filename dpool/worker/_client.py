@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 from collections import deque
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from dpool.objects import _mapping
 from dpool.futures import Future, ObjectRef
@@ -230,9 +230,9 @@ class WorkerClient:
         except OSError:  # full (a wake-up is pending already) or closed
             pass
 
-    def poll_messages(self) -> list:
+    def poll_messages(self, msgs: Optional[list] = None) -> list:
         """Main loop of a leased worker: the messages queued so far (maybe none)."""
-        msgs = []
+        msgs = [] if msgs is None else msgs
         while True:
             try:
                 msgs.append(self._inbox.get_nowait())
@@ -244,12 +244,4 @@ class WorkerClient:
 
     def next_messages(self) -> list:
         """Main loop: block for the next messages the receiver queued."""
-        msgs = [self._inbox.get()]
-        while True:
-            try:
-                msgs.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        if _CLOSED in msgs:
-            raise ChannelClosed("scheduler closed the connection")
-        return msgs
+        return self.poll_messages([self._inbox.get()])
