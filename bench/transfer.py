@@ -8,7 +8,8 @@ store and a task on the other node reads it: the other node pulls it (``objects.
 Reported per size: the median time of put + task, the same for a tiny array (the fixed
 cost of a remote task), their difference, and the transfer rate that difference implies,
 next to ``numpy`` copying the same bytes in this process (memcpy: the limit); and the
-holder's own time for sending each copy (its node log's ``sent ... in X ms (N bytes)``:
+holder's own time for sending each copy (its node log's ``sent ... in X ms (N bytes from
+OFFSET)`` lines, one per range sent at once:
 the transfer alone, without the put and the task). Then the same 64 MB array broadcast to
 8 tasks; and the cost of packing a project of ~1,000 files for the nodes, first and cached
 (``runtime._workdir``). ``bench/micro/fetch.py`` times the transfer path with no cluster.
@@ -85,15 +86,27 @@ def memcpy_s(mb: int, reps: int = 5) -> float:
 
 
 def sent_ms(log: str) -> dict:
-    """MB -> the holder's send times (ms) of each copy it sent, from its node log."""
+    """MB -> the holder's send times (ms) of each copy it sent, from its node log. A
+    large copy is sent in ranges at once, a line each (``from 0`` starts a copy): its
+    time is the longest range's, its size their sum."""
     out: dict = {}
-    line = re.compile(r"sent \S+ to a node in ([0-9.]+) ms \(([0-9]+) bytes\)")
+    line = re.compile(r"sent (\S+) to a node in ([0-9.]+) ms \(([0-9]+) bytes(?: from "
+                      r"([0-9]+))?\)")
     try:
         text = Path(log).read_text()
     except OSError:
         return out
-    for ms, size in line.findall(text):
-        out.setdefault(round(int(size) / (1 << 20)), []).append(float(ms))
+    copies: dict = {}  # segment -> [ms, bytes] of the copy being summed
+    done = []
+    for name, ms, size, offset in line.findall(text):
+        if not offset or int(offset) == 0:
+            if name in copies:
+                done.append(copies[name])
+            copies[name] = [0.0, 0]
+        c = copies.setdefault(name, [0.0, 0])
+        c[0], c[1] = max(c[0], float(ms)), c[1] + int(size)
+    for ms, size in done + list(copies.values()):
+        out.setdefault(round(size / (1 << 20)), []).append(ms)
     return out
 
 

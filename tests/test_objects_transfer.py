@@ -33,9 +33,9 @@ def holder():
         served: ClassVar[list] = []
         serve = staticmethod(_manager.serve)
 
-    def on_fetch(sock: socket.socket, name: str) -> None:
-        Holder.served.append((sock.getpeername(), name))
-        Holder.serve(sock, name)
+    def on_fetch(sock: socket.socket, req) -> None:
+        Holder.served.append((sock.getpeername(), req.name, req.offset, req.length))
+        Holder.serve(sock, req.name, req.offset, req.length)
 
     srv = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
                              on_fetch=on_fetch)
@@ -71,7 +71,8 @@ def _stored(value, segments: list) -> str:
 def _fetch(holder, name: str, segments: list, token: bytes = TOKEN):
     oid = next(_ids)
     segments.append(_segment.segment_name(os.getpid(), oid))
-    return _manager.fetch(holder.address, token, name, oid, os.getpid(), timeout=10)
+    size = _segment.segment_size(name) if _exists(name) else 4096
+    return _manager.fetch(holder.address, token, name, oid, os.getpid(), size, timeout=10)
 
 
 def _read(payload: bytes):
@@ -88,7 +89,7 @@ def test_values_arrive_intact_over_one_kept_connection(holder, segments):
         for v in values:
             got = _read(_fetch(holder, _stored(v, segments), segments))
             assert pickle.dumps(got) == pickle.dumps(v)
-    assert len({peer for peer, _ in holder.served}) == 1  # one handshake for six
+    assert len({s[0] for s in holder.served}) == 1  # one handshake for six
 
 
 def test_a_kept_connection_the_holder_closed_is_replaced(holder, segments, monkeypatch):
@@ -97,14 +98,16 @@ def test_a_kept_connection_the_holder_closed_is_replaced(holder, segments, monke
     _fetch(holder, name, segments)
     time.sleep(0.5)  # the holder drops the idle connection; the reader still keeps it
     assert _read(_fetch(holder, name, segments)).sum() == 1000
-    assert len({peer for peer, _ in holder.served}) == 2
+    assert len({s[0] for s in holder.served}) == 2
 
 
 def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segments):
     name = _stored(np.ones(1 << 20), segments)
 
-    def half(sock: socket.socket, name: str) -> None:
-        sock.sendall(struct.pack("!Q", 8 << 20) + b"\1" * (1 << 20))
+    size = _segment.segment_size(name)
+
+    def half(sock: socket.socket, name: str, offset: int, length: int) -> None:
+        sock.sendall(struct.pack("!Q", size) + b"\1" * (1 << 20))
         sock.shutdown(socket.SHUT_RDWR)  # as when its process is killed
 
     holder.serve = staticmethod(half)
@@ -113,7 +116,7 @@ def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segment
     assert not _exists(segments[-1])  # the partial copy is gone
     err = info.value
     assert err.node == holder.address and err.object_id == int(name.rsplit("_", 1)[1], 16)
-    assert f"went away after {1 << 20} of its {8 << 20} bytes" in str(err)
+    assert f"went away after {1 << 20} of the {size} bytes from 0" in str(err)
     again = pickle.loads(pickle.dumps(err))
     assert (again.node, again.object_id, str(again)) == (err.node, err.object_id, str(err))
 
@@ -131,7 +134,7 @@ def test_a_holder_that_cannot_be_reached(segments):
         port = s.getsockname()[1]  # nothing listens there
     with pytest.raises(dpool.ObjectLostError, match="cannot be reached") as info:
         _manager.fetch(f"127.0.0.1:{port}", TOKEN, "/dpool_1_1", next(_ids), os.getpid(),
-                       timeout=5)
+                       4096, timeout=5)
     assert info.value.node == f"127.0.0.1:{port}"
 
 
@@ -180,3 +183,66 @@ def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segm
         assert len(s.recv(1 << 20)) > 0  # part of the answer, then gone
     got = _read(_fetch(holder, name, segments))
     assert got.shape == (64 << 20,) and int(got[-4096:].sum()) == 4096
+
+
+@pytest.fixture
+def ranges(monkeypatch):
+    """Transfers of a few MB in three ranges at once, whatever this machine's cores."""
+    monkeypatch.setattr(_manager, "_STREAMS", 3)
+    monkeypatch.setattr(_manager, "_STREAM_MIN", 1 << 20)
+
+
+def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments, ranges):
+    value = np.random.default_rng(1).random(1_000_003)  # 8 MB, not a multiple of a page
+    name = _stored(value, segments)
+    size = _segment.segment_size(name)
+    for _ in range(2):
+        holder.served.clear()
+        got = _read(_fetch(holder, name, segments))
+        assert got.tobytes() == value.tobytes()
+        parts = sorted((off, n) for _, _, off, n in holder.served)
+        assert len(parts) == 3 and parts[0][0] == 0
+        assert all(a[0] + a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert parts[-1][0] + parts[-1][1] == size
+        assert all(off % 4096 == 0 for off, _ in parts)
+    assert len({s[0] for s in holder.served}) == 3  # the kept connections, reused
+
+
+def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges):
+    name = _stored(np.ones(1 << 20), segments)
+    size = _segment.segment_size(name)
+
+    def one_breaks(sock: socket.socket, name: str, offset: int, length: int) -> None:
+        if offset == 0:
+            return _manager.serve(sock, name, offset, length)
+        sock.sendall(struct.pack("!Q", size) + b"\1" * 1000)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    holder.serve = staticmethod(one_breaks)
+    with pytest.raises(dpool.ObjectLostError, match="went away after 1000 of the"):
+        _fetch(holder, name, segments)
+    assert not _exists(segments[-1])
+
+
+def test_a_holder_with_another_size_is_refused(holder, segments):
+    name = _stored(np.ones(1000), segments)
+    oid = next(_ids)
+    segments.append(_segment.segment_name(os.getpid(), oid))
+    with pytest.raises(dpool.ObjectLostError, match="holds .* bytes of it, not 12345"):
+        _manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), 12345, timeout=10)
+    assert not _exists(segments[-1])
+
+
+def test_a_copy_lands_in_a_freed_segments_pages(holder, segments):
+    from dpool.objects import _recycle
+
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30.0)
+    try:
+        old = _stored(np.zeros(2 << 20), segments)  # 16 MB freed here: its pages pooled
+        assert pool.retire(old, _segment.segment_size(old))
+        value = np.arange(1 << 20, dtype=np.float64)
+        got = _read(_fetch(holder, _stored(value, segments), segments))
+        assert got.tobytes() == value.tobytes()  # the old bytes are all overwritten
+        assert os.listdir(_recycle.pool_dir(os.getpid())) == []  # it was claimed
+    finally:
+        pool.purge(everything=True)

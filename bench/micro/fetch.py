@@ -1,10 +1,11 @@
 """One node pulling stored values from another (``objects._manager.fetch``), alone.
 
-    python bench/micro/fetch.py [--sizes 1,64,1024] [--reps 5]    (BUSY=1: see below)
+    python bench/micro/fetch.py [--sizes 1,64,1024] [--reps 5] [--fresh]    (BUSY=1: see below)
 
 A holder process (a ``NodeServer`` on 127.0.0.2 that serves segments, as a node does)
 and this process as the reader: per size, the median time of ``fetch`` of a segment this
-process wrote (the copy is unlinked after each), and the rate, next to memcpy of the same
+process wrote (each copy is retired into a segment pool, as a node does, so the next
+copy lands in its pages; `--fresh`: unlinked instead), and the rate, next to memcpy of the same
 bytes. No scheduler, no task: the transfer path only. With ``BUSY=1`` both processes
 also run a thread that keeps asking for the GIL, as a node daemon's other threads do.
 """
@@ -39,7 +40,7 @@ from dpool.node._server import NodeServer
 from dpool.objects import _manager
 token = sys.argv[1].encode()
 srv = NodeServer(token, "127.0.0.2", 0, None, None, lambda c, h: c.close(),
-                 on_fetch=_manager.serve)
+                 on_fetch=lambda s, r: _manager.serve(s, r.name, r.offset, r.length))
 srv.start()
 print(f"127.0.0.2:{srv.address[1]}", flush=True)
 sys.stdin.read()
@@ -50,14 +51,17 @@ srv.close()
 def main() -> int:
     import numpy as np
 
-    from dpool.objects import _manager, _segment
+    from dpool.objects import _manager, _recycle, _segment
     from dpool.objects._serialization import serialize
 
     exec(BUSY)  # noqa: S102 - our own snippet, shared with the holder process
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,64,1024")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--fresh", action="store_true",
+                    help="unlink each copy (a node retires it into its pool: the default)")
     args = ap.parse_args()
+    pool = _recycle.SegmentPool(os.getpid(), 4 << 30, ttl_s=10.0)
     token = secrets.token_hex(16)
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT)))
     srv = subprocess.Popen([sys.executable, "-c", SERVER, token], env=env,
@@ -69,14 +73,17 @@ def main() -> int:
             arr = np.ones(mb << 20, dtype=np.uint8)
             name = "/" + _segment.segment_name(os.getpid(), next(ids)).lstrip("/")
             _segment.write_object(name, serialize(arr, oob_threshold=0))
+            size = _segment.segment_size(name)
             times = []
             try:
                 for _ in range(args.reps):
                     oid = next(ids)
                     t0 = time.perf_counter()
-                    _manager.fetch(address, token.encode(), name, oid, os.getpid())
+                    _manager.fetch(address, token.encode(), name, oid, os.getpid(), size)
                     times.append(time.perf_counter() - t0)
-                    _segment.unlink(_segment.segment_name(os.getpid(), oid))
+                    copy = _segment.segment_name(os.getpid(), oid)
+                    if args.fresh or not pool.retire(copy, size):
+                        _segment.unlink(copy)
             finally:
                 _segment.unlink(name)
             dst = np.empty_like(arr)
@@ -91,6 +98,7 @@ def main() -> int:
                   f"min {min(times) * 1e3:.1f} ms)   memcpy {mc * 1e3:6.1f} ms "
                   f"({mb / 1024 / mc:5.2f} GB/s)", flush=True)
     finally:
+        pool.purge(everything=True)
         srv.stdin.close()  # type: ignore[union-attr]
         srv.wait(timeout=10)
     return 0

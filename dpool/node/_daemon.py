@@ -185,18 +185,19 @@ class NodeDaemon:
         chan.set_blocking(False)
         self.scheduler._io.add(h)
 
-    def _serve_segment(self, sock: socket.socket, name: str) -> None:
-        """Another node pulls one of this store's values (``objects._manager``): only
-        segments of this node's store, never any other file."""
+    def _serve_segment(self, sock: socket.socket, req: m.FetchSegment) -> None:
+        """Another node pulls (a range of) one of this store's values
+        (``objects._manager``): only segments of this node's store, never any other file."""
+        name = req.name
         prefix = f"/dpool_{self.scheduler.store.owner_pid}_"
         if not name.startswith(prefix) or not name[len(prefix):].isalnum():
             log.warning("refused to send %r: not a segment of this node's store", name)
             sock.sendall(b"\0" * 8)
             return
         t0 = time.monotonic()
-        size = _manager.serve(sock, name)
-        log.info("sent %s to a node in %.1f ms (%d bytes)", name,
-                 (time.monotonic() - t0) * 1e3, size)  # (bench/transfer.py reads this)
+        sent = _manager.serve(sock, name, req.offset, req.length)
+        log.info("sent %s to a node in %.1f ms (%d bytes from %d)", name,
+                 (time.monotonic() - t0) * 1e3, sent, req.offset)  # (bench/transfer.py)
 
     def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
         if h.outgoing:

@@ -38,7 +38,7 @@ class NodeServer:
     def __init__(self, token: bytes, bind: str, port: int, unix_path: Optional[str],
                  on_attach: Optional[Callable[[Channel, m.Attach], None]],
                  on_peer: Callable[[Channel, m.PeerHello], None],
-                 on_fetch: Optional[Callable[[socket.socket, str], None]] = None,
+                 on_fetch: Optional[Callable[[socket.socket, m.FetchSegment], None]] = None,
                  on_lease: Optional[Callable[[socket.socket, m.LeaseRequest], None]] = None
                  ) -> None:
         self._token = token
@@ -135,7 +135,7 @@ class NodeServer:
                             raise ProtocolError(f"unexpected {type(msg).__name__} on an "
                                                 "object-transfer connection")
                         conn.settimeout(_SEND_TIMEOUT)
-                        self._on_fetch(conn, msg.name)  # type: ignore[misc]
+                        self._on_fetch(conn, msg)  # type: ignore[misc]
         except ChannelClosed:
             pass
         except (Error, OSError) as exc:
@@ -160,7 +160,7 @@ class NodeServer:
             hello = msgs[0]
             if isinstance(hello, m.FetchSegment) and self._on_fetch is not None:
                 conn.settimeout(_SEND_TIMEOUT)
-                self._on_fetch(conn, hello.name)  # in this thread: a transfer of its own
+                self._on_fetch(conn, hello)  # in this thread: a transfer of its own
                 return chan
             if isinstance(hello, m.LeaseRequest) and self._on_lease is not None and not tcp:
                 if hello.version != PROTOCOL_VERSION:

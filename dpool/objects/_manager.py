@@ -1,10 +1,11 @@
 """Objects between nodes: a node pulls a stored value it needs straight from the node
 that holds it, into a segment of its own store.
 
-    node B (needs it)                                     node A (holds it)
-    fetch(address, name) ── kept connection: FetchSegment ──▶ NodeServer thread
-       new segment of B's store  ◀── size, then raw bytes (sendfile from /dev/shm) ──┘
-       recv_into a buffer, pwrite into the segment
+    node B (needs it)                                        node A (holds it)
+    fetch(address, name, size) ─ kept connections: FetchSegment(name, offset, length) ─▶
+       a segment of B's store (a freed one's pages)     one NodeServer thread each
+         ◀── per range: size, then raw bytes (sendfile from /dev/shm) ──┘
+       recv_into a buffer, pwrite at the range's offset (a thread per range)
 
 A stored value is one segment whose layout is self-describing (``_segment``), so a copy
 is the segment's bytes, verbatim: A sends them with ``sendfile`` from the tmpfs file, B
@@ -33,7 +34,7 @@ import time
 from typing import Optional
 
 from dpool.errors import AuthenticationError, Error, ObjectLostError
-from dpool.objects import _conns, _segment, _values
+from dpool.objects import _conns, _forkguard, _segment, _values
 from dpool.protocol import _auth
 
 TAG_REMOTE = 0x03  # a stored value held by another node: (size, address, segment name)
@@ -41,6 +42,9 @@ _REMOTE_HEAD = struct.Struct("!BQH")  # tag, size, length of the address
 _SIZE = struct.Struct("!Q")
 _BUFFER = 8 << 20  # bytes received per pwrite (1 MB: 1.9 GB/s, 8 MB: 2.2 GB/s here)
 _SPARE_BUFFERS = 4
+_STREAMS = max(1, min(4, os.cpu_count() or 1))  # connections one large transfer uses
+_STREAM_MIN = 16 << 20  # bytes each of them moves at least
+_PAGE = 4096
 FETCH_TIMEOUT = 30.0
 
 
@@ -65,8 +69,10 @@ def parse_remote(payload: Optional[bytes]) -> Optional[tuple[int, str, str]]:
 
 
 # -- the holder's side (a NodeServer thread, one per connection) ------------------------
-def serve(sock: socket.socket, name: str) -> int:
-    """Send segment ``name``'s size, then its bytes; size 0 if it is gone. The size."""
+def serve(sock: socket.socket, name: str, offset: int = 0, length: int = -1) -> int:
+    """Send segment ``name``'s size, then ``length`` of its bytes from ``offset`` (-1: to
+    the end; a range past the end sends what there is); size 0 if it is gone. The number
+    of bytes sent."""
     path = os.path.join(_segment.SHM_DIR, name.lstrip("/"))
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -76,17 +82,18 @@ def serve(sock: socket.socket, name: str) -> int:
     try:
         size = os.fstat(fd).st_size
         sock.sendall(_SIZE.pack(size))
+        end = size if length < 0 else min(size, offset + length)
         timeout = sock.gettimeout() or FETCH_TIMEOUT
         _blocking(sock, socket.SO_SNDTIMEO, timeout)
-        sent = 0
-        while sent < size:  # the kernel copies from tmpfs to the socket
-            n = os.sendfile(sock.fileno(), fd, sent, size - sent)
+        pos = offset
+        while pos < end:  # the kernel copies from tmpfs to the socket
+            n = os.sendfile(sock.fileno(), fd, pos, end - pos)
             if n == 0:
-                raise ConnectionError(f"the segment shrank to {sent} of {size} bytes")
-            sent += n
+                raise ConnectionError(f"the segment shrank to {pos} of {size} bytes")
+            pos += n
     finally:
         os.close(fd)
-    return size
+    return max(0, end - offset)
 
 
 def _blocking(sock: socket.socket, option: int, timeout: float) -> None:
@@ -109,90 +116,136 @@ class _NoAnswer(ObjectLostError):
 
 
 def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
-          timeout: float = FETCH_TIMEOUT) -> bytes:
-    """Copy the holder's segment ``name`` into this host's store as object ``object_id``
-    (a segment named for ``owner_pid``); the stored payload. ``ObjectLostError`` (naming
-    the object and the node) if the holder does not have it or goes away part-way: the
-    partial copy is removed first."""
+          size: int, timeout: float = FETCH_TIMEOUT) -> bytes:
+    """Copy the holder's segment ``name`` (``size`` bytes) into this host's store as
+    object ``object_id`` (a segment named for ``owner_pid``); the stored payload.
+    ``ObjectLostError`` (naming the object and the node) if the holder does not have it
+    or goes away part-way: the partial copy is removed first.
+
+    A large segment comes in ranges over several connections at once (``_ranges``): on
+    loopback one TCP stream moves ~2 GB/s with a core to spare on each side. The pages
+    it lands in are a freed segment's when the store has one (``_recycle``): allocating
+    fresh tmpfs pages costs about as much as the copy.
+    """
     from dpool.runtime._address import parse_hostport
 
     host, port = parse_hostport(address, "object holder")
-    held = _held_id(name)
-    for attempt in (0, 1):
-        try:
-            sock, kept = _conns.take(host, port, token, timeout)
-        except AuthenticationError:
-            raise
-        except (OSError, Error) as exc:
-            raise ObjectLostError(f"object {held:#x} ({name}) is lost: its node {address} "
-                                  f"cannot be reached ({exc})", object_id=held,
-                                  node=address) from exc
-        try:
-            payload = _fetch_on(sock, address, name, held, object_id, owner_pid, timeout)
-        except _NoAnswer:
-            sock.close()
-            if kept and attempt == 0:
-                continue  # the holder had dropped the kept connection: a fresh one
-            raise
-        except BaseException:
-            sock.close()  # the answer was not read to its end: never reuse it
-            raise
-        _conns.give_back(host, port, sock)
-        return payload
-    raise AssertionError("unreachable")
-
-
-def _fetch_on(sock: socket.socket, address: str, name: str, held: int, object_id: int,
-              owner_pid: int, timeout: float) -> bytes:
-    """One transfer on an authenticated connection (see ``fetch``)."""
-    from dpool.protocol import PROTOCOL_VERSION, encode_batch
-    from dpool.protocol import _messages as m
-
-    def lost(what: str) -> ObjectLostError:
-        return ObjectLostError(f"object {held:#x} ({name}) is lost: {what}",
-                               object_id=held, node=address)
-
-    sock.settimeout(timeout)
-    try:
-        request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, name)])
-        sock.sendall(_SIZE.pack(len(request)) + request)  # one frame (protocol._channel)
-        head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
-    except OSError as exc:
-        raise _NoAnswer(f"object {held:#x} ({name}) is lost: node {address} did not "
-                        f"answer ({exc})", object_id=held, node=address) from exc
-    if not head:
-        raise _NoAnswer(f"object {held:#x} ({name}) is lost: node {address} closed the "
-                        "connection", object_id=held, node=address)
-    size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
-    if size == 0:
-        raise lost(f"node {address} does not hold it (freed, or never there)")
     local = _segment.segment_name(owner_pid, object_id)
-    # pwrite from a buffer, not recv_into a mapping: pages of a fresh mapping fault in
-    # one at a time (0.3 s per GB here), and only a mapping needs them allocated first.
-    fd = _segment._create(local, size, allocate=False)
-    got = 0
-    buf = _take_buffer()
-    try:
-        _blocking(sock, socket.SO_RCVTIMEO, timeout)
-        while got < size:
-            n = sock.recv_into(buf, min(len(buf), size - got), socket.MSG_WAITALL)
-            if n == 0:
-                raise lost(f"node {address} went away after {got} of its {size} bytes")
-            _segment._pwrite_all(fd, buf[:n], got)
-            got += n
-    except BaseException as exc:
-        os.close(fd)
-        _segment.unlink(local)  # never a torn value
-        if isinstance(exc, OSError) and exc.errno in _segment._NO_SPACE_ERRNOS:
-            raise _segment._full(local, size, str(exc)) from exc
-        if isinstance(exc, OSError):
-            raise lost(f"the transfer from node {address} broke after {got} of {size} "
-                       f"bytes ({exc})") from exc
-        raise
-    finally:
-        _give_buffer(buf)
-    os.close(fd)
+    src = _Source(host, port, address, token, name, _held_id(name), size, timeout, local)
+    # No fork while the fd is open: a child would keep the claimed segment's lock (and
+    # its pages) for as long as it lives (``_forkguard``).
+    with _forkguard.no_fork():
+        fd = _segment._claim_recycled(local, size)
+        if fd is None:
+            fd = _segment._create(local, size, allocate=False)
+        errors: list[BaseException] = []
+        ranges = _ranges(size)
+        helpers = [threading.Thread(target=src.pull, args=(fd, off, n, errors), daemon=True,
+                                    name="dpool-fetch-range") for off, n in ranges[1:]]
+        try:
+            for t in helpers:
+                t.start()
+            src.pull(fd, *ranges[0], errors)
+        finally:
+            for t in helpers:
+                t.join()  # before the fd closes: never a write into a reused fd number
+            os.close(fd)
+        if errors:
+            _segment.unlink(local)  # never a torn value
+            raise errors[0]
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id, size) + local.encode()
+
+
+def _ranges(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of the parts of a ``size``-byte segment fetched at once."""
+    n = max(1, min(_STREAMS, size // _STREAM_MIN))
+    step = -(-size // n // _PAGE) * _PAGE
+    return [(off, min(step, size - off)) for off in range(0, size, step)] or [(0, 0)]
+
+
+class _Source:
+    """One holder's segment, pulled in ranges (each on a connection of its own)."""
+
+    def __init__(self, host: str, port: int, address: str, token: bytes, name: str,
+                 held: int, size: int, timeout: float, local: str) -> None:
+        self.host, self.port, self.address, self.token = host, port, address, token
+        self.name, self.held, self.size, self.timeout = name, held, size, timeout
+        self.local = local  # the copy's segment here
+
+    def lost(self, what: str, cls: type = ObjectLostError) -> ObjectLostError:
+        return cls(f"object {self.held:#x} ({self.name}) is lost: {what}",
+                   object_id=self.held, node=self.address)
+
+    def pull(self, fd: int, offset: int, length: int, errors: list) -> None:
+        """Receive ``length`` bytes from ``offset`` into ``fd``; an error goes to
+        ``errors`` (so that helper threads report theirs the same way)."""
+        try:
+            self._pull(fd, offset, length)
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            errors.append(exc)
+
+    def _pull(self, fd: int, offset: int, length: int) -> None:
+        for attempt in (0, 1):
+            try:
+                sock, kept = _conns.take(self.host, self.port, self.token, self.timeout)
+            except AuthenticationError:
+                raise
+            except (OSError, Error) as exc:
+                raise self.lost(f"its node {self.address} cannot be reached ({exc})") \
+                    from exc
+            try:
+                self._pull_on(sock, fd, offset, length)
+            except _NoAnswer:
+                sock.close()
+                if kept and attempt == 0:
+                    continue  # the holder had dropped the kept connection: a fresh one
+                raise
+            except BaseException:
+                sock.close()  # the answer was not read to its end: never reuse it
+                raise
+            _conns.give_back(self.host, self.port, sock)
+            return
+
+    def _pull_on(self, sock: socket.socket, fd: int, offset: int, length: int) -> None:
+        from dpool.protocol import PROTOCOL_VERSION, encode_batch
+        from dpool.protocol import _messages as m
+
+        address, timeout = self.address, self.timeout
+        sock.settimeout(timeout)
+        try:
+            request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, self.name, offset,
+                                                   length)])
+            sock.sendall(_SIZE.pack(len(request)) + request)  # one frame (protocol._channel)
+            head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
+        except OSError as exc:
+            raise self.lost(f"node {address} did not answer ({exc})", _NoAnswer) from exc
+        if not head:
+            raise self.lost(f"node {address} closed the connection", _NoAnswer)
+        size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
+        if size == 0:
+            raise self.lost(f"node {address} does not hold it (freed, or never there)")
+        if size != self.size:
+            raise self.lost(f"node {address} holds {size} bytes of it, not {self.size}")
+        got = 0
+        # pwrite from a buffer, not recv_into a mapping: pages of a mapping fault in one
+        # at a time (0.3 s per GB here), and a fresh mapping needs them allocated first.
+        buf = _take_buffer()
+        try:
+            _blocking(sock, socket.SO_RCVTIMEO, timeout)
+            while got < length:
+                n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
+                if n == 0:
+                    raise self.lost(f"node {address} went away after {got} of the "
+                                    f"{length} bytes from {offset}")
+                _segment._pwrite_all(fd, buf[:n], offset + got)
+                got += n
+        except OSError as exc:
+            if exc.errno in _segment._NO_SPACE_ERRNOS:
+                raise _segment._full(self.local, self.size, str(exc)) from exc
+            raise self.lost(f"the transfer from node {address} broke after {got} of the "
+                            f"{length} bytes from {offset} ({exc})") from exc
+        finally:
+            _give_buffer(buf)
 
 
 _spare: list[memoryview] = []  # receive buffers between transfers (faulted in already)

@@ -374,12 +374,15 @@ class WorkingDir:
 
 @dataclass(slots=True)
 class FetchSegment:
-    """N->N first frame of an object-transfer connection: send me this segment's bytes
-    (``objects._manager``); the answer is raw (its size, then the bytes)."""
+    """N->N a request on an object-transfer connection (its first frame, and any later
+    one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
+    (``objects._manager``); the answer is raw (the segment's whole size, then the bytes)."""
 
     CODE: ClassVar[int] = 35
     version: int
     name: str
+    offset: int = 0
+    length: int = -1
 
 
 @dataclass(slots=True)

@@ -45,10 +45,11 @@ REFERENCE_MIN = 1 << 20  # results this large are lent by reference, not sent in
 class _Copy:
     """This node's copy of an input held by another node (being fetched until then)."""
 
-    __slots__ = ("oid", "payload", "error", "last", "released")
+    __slots__ = ("oid", "size", "payload", "error", "last", "released")
 
-    def __init__(self, oid: int) -> None:
+    def __init__(self, oid: int, size: int) -> None:
         self.oid = oid
+        self.size = size
         self.payload: Optional[bytes] = None
         self.error: Optional[BaseException] = None
         self.last = time.monotonic()
@@ -161,24 +162,25 @@ class RemoteRunner:
         s._deliver(out)
 
     # -- large inputs held by other nodes (objects._manager) ------------------------------
-    def _remote_inputs(self, msg: m.RemoteTask) -> list:
-        """Keys of the task's inputs that live on another node: ("args"|"dep", holder's
-        address, segment name). An argument block is the task's own; a dependency is
-        fetched once per node and shared by every task that needs it."""
-        keys = []
+    def _remote_inputs(self, msg: m.RemoteTask) -> dict:
+        """The task's inputs that live on another node, by key ("args"|"dep", holder's
+        address, segment name, task id or 0) -> size. An argument block is the task's
+        own; a dependency is fetched once per node and shared by every task that needs
+        it."""
+        keys = {}
         ref = _manager.parse_remote(msg.args)
         if ref is not None:
-            keys.append(("args", ref[1], ref[2], msg.task_id))
+            keys[("args", ref[1], ref[2], msg.task_id)] = ref[0]
         for _oid, ok, p in msg.deps or ():
             ref = _manager.parse_remote(p) if ok else None
             if ref is not None:
-                keys.append(("dep", ref[1], ref[2], 0))
+                keys[("dep", ref[1], ref[2], 0)] = ref[0]
         return keys
 
-    def _start_fetch(self, key: tuple) -> None:
+    def _start_fetch(self, key: tuple, size: int) -> None:
         if key in self._copies:
             return
-        self._copies[key] = _Copy(next(self._ids))
+        self._copies[key] = _Copy(next(self._ids), size)
         threading.Thread(target=self._fetch_object, args=(key,), daemon=True,
                          name="dpool-fetch-object").start()
 
@@ -191,7 +193,8 @@ class RemoteRunner:
         payload: Optional[bytes] = None
         error: Optional[BaseException] = None
         try:
-            payload = _manager.fetch(address, self.token, name, copy.oid, s.store.owner_pid)
+            payload = _manager.fetch(address, self.token, name, copy.oid, s.store.owner_pid,
+                                     copy.size)
         except Exception as exc:  # noqa: BLE001 - reported on each task that needed it
             error = exc
         with s._lock:
@@ -208,7 +211,7 @@ class RemoteRunner:
             out = s._take_out()
         s._deliver(out)
 
-    def _localize(self, msg: m.RemoteTask, keys: list) -> Optional[m.RemoteTask]:
+    def _localize(self, msg: m.RemoteTask, keys: dict) -> Optional[m.RemoteTask]:
         """``msg`` with its remote inputs replaced by this node's copies (None: one of
         them could not be fetched; the origin has been told)."""
         s = self._s
@@ -287,8 +290,8 @@ class RemoteRunner:
                 if not accepted:
                     self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
                 self._held.append(msg)
-                for k in keys:
-                    self._start_fetch(k)
+                for k, size in keys.items():
+                    self._start_fetch(k, size)
                 return
             localized = self._localize(msg, keys)
             if localized is None:

@@ -343,10 +343,11 @@ class Spiller:
     def _pull_result(self, t: Task, ref: tuple) -> None:
         """Fetch a lent result (own thread), then finish its task and release the lend."""
         s = self._s
-        _size, holder, name = ref
+        size, holder, name = ref
         lost: Optional[ObjectLostError] = None
         try:
-            payload = _manager.fetch(holder, self.token, name, t.task_id, s.store.owner_pid)
+            payload = _manager.fetch(holder, self.token, name, t.task_id, s.store.owner_pid,
+                                     size)
             ok = True
         except ObjectLostError as exc:  # the holder died (part-way) or freed it
             lost = ObjectLostError(
