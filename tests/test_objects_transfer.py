@@ -246,3 +246,57 @@ def test_a_copy_lands_in_a_freed_segments_pages(holder, segments):
         assert os.listdir(_recycle.pool_dir(os.getpid())) == []  # it was claimed
     finally:
         pool.purge(everything=True)
+
+
+def test_a_reader_whose_holder_fails_takes_another_nodes_copy(holder, segments):
+    value = np.arange(100_000, dtype=np.int32)
+    name = _stored(value, segments)
+    size = _segment.segment_size(name)
+    asked = []
+
+    def gone(sock: socket.socket, name: str, offset: int, length: int) -> None:
+        sock.sendall(struct.pack("!Q", 0))  # as a holder that freed it
+
+    holder.serve = staticmethod(gone)
+    other = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
+                               on_fetch=lambda s, r: (asked.append(r.name),
+                                                      _manager.serve(s, r.name, r.offset,
+                                                                     r.length)))
+    other.start()
+    try:
+        elsewhere = f"127.0.0.1:{other.address[1]}"
+        oid = next(_ids)
+        segments.append(_segment.segment_name(os.getpid(), oid))
+        got = _read(_manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
+                                   timeout=10, others=lambda: [holder.address, elsewhere]))
+        assert got.tobytes() == value.tobytes() and asked == [name]
+        oid = next(_ids)
+        segments.append(_segment.segment_name(os.getpid(), oid))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
+        with pytest.raises(dpool.ObjectLostError, match="does not hold it") as info:
+            _manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
+                           timeout=10, others=lambda: [dead, "not an address"])
+        assert info.value.node == holder.address  # the holder's error, the others noted
+        assert "could not be fetched either" in "".join(getattr(info.value, "__notes__", []))
+        assert not _exists(segments[-1])
+    finally:
+        _conns.close_all()
+        other.close()
+
+
+def test_a_segment_freed_and_reused_meanwhile_is_not_sent(holder, segments):
+    """The holder reads under a shared lock, and only the file the name still names."""
+    import fcntl
+
+    name = _stored(np.ones(1 << 20), segments)
+    path = os.path.join(_segment.SHM_DIR, name.lstrip("/"))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a writer claimed its pages for another object
+        with pytest.raises(dpool.ObjectLostError, match="does not hold it"):
+            _fetch(holder, name, segments)
+    finally:
+        os.close(fd)
+    assert _read(_fetch(holder, name, segments)).sum() == 1 << 20

@@ -203,6 +203,14 @@ class RedisControlStore:
     def remove_object(self, object_id: int) -> None:
         self._push((4, object_id))
 
+    def add_copy(self, object_id: int, node_id: str) -> None:
+        """Node ``node_id`` keeps a copy of the object (batched; listed by
+        ``object_locations`` while the object's holder has it)."""
+        self._push((6, object_id, node_id))
+
+    def remove_copy(self, object_id: int, node_id: str) -> None:
+        self._push((7, object_id, node_id))
+
     def log_event(self, task_id: int, kind: str, t: float, worker_id: int) -> None:
         self._push((5, task_id, kind, t, worker_id))
 

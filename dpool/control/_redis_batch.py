@@ -73,7 +73,13 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             add(pack((_HSET, K.fn_key(op[1]), b"name", op[2].encode(), b"payload", op[3])))
         elif code == 3:
             add(pack((_HSET, K.object_key(op[1]), b"size", b"%d" % op[2])))
-            add(pack((b"SADD", K.locations_key(op[1]), op[3].encode())))
+            # "host": the writer's own store -- in a node, the node
+            where = node_id if op[3] == "host" and node_id else op[3].encode()
+            add(pack((b"SADD", K.locations_key(op[1]), where)))
+        elif code == 6:  # a node keeps a copy (the object's size is its holder's to set)
+            add(pack((b"SADD", K.locations_key(op[1]), op[2].encode())))
+        elif code == 7:
+            add(pack((b"SREM", K.locations_key(op[1]), op[2].encode())))
         elif code == 4:
             oid = op[1]  # the lineage goes with the object (same id, same shard)
             add(pack((b"DEL", K.object_key(oid), K.locations_key(oid), K.task_key(oid))))

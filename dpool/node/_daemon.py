@@ -130,6 +130,7 @@ class NodeDaemon:
             local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g),
             mirror=self.runner.is_mirror)
         self.spiller.token = self.token
+        self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed)
         self.sessions.cluster_status = self._cluster_status
         self.sessions.publish_workdir = store.put_workdir
@@ -190,6 +191,8 @@ class NodeDaemon:
         (``objects._manager``): only segments of this node's store, never any other file."""
         name = req.name
         prefix = f"/dpool_{self.scheduler.store.owner_pid}_"
+        if not name.startswith(prefix):  # another node's object this node keeps a copy of
+            name = self.runner.copy_of(name) or name
         if not name.startswith(prefix) or not name[len(prefix):].isalnum():
             log.warning("refused to send %r: not a segment of this node's store", name)
             sock.sendall(b"\0" * 8)

@@ -16,8 +16,10 @@ one never holds up a node's control messages; ``_conns`` keeps them for the next
 transfer from the same node (a handshake costs more than copying 1 MB).
 
 A fetch that fails part-way (the holder died, the connection broke) removes the partial
-segment and raises ``ObjectLostError`` naming the object and the node: a torn value is
-never used. A kept connection the holder had closed is retried once on a fresh one.
+segment; the reader then tries the other nodes that keep a copy (the object table lists
+them; a node serves its copy under the holder's segment name), and raises
+``ObjectLostError`` naming the object and the node when none can give it: a torn value
+is never used. A kept connection the holder had closed is retried once on a fresh one.
 
 A spilled task refers to its large inputs by ``remote_ref`` payloads (the holder's
 address and segment name) instead of carrying their bytes; the executing node fetches
@@ -26,16 +28,21 @@ each once, however many of its tasks need it (``scheduling._remote``).
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Optional
 
-from dpool.errors import AuthenticationError, Error, ObjectLostError
+from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
 from dpool.objects import _conns, _forkguard, _segment, _values
 from dpool.protocol import _auth
+
+log = logging.getLogger("dpool.objects")
 
 TAG_REMOTE = 0x03  # a stored value held by another node: (size, address, segment name)
 _REMOTE_HEAD = struct.Struct("!BQH")  # tag, size, length of the address
@@ -80,6 +87,17 @@ def serve(sock: socket.socket, name: str, offset: int = 0, length: int = -1) -> 
         sock.sendall(_SIZE.pack(0))
         return 0
     try:
+        # As any reader of a large segment (``_recycle``): a shared lock while reading,
+        # so a writer cannot claim its pages for another object meanwhile; and the name
+        # must still be this file (it may have been freed and claimed just before).
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except OSError:
+            same = False
+        if not same:
+            sock.sendall(_SIZE.pack(0))
+            return 0
         size = os.fstat(fd).st_size
         sock.sendall(_SIZE.pack(size))
         end = size if length < 0 else min(size, offset + length)
@@ -116,17 +134,51 @@ class _NoAnswer(ObjectLostError):
 
 
 def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
-          size: int, timeout: float = FETCH_TIMEOUT) -> bytes:
+          size: int, timeout: float = FETCH_TIMEOUT,
+          others: Optional[Callable[[], Iterable[str]]] = None) -> bytes:
     """Copy the holder's segment ``name`` (``size`` bytes) into this host's store as
     object ``object_id`` (a segment named for ``owner_pid``); the stored payload.
+
     ``ObjectLostError`` (naming the object and the node) if the holder does not have it
-    or goes away part-way: the partial copy is removed first.
+    or goes away part-way -- after trying each node that ``others()`` names (nodes that
+    keep a copy of it, as the object table lists them: they serve it under the holder's
+    name). The partial copy is removed first: never a torn value.
 
     A large segment comes in ranges over several connections at once (``_ranges``): on
     loopback one TCP stream moves ~2 GB/s with a core to spare on each side. The pages
     it lands in are a freed segment's when the store has one (``_recycle``): allocating
     fresh tmpfs pages costs about as much as the copy.
     """
+    try:
+        return _fetch_from(address, token, name, object_id, owner_pid, size, timeout)
+    except ObjectLostError as exc:
+        if others is None:
+            raise
+        first = exc
+    try:
+        alternatives = [a for a in others() if a != address]
+    except Exception as exc:  # noqa: BLE001 - the table unreachable: the holder's error
+        log.warning("no other copy of %s looked up: %s", name, exc)
+        raise first from None
+    for alt in alternatives:
+        try:
+            payload = _fetch_from(alt, token, name, object_id, owner_pid, size, timeout)
+        except ObjectStoreFullError:
+            raise  # no room here: another copy would not fit either
+        except Error as exc:  # lost there too, or a stale entry of the table
+            log.warning("no copy of %s from node %s either: %s", name, alt, exc)
+            continue
+        log.warning("fetched %s from node %s, which keeps a copy (%s)", name, alt, first)
+        return payload
+    if alternatives:
+        first.add_note(f"dpool: the copies on {', '.join(alternatives)} could not be "
+                       "fetched either")
+    raise first
+
+
+def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
+                size: int, timeout: float) -> bytes:
+    """``fetch`` from one node."""
     from dpool.runtime._address import parse_hostport
 
     host, port = parse_hostport(address, "object holder")

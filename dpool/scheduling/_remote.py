@@ -75,6 +75,9 @@ class RemoteRunner:
         self.fetch_workdir = fetch_workdir  # digest -> archive (the control store's copy)
         self._fetching: dict[str, list] = {}  # digest -> tasks waiting for its code
         self.token = b""  # the cluster token, for fetching inputs from other nodes
+        # The control store (a node in a cluster): the object table lists this node's
+        # copies, and a fetch that fails at the holder tries the nodes it lists.
+        self.control: Any = None
         self._copies: dict[tuple, _Copy] = {}  # remote inputs fetched (or being fetched)
         self._held: list = []  # tasks waiting for their remote inputs
         # An input copy is freed when its holder says it freed the object (ReleaseLent),
@@ -192,9 +195,12 @@ class RemoteRunner:
         copy = self._copies[key]
         payload: Optional[bytes] = None
         error: Optional[BaseException] = None
+        held_oid = _manager._held_id(name)
+        others = (lambda: self._other_copies(held_oid)) if kind == "dep" and held_oid \
+            else None
         try:
             payload = _manager.fetch(address, self.token, name, copy.oid, s.store.owner_pid,
-                                     copy.size)
+                                     copy.size, others=others)
         except Exception as exc:  # noqa: BLE001 - reported on each task that needed it
             error = exc
         with s._lock:
@@ -205,6 +211,10 @@ class RemoteRunner:
                     _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
                     payload, error = None, exc
             copy.payload, copy.error, copy.last = payload, error, time.monotonic()
+            if payload is not None and kind == "dep" and held_oid and self.control is not None:
+                # readers elsewhere may use it (a queued write: under the lock, so that
+                # it precedes the drop's remove_copy)
+                self.control.add_copy(held_oid, self.node_id)
             held, self._held = self._held, []
             for msg in held:
                 self._run(msg, accepted=True)
@@ -261,6 +271,23 @@ class RemoteRunner:
                 copy.released = True
         self._drop_idle_copies(time.monotonic())
 
+    def _other_copies(self, held: int) -> list:
+        """Nodes the object table lists as keeping a copy of object ``held`` (any
+        thread; the holder's own entry among them)."""
+        if self.control is None:
+            return []
+        _size, nodes = self.control.object_locations(held)
+        return sorted(n for n in nodes if n != self.node_id)
+
+    def copy_of(self, name: str) -> Optional[str]:
+        """This node's copy of another node's segment ``name``, as a segment name here
+        (any thread: the node serves it to readers whose holder failed them)."""
+        for key, copy in list(self._copies.items()):
+            if key[0] == "dep" and key[2] == name and copy.payload is not None:
+                stored = _values.stored(copy.payload)
+                return stored[1] if stored is not None else None
+        return None
+
     def holds(self) -> tuple:
         """Inputs this node has a copy of now, as placement names them (any thread)."""
         return tuple(f"{k[1]}|{k[2]}" for k, c in list(self._copies.items())
@@ -279,6 +306,9 @@ class RemoteRunner:
                 del self._copies[key]
                 if copy.payload is not None:
                     s.store.drop(copy.payload)
+                    held = _manager._held_id(key[2])
+                    if self.control is not None and held:
+                        self.control.remove_copy(held, self.node_id)
 
     def _run(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s

@@ -277,6 +277,33 @@ def test_object_locations(store):
     assert store.get_object(oid) is None
 
 
+def test_batched_copies_are_locations_while_the_holder_has_the_object(store, shards):
+    """A node's own objects are listed under its node id ("host" in a node), the copies
+    other nodes keep under theirs; dropping the object drops every location."""
+    addresses, password, _ = shards
+    a = RedisControlStore(addresses, password, node_id="10.0.0.1:7000")
+    b = RedisControlStore(addresses, password, node_id="10.0.0.2:7000")
+    oid = K.make_id(6, 1)
+    a.add_object(oid, 4096, "host")
+    b.add_copy(oid, "10.0.0.2:7000")
+    a.flush()
+    b.flush()
+    assert a.object_locations(oid) == (4096, {"10.0.0.1:7000", "10.0.0.2:7000"})
+    b.remove_copy(oid, "10.0.0.2:7000")
+    b.flush()
+    assert a.object_locations(oid) == (4096, {"10.0.0.1:7000"})
+    b.add_copy(oid, "10.0.0.2:7000")
+    b.flush()
+    a.remove_object(oid)
+    a.flush()
+    assert a.object_locations(oid) == (0, set())
+    b.remove_copy(oid, "10.0.0.2:7000")  # a copy dropped after its object: nothing left
+    b.flush()
+    assert not a._clients[a._shard(oid)].exists(K.locations_key(oid))
+    a.close()
+    b.close()
+
+
 def test_pubsub_delivers_node_death_and_object_ready(store):
     got: list = []
     seen = threading.Event()

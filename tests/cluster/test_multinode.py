@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,8 @@ import time
 
 import psutil
 import pytest
+
+import dpool
 
 from tests.cluster.conftest import (TIMEOUT, base_env, dpool_cli, running, start_cluster,
                                     stop_cluster, wait_for_nodes)
@@ -556,6 +559,83 @@ def test_placement_prefers_the_node_that_already_has_the_input(cluster_far, tmp_
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "5"
     assert _copies_sent(log) - before == 1
+
+
+def test_the_object_table_lists_copies_and_a_reader_falls_back_to_them(cluster_far,
+                                                                        tmp_path):
+    """A node that copied an input is listed as a location of the object, serves its
+    copy under the holder's segment name, and a fetch whose holder fails takes it from
+    there."""
+    from dpool.control._redis import RedisControlStore
+    from dpool.objects import _manager, _segment
+
+    code = textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        import dpool
+
+        def where(a):
+            return os.environ["DPOOL_NODE_ID"]
+
+        if __name__ == "__main__":
+            arr = np.arange(8_000_000, dtype=np.float64)               # 64 MB
+            with dpool.ProcessPoolExecutor() as ex:
+                ref = dpool.put(arr)
+                print(ref.id, ex.submit(where, ref).result(timeout=60), flush=True)
+                sys.stdin.readline()                      # the test reads the copies
+    """)
+    script = tmp_path / "driver_script.py"
+    script.write_text(code)
+    head = cluster_far.head
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                              env=cluster_far.driver_env(DPOOL_STATE_DIR=head.state_dir),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    store = RedisControlStore([r["address"] for r in head.record["redis"]],
+                              cluster_far.token)
+    made: list = []
+    try:
+        line = driver.stdout.readline().split()
+        assert len(line) == 2, driver.communicate(timeout=TIMEOUT)
+        oid, reader = int(line[0]), line[1]
+        deadline = time.monotonic() + 10
+        while store.object_locations(oid)[1] != {head.address, reader} and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)  # (copies are recorded with the node's batched writes)
+        assert store.object_locations(oid)[1] == {head.address, reader}
+        name = _segment.segment_name(head.pid, oid)  # the holder's: the driver's node
+        with open(os.path.join(_segment.SHM_DIR, name.lstrip("/")), "rb") as f:
+            want = f.read()
+
+        def copy(address: str, others=None) -> bytes:
+            oid_here = 0x7000_0000 + len(made)
+            made.append(_segment.segment_name(os.getpid(), oid_here))
+            _manager.fetch(address, cluster_far.token.encode(), name, oid_here, os.getpid(),
+                           len(want), timeout=10, others=others)
+            with open(os.path.join(_segment.SHM_DIR, made[-1].lstrip("/")), "rb") as f:
+                return f.read()
+
+        assert copy(reader) == want  # the reader's copy, under the holder's name
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+            dead = f"127.0.0.2:{s.getsockname()[1]}"  # nothing listens there
+        with pytest.raises(dpool.ObjectLostError):
+            copy(dead)
+        assert copy(dead, others=lambda: sorted(store.object_locations(oid)[1])) == want
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        _, err = driver.communicate(timeout=TIMEOUT)
+        assert driver.returncode == 0, err
+        deadline = time.monotonic() + 10
+        while store.object_locations(oid)[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.object_locations(oid)[1] == set()  # freed: no location left
+    finally:
+        for n in made:
+            _segment.unlink(n)
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
 
 
 def _room_for(nbytes: int) -> bool:
