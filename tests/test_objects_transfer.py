@@ -300,3 +300,54 @@ def test_a_segment_freed_and_reused_meanwhile_is_not_sent(holder, segments):
     finally:
         os.close(fd)
     assert _read(_fetch(holder, name, segments)).sum() == 1 << 20
+
+
+def test_a_send_holds_off_no_fork_and_leaves_the_child_no_descriptor(holder, segments):
+    """A reader that stops reading keeps the holder's send blocked; a fork in the holder
+    still happens (within a chunk's wait), and the child gets no descriptor of the
+    segment (it would pin its pages for its whole life)."""
+    import threading
+
+    from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
+    from dpool.protocol import _messages as m
+
+    name = _stored(np.ones(64 << 20, dtype=np.uint8), segments)
+    host, port = holder.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        _auth.client_handshake(s, TOKEN)
+        request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, name)])
+        s.sendall(struct.pack("!Q", len(request)) + request)
+        got = len(s.recv(1 << 16))
+        time.sleep(0.5)  # the holder's send is blocked on a full socket now
+        r, w = os.pipe()
+        child: list = []
+
+        def fork() -> None:
+            pid = os.fork()
+            if pid == 0:
+                held = 0
+                for fd in os.listdir("/proc/self/fd"):
+                    try:
+                        held += name.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}")
+                    except OSError:
+                        pass
+                os.write(w, b"%d" % held)
+                os._exit(0)
+            child.append(pid)
+
+        t = threading.Thread(target=fork)
+        t.start()
+        t.join(10)
+        forked = not t.is_alive()
+        while got < (64 << 20):  # let the send finish (and an old holder's fork, too)
+            chunk = s.recv(1 << 20)
+            assert chunk
+            got += len(chunk)
+        t.join(10)
+    os.close(w)
+    inherited = int(os.read(r, 16) or b"-1")
+    os.close(r)
+    os.waitpid(child[0], 0)
+    assert forked, "the fork waited for the whole send"
+    assert inherited == 0

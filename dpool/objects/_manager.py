@@ -51,6 +51,8 @@ _BUFFER = 8 << 20  # bytes received per pwrite (1 MB: 1.9 GB/s, 8 MB: 2.2 GB/s h
 _SPARE_BUFFERS = 4
 _STREAMS = max(1, min(4, os.cpu_count() or 1))  # connections one large transfer uses
 _STREAM_MIN = 16 << 20  # bytes each of them moves at least
+_SEND_CHUNK = 32 << 20  # bytes sent per open of the segment (``serve``)
+_FORK_WAIT_S = 0.5  # the longest one send or write holds off a fork of this process
 _PAGE = 4096
 FETCH_TIMEOUT = 30.0
 
@@ -79,39 +81,70 @@ def parse_remote(payload: Optional[bytes]) -> Optional[tuple[int, str, str]]:
 def serve(sock: socket.socket, name: str, offset: int = 0, length: int = -1) -> int:
     """Send segment ``name``'s size, then ``length`` of its bytes from ``offset`` (-1: to
     the end; a range past the end sends what there is); size 0 if it is gone. The number
-    of bytes sent."""
+    of bytes sent.
+
+    The segment is opened for each ``_SEND_CHUNK`` and closed after it, each time under
+    ``_forkguard.no_fork()``: a worker forked meanwhile must not inherit the descriptor
+    (it would pin the pages for its whole life), and a fork waits at most ``_FORK_WAIT_S``
+    for a send whose reader is slow. Each open takes the shared lock and checks that the
+    name still names the same file, as any reader of a large segment (``_recycle``): a
+    segment freed part-way ends the send (the reader sees a broken transfer), never sends
+    bytes of another object that reused its pages.
+    """
     path = os.path.join(_segment.SHM_DIR, name.lstrip("/"))
+    size = ino = 0
+    with _forkguard.no_fork():
+        fd = _open_held(path, 0)
+        if fd is not None:
+            st = os.fstat(fd)
+            size, ino = st.st_size, st.st_ino
+            os.close(fd)
+    sock.sendall(_SIZE.pack(size))
+    if not size:
+        return 0
+    end = size if length < 0 else min(size, offset + length)
+    timeout = sock.gettimeout() or FETCH_TIMEOUT
+    _blocking(sock, socket.SO_SNDTIMEO, min(timeout, _FORK_WAIT_S))
+    pos, stalled = offset, 0.0
+    while pos < end:  # the kernel copies from tmpfs to the socket
+        with _forkguard.no_fork():
+            fd = _open_held(path, ino)
+            if fd is None:
+                raise ConnectionError(f"segment {name} was freed after {pos - offset} of "
+                                      f"{end - offset} bytes were sent")
+            try:
+                n = os.sendfile(sock.fileno(), fd, pos, min(end - pos, _SEND_CHUNK))
+            except BlockingIOError:  # the reader took nothing for _FORK_WAIT_S
+                n = -1
+            finally:
+                os.close(fd)
+        if n == 0:
+            raise ConnectionError(f"the segment shrank to {pos} of {size} bytes")
+        if n < 0:
+            stalled += _FORK_WAIT_S
+            if stalled >= timeout:
+                raise TimeoutError(f"the reader took no bytes for {timeout:.0f} s")
+            continue
+        stalled, pos = 0.0, pos + n
+    return end - offset
+
+
+def _open_held(path: str, ino: int) -> Optional[int]:
+    """A descriptor of segment ``path`` under a shared lock, if the name still names the
+    file (inode ``ino``, if not 0) and no writer holds it; else None."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        sock.sendall(_SIZE.pack(0))
-        return 0
+        return None
     try:
-        # As any reader of a large segment (``_recycle``): a shared lock while reading,
-        # so a writer cannot claim its pages for another object meanwhile; and the name
-        # must still be this file (it may have been freed and claimed just before).
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except OSError:
-            same = False
-        if not same:
-            sock.sendall(_SIZE.pack(0))
-            return 0
-        size = os.fstat(fd).st_size
-        sock.sendall(_SIZE.pack(size))
-        end = size if length < 0 else min(size, offset + length)
-        timeout = sock.gettimeout() or FETCH_TIMEOUT
-        _blocking(sock, socket.SO_SNDTIMEO, timeout)
-        pos = offset
-        while pos < end:  # the kernel copies from tmpfs to the socket
-            n = os.sendfile(sock.fileno(), fd, pos, end - pos)
-            if n == 0:
-                raise ConnectionError(f"the segment shrank to {pos} of {size} bytes")
-            pos += n
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        here = os.fstat(fd).st_ino
+        if here != os.stat(path).st_ino or (ino and here != ino):
+            raise FileNotFoundError(path)
+    except OSError:
         os.close(fd)
-    return max(0, end - offset)
+        return None
+    return fd
 
 
 def _blocking(sock: socket.socket, option: int, timeout: float) -> None:
@@ -184,27 +217,28 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
     src = _Source(host, port, address, token, name, _held_id(name), size, timeout, local)
-    # No fork while the fd is open: a child would keep the claimed segment's lock (and
-    # its pages) for as long as it lives (``_forkguard``).
-    with _forkguard.no_fork():
+    with _forkguard.no_fork():  # (no child may inherit the claimed segment's lock)
         fd = _segment._claim_recycled(local, size)
         if fd is None:
             fd = _segment._create(local, size, allocate=False)
-        errors: list[BaseException] = []
-        ranges = _ranges(size)
-        helpers = [threading.Thread(target=src.pull, args=(fd, off, n, errors), daemon=True,
-                                    name="dpool-fetch-range") for off, n in ranges[1:]]
-        try:
-            for t in helpers:
-                t.start()
-            src.pull(fd, *ranges[0], errors)
-        finally:
-            for t in helpers:
-                t.join()  # before the fd closes: never a write into a reused fd number
-            os.close(fd)
+        os.close(fd)  # each chunk opens it again (``_Source._write``)
+    errors: list[BaseException] = []
+    ranges = _ranges(size)
+    helpers = [threading.Thread(target=src.pull, args=(off, n, errors), daemon=True,
+                                name="dpool-fetch-range") for off, n in ranges[1:]]
+    try:
+        for t in helpers:
+            t.start()
+        src.pull(*ranges[0], errors)
+        for t in helpers:
+            t.join()
         if errors:
-            _segment.unlink(local)  # never a torn value
             raise errors[0]
+    except BaseException:
+        _segment.unlink(local)  # never a torn value
+        for t in helpers:  # (interrupted: they fail at their next chunk, unlinked now)
+            t.join()
+        raise
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id, size) + local.encode()
 
 
@@ -223,20 +257,21 @@ class _Source:
         self.host, self.port, self.address, self.token = host, port, address, token
         self.name, self.held, self.size, self.timeout = name, held, size, timeout
         self.local = local  # the copy's segment here
+        self.path = os.path.join(_segment.SHM_DIR, local.lstrip("/"))
 
     def lost(self, what: str, cls: type = ObjectLostError) -> ObjectLostError:
         return cls(f"object {self.held:#x} ({self.name}) is lost: {what}",
                    object_id=self.held, node=self.address)
 
-    def pull(self, fd: int, offset: int, length: int, errors: list) -> None:
-        """Receive ``length`` bytes from ``offset`` into ``fd``; an error goes to
+    def pull(self, offset: int, length: int, errors: list) -> None:
+        """Receive ``length`` bytes from ``offset`` into the copy; an error goes to
         ``errors`` (so that helper threads report theirs the same way)."""
         try:
-            self._pull(fd, offset, length)
+            self._pull(offset, length)
         except BaseException as exc:  # noqa: BLE001 - the caller raises it
             errors.append(exc)
 
-    def _pull(self, fd: int, offset: int, length: int) -> None:
+    def _pull(self, offset: int, length: int) -> None:
         for attempt in (0, 1):
             try:
                 sock, kept = _conns.take(self.host, self.port, self.token, self.timeout)
@@ -246,7 +281,7 @@ class _Source:
                 raise self.lost(f"its node {self.address} cannot be reached ({exc})") \
                     from exc
             try:
-                self._pull_on(sock, fd, offset, length)
+                self._pull_on(sock, offset, length)
             except _NoAnswer:
                 sock.close()
                 if kept and attempt == 0:
@@ -258,7 +293,7 @@ class _Source:
             _conns.give_back(self.host, self.port, sock)
             return
 
-    def _pull_on(self, sock: socket.socket, fd: int, offset: int, length: int) -> None:
+    def _pull_on(self, sock: socket.socket, offset: int, length: int) -> None:
         from dpool.protocol import PROTOCOL_VERSION, encode_batch
         from dpool.protocol import _messages as m
 
@@ -289,7 +324,7 @@ class _Source:
                 if n == 0:
                     raise self.lost(f"node {address} went away after {got} of the "
                                     f"{length} bytes from {offset}")
-                _segment._pwrite_all(fd, buf[:n], offset + got)
+                self._write(buf[:n], offset + got)
                 got += n
         except OSError as exc:
             if exc.errno in _segment._NO_SPACE_ERRNOS:
@@ -298,6 +333,16 @@ class _Source:
                             f"{length} bytes from {offset} ({exc})") from exc
         finally:
             _give_buffer(buf)
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        """Write a received chunk into the copy, the segment open only meanwhile and no
+        fork meanwhile (a worker must not inherit it: ``serve``)."""
+        with _forkguard.no_fork():
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                _segment._pwrite_all(fd, data, offset)
+            finally:
+                os.close(fd)
 
 
 _spare: list[memoryview] = []  # receive buffers between transfers (faulted in already)
