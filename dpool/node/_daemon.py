@@ -205,8 +205,10 @@ class NodeDaemon:
         store (``objects._push``), in this connection's thread."""
         t0 = time.monotonic()
         self.sessions.receive_push(sock, req)
-        log.info("received object %#x from a driver in %.1f ms (%d bytes)", req.object_id,
-                 (time.monotonic() - t0) * 1e3, req.size)
+        log.info("received object %#x from a driver in %.1f ms (%d bytes from %d of %d)",
+                 req.object_id, (time.monotonic() - t0) * 1e3,
+                 (req.size - req.offset) if req.length < 0 else req.length, req.offset,
+                 req.size)
 
     def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
         if h.outgoing:

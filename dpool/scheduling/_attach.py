@@ -130,6 +130,7 @@ class DriverSessions:
         self._push_lock = threading.Lock()
         self._pushers: set[int] = set()  # id prefixes of the attached TCP drivers
         self._pushed: dict[str, int] = {}
+        self._receiver: Optional[_push.Receiver] = None
         self.leases = LeaseDesk(scheduler)  # workers lent to drivers of this host
         scheduler.sessions = self
 
@@ -183,9 +184,14 @@ class DriverSessions:
 
     # -- large values TCP drivers push (``objects._push``) -------------------------------
     def receive_push(self, sock: socket.socket, req: m.PushSegment) -> None:
-        """Receive a pushed value into this store (a transfer connection's thread)."""
-        _push.receive(sock, req.object_id, req.size, self._s.store.owner_pid,
-                      self._may_push, self._keep_pushed)
+        """Receive (a range of) a pushed value into this store (a transfer connection's
+        thread)."""
+        if self._receiver is None:
+            with self._push_lock:
+                if self._receiver is None:
+                    self._receiver = _push.Receiver(self._s.store.owner_pid,
+                                                    self._may_push, self._keep_pushed)
+        self._receiver.serve(sock, req.object_id, req.size, req.offset, req.length)
 
     def _may_push(self, oid: int, size: int) -> None:
         with self._push_lock:

@@ -133,6 +133,15 @@ VALUES = textwrap.dedent("""
             f = ex.submit(make, 8_000_000)                                   # 64 MB
             a = dpool.get(f.object_ref, timeout=60)
             assert a.shape == (8_000_000,) and a[-1] == 7_999_999.0
+            # over 32 MB in many buffers: it moves in ranges that split buffers
+            rng = np.random.default_rng(7)
+            big = {"arrs": [rng.integers(0, 255, 1_000_003 + i, dtype=np.uint8)
+                            for i in range(40)],
+                   "f": np.asfortranarray(rng.random((1000, 1001)))}
+            bexp = describe(big)
+            bref = dpool.put(big)
+            assert ex.submit(remote_describe, bref, 0).result(timeout=60)[1] == bexp
+            assert describe(ex.submit(echo, bref).result(timeout=60)) == bexp
             many = dpool.get([ex.submit(make, 1_000_000 + i) for i in range(6)])
             assert [len(x) for x in many] == [1_000_000 + i for i in range(6)]
             assert all(x[-1] == len(x) - 1 for x in many)
@@ -351,3 +360,53 @@ def test_an_upload_without_the_token_is_refused(small_store):
         except ConnectionResetError:
             pass
     assert set(_segments()) - before == set()
+
+
+PARTIAL = textwrap.dedent("""
+    import os, time
+    import numpy as np
+    import dpool
+    from dpool.objects import _push, _segment
+    from dpool.objects._serialization import serialize
+    from dpool.runtime._current import client
+
+    def shm():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("dpool_")}
+
+    def upload(n):
+        ser = serialize(np.ones(n, dtype=np.uint8), oob_threshold=1024)
+        views = [_segment._as_bytes_view(b) for b in ser.buffers]
+        layout = _segment._layout(len(ser.meta), [v.nbytes for v in views])
+        t = rt.target
+        return _push._Upload(t.host, t.port, t.token, rt.new_id(), layout.size,
+                             _push._parts(layout, ser.meta, views), 10)
+
+    if __name__ == "__main__":
+        dpool.put(1)  # attached
+        rt = client()
+        # the driver gives up after the first of two ranges: the node drops the value
+        up = upload(48 << 20)
+        before = shm()
+        sock = up._open(0, 16 << 20)
+        during = shm() - before
+        up._send(sock, 0, 16 << 20)
+        sock.close()
+        deadline = time.monotonic() + 10
+        while shm() & during and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("DROPPED", len(during), sorted(shm() & during))
+        # a range of an upload that is not under way is refused
+        try:
+            upload(48 << 20)._open(16 << 20, 16 << 20)
+        except dpool.Error as e:
+            print("REFUSED", "no upload" in str(e))
+        ref = dpool.put(np.ones(48 << 20, dtype=np.uint8))  # the node still takes them
+        print("PUT", int(dpool.get(ref).sum()) == 48 << 20)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_an_upload_given_up_part_way_leaves_nothing(far, tmp_path):
+    out = far.run_script(PARTIAL, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["DROPPED 1 []", "REFUSED True", "PUT True"]
