@@ -280,20 +280,20 @@ class Gone(ObjectLostError):
     """The holder does not have the segment (freed, or spilled to its disk meanwhile)."""
 
 
-def fetch_into(address: str, token: bytes, name: str, size: int,
-               timeout: float = FETCH_TIMEOUT) -> bytearray:
-    """The bytes of the holder's segment ``name`` (``size`` of them), in a buffer of
-    this process: for a driver that reaches its node over TCP and has no store to copy
-    into. Pulled in ranges over several kept connections at once, as ``fetch`` does,
-    each straight into its part of the buffer (``recv_into``: no copy in Python); a
-    value unpickled from it keeps its arrays there, zero-copy. ``Gone`` if the holder
-    does not have it, ``ObjectLostError`` if it goes away part-way."""
+def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
+               timeout: float = FETCH_TIMEOUT) -> None:
+    """Fill ``buf`` (writable, in this process) with the bytes of the holder's segment
+    ``name`` (``buf.nbytes`` of them): for a driver that reaches its node over TCP and
+    has no store to copy into. Pulled in ranges over several kept connections at once,
+    as ``fetch`` does, each straight into its part of the buffer (``recv_into``: no copy
+    in Python); a value unpickled from it keeps its arrays there, zero-copy. ``Gone`` if
+    the holder does not have it, ``ObjectLostError`` if it goes away part-way."""
     from dpool.runtime._address import parse_hostport
 
     host, port = parse_hostport(address, "object holder")
-    buf = bytearray(size)
+    size = buf.nbytes
     src = _IntoMemory(host, port, address, token, name, _held_id(name), size, timeout, "")
-    src.view = memoryview(buf)
+    src.view = buf
     errors: list[BaseException] = []
     ranges = _ranges(size)
     helpers = [threading.Thread(target=src.pull, args=(-1, off, n, errors), daemon=True,
@@ -305,10 +305,8 @@ def fetch_into(address: str, token: bytes, name: str, size: int,
     finally:
         for t in helpers:
             t.join()
-        src.view.release()
     if errors:
         raise errors[0]
-    return buf
 
 
 class _IntoMemory(_Source):

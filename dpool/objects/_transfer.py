@@ -77,7 +77,28 @@ def dumps_call_inline(args: tuple, kwargs: dict,
     return dumps_value_inline((args, kwargs), push)
 
 
-def loads_fetched(data: bytearray, name: str) -> Any:
+_HUGE_MIN = 4 << 20  # a buffer this large asks for huge pages
+
+
+def private_memory(size: int) -> Any:
+    """A writable buffer of ``size`` zero bytes, this process's own, to pull a large
+    value into. A large one is an anonymous mapping that asks for transparent huge pages:
+    the kernel then faults in 2 MB at a time instead of 4 KB, and receiving 64 MB into it
+    costs ~5 ms of faults instead of ~30 ms here (a bytearray's pages, one fault each).
+    Where huge pages are not to be had it gets ordinary pages; a first use that finds
+    memory fragmented may pay once for compacting it (150 ms seen)."""
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if size < _HUGE_MIN or advise is None:
+        return bytearray(size)
+    mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mem.madvise(advise)
+    except OSError:
+        pass  # (a kernel without them: ordinary pages)
+    return mem
+
+
+def loads_fetched(data: Any, name: str) -> Any:
     """The value in ``data``, a stored value's segment bytes pulled into this process:
     its buffers (numpy arrays) are writable views onto ``data``, nothing copied."""
     meta, buffers = _segment.parts(memoryview(data), name)

@@ -7,7 +7,7 @@
     reader thread ◀── ObjectValue ── small: inline, completed right there
                                    └ a reference (a stored result on the node):
     Fetches: up to _FETCHERS threads ── FetchSegment ranges ──▶ node (``_manager``)
-       ──▶ recv_into a bytearray of this process ──▶ unpickled onto it ──▶ future set
+       ──▶ recv_into memory of this process ──▶ unpickled onto it ──▶ future set
 
 A large result is pulled by a fetch thread, not by the reader: the reader is the only
 thread that takes the node's messages, so 30 ms spent on a 64 MB pull there would hold up
@@ -109,7 +109,9 @@ class FarValues:
         try:
             # From the node this driver is attached to (the holder is that node: the
             # driver reached it at this address; the node's own may be another name).
-            data = _manager.fetch_into(t.address, t.token, name, size)
+            data = _transfer.private_memory(size)
+            with memoryview(data) as view:
+                _manager.fetch_into(t.address, t.token, name, view)
         except _manager.Gone as exc:
             asked = self._asked.get(oid, 0)
             if asked < _ASK_AGAIN and not fut.done() and rt._lost is None:
