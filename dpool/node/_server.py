@@ -8,9 +8,9 @@ thread that runs the authenticated handshake (``protocol._auth``) and reads the 
 ``Attach`` frame under a deadline, then hands the socket to the local scheduler's IO loop
 (``scheduling._attach``); an object-transfer connection (first frame ``FetchSegment``,
 or ``PushSegment`` from a driver that uploads a large value) keeps its thread, which
-answers its requests until it closes or idles: a transfer never runs on the IO loop. A peer that
-fails the handshake is logged and dropped without anything it sent being unpickled; the
-accept loop keeps serving.
+answers its requests until it closes or idles: a transfer never runs on the IO loop. A
+peer that fails the handshake is logged and dropped without anything it sent being
+unpickled; the accept loop keeps serving.
 """
 
 from __future__ import annotations

@@ -129,6 +129,10 @@ class FarValues:
             return
         except BaseException as exc:  # noqa: BLE001 - reported on the future
             self._asked.pop(oid, None)
+            if rt._lost is not None:  # the node is gone: as every other future hears
+                node_lost = NodeLostError(rt._lost)
+                node_lost.__cause__ = exc
+                exc = node_lost
             _set(fut, exc=exc)
             return
         self._asked.pop(oid, None)

@@ -410,3 +410,43 @@ def test_an_upload_given_up_part_way_leaves_nothing(far, tmp_path):
     out = far.run_script(PARTIAL, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["DROPPED 1 []", "REFUSED True", "PUT True"]
+
+
+ASK_AGAIN = textwrap.dedent("""
+    import numpy as np
+    import dpool
+    from dpool.objects import _manager
+
+    real = _manager.fetch_into
+    calls = []
+
+    def gone_once(*a, **k):  # as if the node had spilled the result to its disk
+        calls.append(1)
+        if len(calls) == 1:
+            raise _manager.Gone("not there (test)")
+        return real(*a, **k)
+
+    def always_gone(*a, **k):
+        raise _manager.Gone("not there (test)")
+
+    def make(n):
+        return np.arange(n, dtype=np.float64)
+
+    if __name__ == "__main__":
+        with dpool.ProcessPoolExecutor() as ex:
+            _manager.fetch_into = gone_once
+            a = ex.submit(make, 1 << 20).result(timeout=60)
+            print("AGAIN", len(calls), a[-1] == (1 << 20) - 1)
+            _manager.fetch_into = always_gone
+            try:
+                ex.submit(make, 1 << 20).result(timeout=60)
+            except dpool.ObjectLostError as e:
+                print("LOST", "not there (test)" in str(e))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_result_not_on_the_node_is_asked_for_again(far, tmp_path):
+    out = far.run_script(ASK_AGAIN, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["AGAIN 2 True", "LOST True"]
