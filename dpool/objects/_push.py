@@ -315,7 +315,8 @@ class Receiver:
 
     def _first(self, sock: socket.socket, name: str, size: int, length: int) -> None:
         # No fork while the fd is open: a child would keep the segment's pages
-        # (``_forkguard``).
+        # (``_forkguard``). Not while waiting for the other ranges, though: a fork
+        # waiting for this section would hold off theirs, which this one waits for.
         with _forkguard.no_fork():
             try:
                 fd = _segment._claim_recycled(name, size)
@@ -329,20 +330,29 @@ class Receiver:
             with self._cv:
                 self._incoming[name] = inc
             try:
-                _answer(sock, OK, "")
-                self._arrived(inc, length, _receive_into(sock, fd, 0, length, name, size,
-                                                         self.timeout))
-                failed = self._wait_all(sock, inc, name)
-                if failed is None:
-                    failed = _not_a_segment(fd, size, name)
+                try:
+                    _answer(sock, OK, "")
+                    full = _receive_into(sock, fd, 0, length, name, size, self.timeout)
+                finally:
+                    os.close(fd)
             except BaseException:
-                self._arrived(inc, 0, Error("the first range's connection broke"))
-                _segment.unlink(name)  # never a torn value
+                self._drop(inc, name)
                 raise
-            finally:
-                os.close(fd)
-                with self._cv:
-                    self._incoming.pop(name, None)
+        self._arrived(inc, length, full)
+        try:
+            failed = self._wait_all(sock, inc, name)
+        except BaseException:
+            self._drop(inc, name)
+            raise
+        with self._cv:
+            self._incoming.pop(name, None)
+        if failed is None:
+            with _forkguard.no_fork():
+                fd = os.open(os.path.join(_segment.SHM_DIR, name.lstrip("/")), os.O_RDONLY)
+                try:
+                    failed = _not_a_segment(fd, size, name)
+                finally:
+                    os.close(fd)
         if failed is not None:
             _segment.unlink(name)
             return _answer(sock, FULL if isinstance(failed, ObjectStoreFullError)
@@ -351,6 +361,13 @@ class Receiver:
             _segment.unlink(name)
             return _answer(sock, REFUSED, "its driver is no longer attached")
         _answer(sock, OK, name)
+
+    def _drop(self, inc: _Incoming, name: str) -> None:
+        """The first range's connection broke: the value is dropped, never torn."""
+        self._arrived(inc, 0, Error("the first range's connection broke"))
+        with self._cv:
+            self._incoming.pop(name, None)
+        _segment.unlink(name)
 
     def _other(self, sock: socket.socket, name: str, size: int, offset: int,
                length: int) -> None:

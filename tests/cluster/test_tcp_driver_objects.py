@@ -450,3 +450,45 @@ def test_a_result_not_on_the_node_is_asked_for_again(far, tmp_path):
     out = far.run_script(ASK_AGAIN, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["AGAIN 2 True", "LOST True"]
+
+
+FORKS = textwrap.dedent("""
+    import threading, time
+    import numpy as np
+    import dpool
+
+    def one(x):
+        return x
+
+    if __name__ == "__main__":
+        arr = np.ones(48 << 20, dtype=np.uint8)  # over 32 MB: in ranges
+        dpool.put(1)
+        done, errors = [], []
+
+        def puts():
+            try:
+                for _ in range(8):
+                    ref = dpool.put(arr)
+                    done.append(1)
+                    del ref
+            except BaseException as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        t0 = time.monotonic()
+        t = threading.Thread(target=puts)
+        t.start()
+        while t.is_alive():  # a fresh worker per task: the node forks all along
+            with dpool.ProcessPoolExecutor(2, max_tasks_per_child=1) as ex:
+                list(ex.map(one, range(4)))
+        t.join()
+        print(len(done), errors, time.monotonic() - t0 < 20)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_uploads_while_the_node_forks_workers(cluster, tmp_path):
+    """The node's segment writers hold off its forks (``_forkguard``); an upload in
+    ranges must never make a fork and its own ranges wait on each other."""
+    out = cluster.run_script(FORKS, tmp_path, timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "8 [] True", out.stdout
