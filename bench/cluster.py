@@ -12,9 +12,10 @@ Setups (each started fresh and stopped afterwards):
   dpool's embedded runtime (no ``DPOOL_ADDRESS``) in the same run.
 
 Figures: sequential no-op round trip (median and p90 of ``--pings``), no-op throughput
-(``--tasks`` submitted at once, then all awaited), Redis commands and bytes per task
-(the shards' ``INFO stats`` around the throughput run), and the tasks/s that the one
-global scheduler placed in that run. Ray is run from ``bench/.venv-peers`` (or
+(``--tasks`` submitted at once, then all awaited), a 64 MB put read by a task on the
+other node and a 64 MB result of such a task (driver on the head's host, and over TCP),
+Redis commands and bytes per task (the shards' ``INFO stats`` around the throughput
+run), and the tasks/s that the one global scheduler placed in that run. Ray is run from ``bench/.venv-peers`` (or
 ``$DPOOL_BENCH_RAY_PYTHON``) when it has ``ray``.
 """
 
@@ -104,6 +105,47 @@ for _ in range(int(sys.argv[1])):
     times.append(time.perf_counter() - t0)
     del ref
 print(json.dumps({"put64_ms": statistics.median(times) * 1e3}))
+"""
+
+GET64 = r"""
+import json, statistics, sys, time
+import numpy as np
+import dpool
+
+def make(seed):
+    return np.full(8_000_000, float(seed))  # 64 MB
+
+with dpool.ProcessPoolExecutor(2) as ex:
+    ex.submit(make, 0).result()
+    times = []
+    for i in range(int(sys.argv[1])):
+        t0 = time.perf_counter()
+        a = ex.submit(make, i).result()
+        times.append(time.perf_counter() - t0)
+        assert a[-1] == i
+        del a
+print(json.dumps({"get64_ms": statistics.median(times) * 1e3}))
+"""
+
+RAY_GET64 = r"""
+import json, statistics, sys, time
+import numpy as np
+import ray
+ray.init(address=sys.argv[2], logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=1)
+def make(seed):
+    return np.full(8_000_000, float(seed))
+
+ray.get(make.remote(0))
+times = []
+for i in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    a = ray.get(make.remote(i))
+    times.append(time.perf_counter() - t0)
+    assert a[-1] == i
+    del a
+print(json.dumps({"get64_ms": statistics.median(times) * 1e3}))
 """
 
 RAY_DRIVER = r"""
@@ -204,13 +246,15 @@ def dpool_remote(tmp: str, pings: int, tasks: int) -> dict:
         r["redis_cmds_per_task"] = (c1 - c0) / tasks
         r["redis_bytes_per_task"] = (b1 - b0) / tasks
         for how, extra in (("unix", {"DPOOL_STATE_DIR": head}), ("tcp", {})):
-            out = subprocess.run([sys.executable, "-c", PUT64, "7"],
-                                 env=_env(DPOOL_ADDRESS=f"127.0.0.2:{port}", DPOOL_TOKEN=token,
-                                          **extra),
-                                 capture_output=True, text=True, timeout=300)
-            if out.returncode != 0:
-                raise RuntimeError(out.stderr[-2000:])
-            r[f"put64_{how}_ms"] = json.loads(out.stdout.strip().splitlines()[-1])["put64_ms"]
+            for what, script in (("put64", PUT64), ("get64", GET64)):
+                out = subprocess.run([sys.executable, "-c", script, "7"],
+                                     env=_env(DPOOL_ADDRESS=f"127.0.0.2:{port}",
+                                              DPOOL_TOKEN=token, **extra),
+                                     capture_output=True, text=True, timeout=300)
+                if out.returncode != 0:
+                    raise RuntimeError(out.stderr[-2000:])
+                r[f"{what}_{how}_ms"] = json.loads(
+                    out.stdout.strip().splitlines()[-1])[f"{what}_ms"]
         return r
     finally:
         _cli(["stop"], node)
@@ -264,11 +308,12 @@ def ray_remote(py: str, pings: int, tasks: int) -> dict:
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        out = subprocess.run([py, "-c", RAY_PUT64, "7", f"127.0.0.2:{port}"], env=env,
-                             capture_output=True, text=True, timeout=300)
-        if out.returncode != 0:
-            raise RuntimeError(out.stderr[-2000:])
-        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        for script in (RAY_PUT64, RAY_GET64):
+            out = subprocess.run([py, "-c", script, "7", f"127.0.0.2:{port}"], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-2000:])
+            result.update(json.loads(out.stdout.strip().splitlines()[-1]))
         return result
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
@@ -335,6 +380,10 @@ def _report(r: dict) -> str:
         "head's host)", rem["put64_unix_ms"], ray and ray["put64_ms"], "ms")
     row("the same, driver connected over TCP", rem["put64_tcp_ms"],
         ray and ray["put64_ms"], "ms")
+    row("a task on the other node returns 64 MB to the driver (driver on the head's host)",
+        rem["get64_unix_ms"], ray and ray.get("get64_ms"), "ms")
+    row("the same, driver connected over TCP", rem["get64_tcp_ms"],
+        ray and ray.get("get64_ms"), "ms")
     lines += ["", "| figure | attached driver | embedded runtime | attached / embedded |",
               "|---|---|---|---|",
               f"| local no-op round trip, median | {att['rtt_median_us']:,.0f} us | "

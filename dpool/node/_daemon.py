@@ -83,7 +83,8 @@ class NodeDaemon:
         if object_store_memory:
             self.scheduler.set_store_capacity(object_store_memory)
         self.server = NodeServer(token, bind, port, unix_path, self._attach, self._peer,
-                                 self._serve_segment, self._lease)
+                                 self._serve_segment, self._lease,
+                                 self._receive_segment)
         self.address = f"{node_ip}:{self.server.address[1]}"
         self.node_id = self.address
         os.environ["DPOOL_NODE_ID"] = self.node_id  # inherited by the workers
@@ -201,6 +202,16 @@ class NodeDaemon:
         sent = _manager.serve(sock, name, req.offset, req.length)
         log.info("sent %s to a node in %.1f ms (%d bytes from %d)", name,
                  (time.monotonic() - t0) * 1e3, sent, req.offset)  # (bench/transfer.py)
+
+    def _receive_segment(self, sock: socket.socket, req: m.PushSegment) -> None:
+        """A driver that reaches this node over TCP uploads a large value into this
+        store (``objects._push``), in this connection's thread."""
+        t0 = time.monotonic()
+        self.sessions.receive_push(sock, req)
+        log.info("received object %#x from a driver in %.1f ms (%d bytes from %d of %d)",
+                 req.object_id, (time.monotonic() - t0) * 1e3,
+                 (req.size - req.offset) if req.length < 0 else req.length, req.offset,
+                 req.size)
 
     def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
         if h.outgoing:

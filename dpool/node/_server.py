@@ -6,10 +6,11 @@ schedulers (nodes connect as peers; no unix socket).
 An accept thread takes connections on both; each new connection gets a short-lived
 thread that runs the authenticated handshake (``protocol._auth``) and reads the driver's
 ``Attach`` frame under a deadline, then hands the socket to the local scheduler's IO loop
-(``scheduling._attach``); an object-transfer connection (first frame ``FetchSegment``)
-keeps its thread, which answers its requests until it closes or idles. A peer that
-fails the handshake is logged and dropped without anything it sent being unpickled; the
-accept loop keeps serving.
+(``scheduling._attach``); an object-transfer connection (first frame ``FetchSegment``,
+or ``PushSegment`` from a driver that uploads a large value) keeps its thread, which
+answers its requests until it closes or idles: a transfer never runs on the IO loop. A
+peer that fails the handshake is logged and dropped without anything it sent being
+unpickled; the accept loop keeps serving.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ class NodeServer:
                  on_attach: Optional[Callable[[Channel, m.Attach], None]],
                  on_peer: Callable[[Channel, m.PeerHello], None],
                  on_fetch: Optional[Callable[[socket.socket, m.FetchSegment], None]] = None,
-                 on_lease: Optional[Callable[[socket.socket, m.LeaseRequest], None]] = None
+                 on_lease: Optional[Callable[[socket.socket, m.LeaseRequest], None]] = None,
+                 on_push: Optional[Callable[[socket.socket, m.PushSegment], None]] = None
                  ) -> None:
         self._token = token
         self._on_fetch = on_fetch
+        self._on_push = on_push
         self._on_lease = on_lease
         self._on_attach = on_attach
         self._on_peer = on_peer
@@ -121,9 +124,10 @@ class NodeServer:
             self._serve_fetches(fetches, conn, peer)
 
     def _serve_fetches(self, chan: Channel, conn: socket.socket, peer: str) -> None:
-        """Answer ``FetchSegment`` requests on an object-transfer connection, one after
-        the other, until the peer closes it or leaves it idle for ``FETCH_IDLE_S``
-        (readers keep these connections for their next transfer: ``objects._conns``)."""
+        """Answer ``FetchSegment`` and ``PushSegment`` requests on an object-transfer
+        connection, one after the other, until the peer closes it or leaves it idle for
+        ``FETCH_IDLE_S`` (peers keep these connections for their next transfer:
+        ``objects._conns``)."""
         try:
             while True:
                 frames = chan.recv_frames(timeout=FETCH_IDLE_S)
@@ -131,17 +135,27 @@ class NodeServer:
                     return  # idle: the reader opens a new one when it needs one
                 for frame in frames:
                     for msg in decode_batch(frame):
-                        if not isinstance(msg, m.FetchSegment):
+                        if not self._transfer(conn, msg):
                             raise ProtocolError(f"unexpected {type(msg).__name__} on an "
                                                 "object-transfer connection")
-                        conn.settimeout(_SEND_TIMEOUT)
-                        self._on_fetch(conn, msg)  # type: ignore[misc]
         except ChannelClosed:
             pass
         except (Error, OSError) as exc:
             log.warning("dropped an object-transfer connection from %s: %s", peer, exc)
         finally:
             conn.close()
+
+    def _transfer(self, conn: socket.socket, msg: object) -> bool:
+        """Serve ``msg`` if it is an object-transfer request (False if it is not one)."""
+        if isinstance(msg, m.FetchSegment) and self._on_fetch is not None:
+            conn.settimeout(_SEND_TIMEOUT)
+            self._on_fetch(conn, msg)
+            return True
+        if isinstance(msg, m.PushSegment) and self._on_push is not None:
+            conn.settimeout(_SEND_TIMEOUT)
+            self._on_push(conn, msg)
+            return True
+        return False
 
     def _admit_one(self, conn: socket.socket, peer: str, tcp: bool) -> Optional[Channel]:
         """Authenticate ``conn`` and hand it on; an object-transfer connection comes back
@@ -158,9 +172,7 @@ class NodeServer:
             if len(frames) != 1 or len(msgs) != 1:
                 raise ProtocolError("expected exactly one hello message first")
             hello = msgs[0]
-            if isinstance(hello, m.FetchSegment) and self._on_fetch is not None:
-                conn.settimeout(_SEND_TIMEOUT)
-                self._on_fetch(conn, hello)  # in this thread: a transfer of its own
+            if self._transfer(conn, hello):  # in this thread: a transfer of its own
                 return chan
             if isinstance(hello, m.LeaseRequest) and self._on_lease is not None and not tcp:
                 if hello.version != PROTOCOL_VERSION:

@@ -370,3 +370,79 @@ def _held_id(name: str) -> int:
         return int(name.rsplit("_", 1)[1], 16)
     except (IndexError, ValueError):
         return 0
+
+
+# -- a driver's side: a stored value pulled into this process's own memory --------------
+class Gone(ObjectLostError):
+    """The holder does not have the segment (freed, or spilled to its disk meanwhile)."""
+
+
+def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
+               timeout: float = FETCH_TIMEOUT) -> None:
+    """Fill ``buf`` (writable, in this process) with the bytes of the holder's segment
+    ``name`` (``buf.nbytes`` of them): for a driver that reaches its node over TCP and
+    has no store to copy into. Pulled in ranges over several kept connections at once,
+    as ``fetch`` does, each straight into its part of the buffer (``recv_into``: no copy
+    in Python); a value unpickled from it keeps its arrays there, zero-copy. ``Gone`` if
+    the holder does not have it, ``ObjectLostError`` if it goes away part-way."""
+    from dpool.runtime._address import parse_hostport
+
+    host, port = parse_hostport(address, "object holder")
+    size = buf.nbytes
+    src = _IntoMemory(host, port, address, token, name, _held_id(name), size, timeout, "")
+    src.view = buf
+    errors: list[BaseException] = []
+    ranges = _ranges(size)
+    helpers = [threading.Thread(target=src.pull, args=(-1, off, n, errors), daemon=True,
+                                name="dpool-fetch-range") for off, n in ranges[1:]]
+    try:
+        for t in helpers:
+            t.start()
+        src.pull(-1, *ranges[0], errors)
+    finally:
+        for t in helpers:
+            t.join()
+    if errors:
+        raise errors[0]
+
+
+class _IntoMemory(_Source):
+    """A segment pulled into ``view`` (this process's memory) instead of a segment."""
+
+    view: memoryview
+
+    def _pull_on(self, sock: socket.socket, fd: int, offset: int, length: int) -> None:
+        from dpool.protocol import PROTOCOL_VERSION, encode_batch
+        from dpool.protocol import _messages as m
+
+        address, timeout = self.address, self.timeout
+        sock.settimeout(timeout)
+        try:
+            request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, self.name, offset,
+                                                   length)])
+            sock.sendall(_SIZE.pack(len(request)) + request)
+            head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
+        except OSError as exc:
+            raise self.lost(f"node {address} did not answer ({exc})", _NoAnswer) from exc
+        if not head:
+            raise self.lost(f"node {address} closed the connection", _NoAnswer)
+        size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
+        if size == 0:
+            raise self.lost(f"node {address} does not hold it (freed, or spilled)", Gone)
+        if size != self.size:
+            raise self.lost(f"node {address} holds {size} bytes of it, not {self.size}")
+        part = self.view[offset:offset + length]
+        got = 0
+        try:
+            _blocking(sock, socket.SO_RCVTIMEO, timeout)
+            while got < length:
+                n = sock.recv_into(part[got:], length - got, socket.MSG_WAITALL)
+                if n == 0:
+                    raise self.lost(f"node {address} went away after {got} of the "
+                                    f"{length} bytes from {offset}")
+                got += n
+        except OSError as exc:
+            raise self.lost(f"the transfer from node {address} broke after {got} of the "
+                            f"{length} bytes from {offset} ({exc})") from exc
+        finally:
+            part.release()

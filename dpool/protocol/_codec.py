@@ -15,8 +15,8 @@ from typing import Callable, Iterable
 from dpool.errors import ProtocolError
 from dpool.protocol import _messages as m
 
-PROTOCOL_VERSION = 5  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
-# 5: FetchSegment asks for a range
+PROTOCOL_VERSION = 6  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
+# 5: FetchSegment asks for a range; 6: PushSegment (a TCP driver uploads a large value)
 
 _BY_CODE: dict[int, type] = {}
 for _cls in m.ALL_MESSAGES:

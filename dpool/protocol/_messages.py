@@ -395,6 +395,25 @@ class ReleaseLent:
     name: str
 
 
+@dataclass(slots=True)
+class PushSegment:
+    """D->N a request on an object-transfer connection (its first frame, or any later
+    one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
+    from ``offset`` of a large value, ``size`` bytes in the store's segment layout, to
+    be object ``object_id`` of the node's store (``objects._push``). The node answers
+    raw: go ahead (or why not), then, after the bytes, the name of the segment that
+    holds them (or why it does not). A large value comes in ranges on several
+    connections at once: the range at offset 0 creates the segment and is answered
+    last, once every range is in; the others are sent after its go-ahead."""
+
+    CODE: ClassVar[int] = 37
+    version: int
+    object_id: int
+    size: int
+    offset: int = 0
+    length: int = -1
+
+
 # -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
 
 
@@ -520,6 +539,7 @@ ALL_MESSAGES = (
     WorkingDir,
     FetchSegment,
     ReleaseLent,
+    PushSegment,
     LeaseRequest,
     LeaseDenied,
     LeaseReady,

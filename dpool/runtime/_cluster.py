@@ -9,10 +9,14 @@ work unchanged; no worker runs in this process. It connects over the node's unix
 when the node is on this host (``dpool start``'s record says so), else over TCP; both
 start with the token handshake.
 
-Values go inline (no shared memory on the driver's side): the object-transfer work makes
-large values zero-copy again. Releases and the closing of collected executors are queued
-without a lock (they may come from ``__del__`` during garbage collection) and sent by a
-flusher thread, or with the next message.
+On the node's host, large values go through the node's store, zero-copy both ways.
+Over TCP, small values go inline and large ones on transfer connections of their own
+(``_far``): pushed into the node's store before the message that names them, and
+pulled by a fetch thread when a result is one.
+
+Releases and the closing of collected executors are queued without a lock (they may
+come from ``__del__`` during garbage collection) and sent by a flusher thread, or with
+the next message.
 
 Cancelling: ``Future.cancel()`` succeeds while the driver has no result, and tells the
 node to drop the task if it has not started (compat/DIFFERENCES.md). ``shutdown(
@@ -36,11 +40,12 @@ from typing import Any, Callable, Optional
 
 from dpool.errors import DeserializationError, Error, NodeLostError
 from dpool.futures import Future, ObjectRef
-from dpool.objects import _mapping, _transfer
+from dpool.objects import _manager, _mapping
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _auth
 from dpool.protocol import _messages as m
 from dpool.runtime import _calls, _payload, _workdir
+from dpool.runtime._far import FarValues
 from dpool.runtime._lease import DriverLeases
 from dpool.runtime._address import Target
 from dpool.runtime._functions import FunctionTable
@@ -138,6 +143,7 @@ class ClusterRuntime:
         if self.store_owner:
             self.owner_pid = self.store_owner
         self._ids = itertools.count((hello.id_prefix << 40) + 1)
+        self._far = FarValues(self)  # (used only when there is no shared store)
         self.functions = FunctionTable(self.new_id, self._register_function)
         self.scheduler = _RemoteScheduler(self)
         self._futures: dict[int, Future] = {}
@@ -257,7 +263,7 @@ class ClusterRuntime:
             else:
                 fn_id = self.functions.fn_id(fn)
                 try:
-                    payload = _transfer.dumps_call_inline(args, kwargs)
+                    payload = self._far.dumps_call(args, kwargs)
                 except Exception as exc:
                     if hasattr(exc, "add_note"):
                         exc.add_note("dpool: this happened while pickling the task's "
@@ -305,7 +311,7 @@ class ClusterRuntime:
         if self.store_owner:
             payload = _payload.dumps_value(value, oid, self.store_owner)
         else:
-            payload = _transfer.dumps_value_inline(value)
+            payload = self._far.dumps_value(value, oid)
         self._send([m.PutObject(oid, payload)])
         return ObjectRef(oid, self)
 
@@ -358,7 +364,12 @@ class ClusterRuntime:
         if code == m.ObjectValue.CODE:
             fut = self._futures.pop(msg.object_id, None)
             if fut is not None:
-                self.complete(fut, msg.ok, msg.payload)
+                payload = msg.payload
+                if msg.ok and payload and payload[0] == _manager.TAG_REMOTE:
+                    ref = _manager.parse_remote(payload)  # large: pulled off this thread
+                    self._far.fetch(fut, msg.object_id, ref)  # type: ignore[arg-type]
+                else:
+                    self.complete(fut, msg.ok, payload)
         elif code == m.Output.CODE:
             self.print_output(msg)
         elif code == m.Forget.CODE:  # freed segments of the node's: drop cached mappings

@@ -11,10 +11,27 @@ released when it disconnects, so a driver that exits or is killed leaves nothing
 and its results come back as ``ObjectValue`` messages. On top of that it creates and
 closes worker groups (one per executor or Pool) and cancels queued tasks.
 
-Values sent to a driver are made self-contained first (``objects._transfer``): a result
-in this host's shared-memory store is copied into the message, because the driver may
-be on another host. (Zero-copy for drivers on the node's own host is the object-transfer
-issue's work.)
+A driver on this host (unix socket) shares the store: it writes large values into
+segments the scheduler adopts and maps results in place. A driver that reaches the node
+over TCP ("another host") moves large values on transfer connections of their own,
+never inline on its control connection:
+
+    TCP driver                                              this node
+    PushSegment + the segment's bytes ── transfer conn ──▶ a NodeServer thread writes a
+                                                            segment (``objects._push``),
+                                                            noted in ``_pushed``
+    PutObject/SubmitTask naming it ──── control conn ───▶ claimed from ``_pushed``,
+                                                            adopted like a local value
+    ◀── ObjectValue: a reference (address, segment, size) to a stored result
+    FetchSegment ranges ──────────────── transfer conns ──▶ sendfile (``objects._manager``)
+
+A stored value named by a TCP driver's message must be one it pushed (its id carries the
+driver's id prefix, and the push finished): nothing else in ``/dev/shm`` is ever named
+from the wire. What a driver pushed but never used is removed when it detaches. A result
+it is sent a reference to stays in the store while the driver holds its future or ref
+(one object-table reference, released with ``Release`` as always), so the segment is
+there when the driver pulls it; one spilled to disk meanwhile is asked for again.
+Small values (below the store threshold) travel inline, as they always did.
 
 Handlers run on the scheduler's IO thread with its lock held, like every message handler.
 """
@@ -30,7 +47,8 @@ import threading
 import time
 from typing import Any, Optional
 
-from dpool.objects import _segment, _transfer
+from dpool.errors import ObjectStoreFullError, ProtocolError
+from dpool.objects import _manager, _push, _segment, _transfer, _values
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.runtime import _payload
@@ -44,7 +62,8 @@ log = logging.getLogger("dpool.node")
 class DriverHandle(WorkerHandle):
     """The scheduler's view of an attached driver: a worker handle without a process."""
 
-    __slots__ = ("groups", "hostname", "cwd", "sys_path", "session_id", "local", "workdirs")
+    __slots__ = ("groups", "hostname", "cwd", "sys_path", "session_id", "local", "workdirs",
+                 "prefix")
     remote_values = True  # values sent to it must not refer to this host's store
 
     def __init__(self, session_id: int, chan: Channel, attach: m.Attach) -> None:
@@ -58,6 +77,7 @@ class DriverHandle(WorkerHandle):
         # over the node's unix socket: on this host, its directories are ours to use
         self.local = chan.sock.family == socket.AF_UNIX
         self.workdirs: dict[str, str] = {}  # digest -> where its code is on this node
+        self.prefix = 0  # its ids' prefix (id >> 40): the objects it may push
 
 
 class PeerHandle(WorkerHandle):
@@ -105,6 +125,12 @@ class DriverSessions:
         h[m.SubmitTask.CODE] = self._on_submit
         h[m.PutObject.CODE] = self._on_put
         self._store_ids: Any = None  # ids of values put in the store for TCP drivers
+        # Values TCP drivers pushed (``objects._push``, transfer threads) and have not
+        # named in a message yet: segment name -> size. Its own lock, never held for I/O.
+        self._push_lock = threading.Lock()
+        self._pushers: set[int] = set()  # id prefixes of the attached TCP drivers
+        self._pushed: dict[str, int] = {}
+        self._receiver: Optional[_push.Receiver] = None
         self.leases = LeaseDesk(scheduler)  # workers lent to drivers of this host
         scheduler.sessions = self
 
@@ -120,6 +146,10 @@ class DriverSessions:
         # without the control store's prefixes: above every worker's ids (wid << 32)
         prefix = self.prefixes.take() if self.prefixes is not None else (1 << 23) + sid
         owner = self._s.store.owner_pid if d.local else 0
+        d.prefix = prefix
+        if not d.local:
+            with self._push_lock:
+                self._pushers.add(prefix)
         chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus,
                                            owner)]))
         chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
@@ -133,19 +163,79 @@ class DriverSessions:
     # -- values from drivers over TCP go into this node's store ----------------------------
     def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         if isinstance(w, DriverHandle) and not w.local and msg.args:
-            if self._store_ids is None:  # a cluster-unique range of this node's
-                base = (self.prefixes.take() << 40) if self.prefixes is not None \
-                    else (3 << 61)
-                self._store_ids = itertools.count(base)
-            msg.args = self._into_store(msg.args, next(self._store_ids))
+            if self._claim_pushed(w, msg.args):  # pushed: adopted with the task
+                if msg.group_id not in self._s._groups:  # (no task: nobody adopts it)
+                    self._s.store.unlink_unadopted(_values.stored(msg.args)[1])  # type: ignore[index]
+            else:
+                if self._store_ids is None:  # a cluster-unique range of this node's
+                    base = (self.prefixes.take() << 40) if self.prefixes is not None \
+                        else (3 << 61)
+                    self._store_ids = itertools.count(base)
+                msg.args = self._into_store(msg.args, next(self._store_ids))
         self._base_submit(w, msg)
         if self.leases.resubmitted and msg.task_id in self.leases.resubmitted:
             self.leases.rerun(msg.task_id)
 
     def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
-        if isinstance(w, DriverHandle) and not w.local:
+        if isinstance(w, DriverHandle) and not w.local \
+                and not self._claim_pushed(w, msg.payload):
             msg.payload = self._into_store(msg.payload, msg.object_id)
         self._base_put(w, msg)
+
+    # -- large values TCP drivers push (``objects._push``) -------------------------------
+    def receive_push(self, sock: socket.socket, req: m.PushSegment) -> None:
+        """Receive (a range of) a pushed value into this store (a transfer connection's
+        thread)."""
+        if self._receiver is None:
+            with self._push_lock:
+                if self._receiver is None:
+                    self._receiver = _push.Receiver(self._s.store.owner_pid,
+                                                    self._may_push, self._keep_pushed)
+        self._receiver.serve(sock, req.object_id, req.size, req.offset, req.length)
+
+    def _may_push(self, oid: int, size: int) -> None:
+        with self._push_lock:
+            pusher = (oid >> 40) in self._pushers
+        if not pusher:
+            raise ProtocolError(f"object id {oid:#x} is not one of an attached driver's")
+        capacity = self._s.store.capacity  # (an int read: no lock needed)
+        if size > capacity:
+            raise ObjectStoreFullError(
+                f"object of {size} bytes is larger than the object store's capacity of "
+                f"{capacity} bytes (start the node with a larger --object-store-memory)")
+
+    def _keep_pushed(self, name: str, size: int) -> bool:
+        oid = int(name.rsplit("_", 1)[1], 16)
+        with self._push_lock:
+            if (oid >> 40) not in self._pushers:
+                return False  # its driver detached meanwhile
+            self._pushed[name] = size
+        return True
+
+    def _claim_pushed(self, d: DriverHandle, payload: Optional[bytes]) -> bool:
+        """Whether ``payload`` names a value ``d`` pushed (then the scheduler adopts it);
+        ``ProtocolError`` if it names any other segment (lock held)."""
+        ref = _values.stored(payload)
+        if ref is None:
+            return False
+        oid, name, size = ref
+        with self._push_lock:
+            pushed = self._pushed.pop(name, None) if oid >> 40 == d.prefix else None
+        if pushed != size or name != _segment.segment_name(self._s.store.owner_pid, oid):
+            raise ProtocolError(f"driver pid {d.pid} named segment {name!r}, which it did "
+                                "not upload")
+        return True
+
+    def _drop_pushed(self, d: DriverHandle) -> None:
+        """``d`` detached: what it pushed and never named is removed (lock held)."""
+        with self._push_lock:
+            self._pushers.discard(d.prefix)
+            names = [n for n in self._pushed if int(n.rsplit("_", 1)[1], 16) >> 40
+                     == d.prefix]
+            for n in names:
+                del self._pushed[n]
+        for n in names:
+            self._s.store.unlink_unadopted(n)
 
     def _into_store(self, payload: bytes, oid: int) -> bytes:
         """A large value a remote driver sent inline, as a value of this node's store
@@ -352,6 +442,8 @@ class DriverSessions:
         s = self._s
         d.alive = False
         self.drivers.pop(d.session_id, None)
+        if not d.local:
+            self._drop_pushed(d)
         log.info("driver pid %d on %s detached (session %d)", d.pid, d.hostname, d.session_id)
         victims = []
         for gid in list(d.groups):
@@ -372,12 +464,17 @@ class DriverSessions:
         s._drop_handles(d)
 
     # -- values to a driver --------------------------------------------------------------
-    @staticmethod
-    def value_message(w: WorkerHandle, oid: int, ok: bool, payload: bytes) -> m.ObjectValue:
+    def value_message(self, w: WorkerHandle, oid: int, ok: bool,
+                      payload: bytes) -> m.ObjectValue:
         """A value for a driver or node: a stored value as is for a driver on this host
-        (it maps the segment, zero-copy), its bytes inline for anyone else."""
+        (it maps the segment, zero-copy); for one over TCP, a reference it pulls the
+        segment's bytes with (``objects._manager``), off this connection; its bytes
+        inline for anyone else. Other values as they are."""
         if ok and not getattr(w, "local", False):
-            payload = _transfer.inline_payload(payload)
+            if isinstance(w, DriverHandle):
+                payload = _manager.remote_ref(payload, self.node_id)
+            else:
+                payload = _transfer.inline_payload(payload)
         return m.ObjectValue(oid, ok, payload)
 
 

@@ -1,0 +1,162 @@
+"""Large values of a driver far from its node (attached over TCP, no store of its own).
+
+    put / submit ──▶ dumps_value / dumps_call ── small: inline, in the control message
+                                               └ large: pushed into the node's store on a
+                                                 transfer connection (``objects._push``);
+                                                 the message names the node's segment
+    reader thread ◀── ObjectValue ── small: inline, completed right there
+                                   └ a reference (a stored result on the node):
+    Fetches: up to _FETCHERS threads ── FetchSegment ranges ──▶ node (``_manager``)
+       ──▶ recv_into memory of this process ──▶ unpickled onto it ──▶ future set
+
+A large result is pulled by a fetch thread, not by the reader: the reader is the only
+thread that takes the node's messages, so 30 ms spent on a 64 MB pull there would hold up
+every other result, and the output and group notices behind it. Nor by the thread that
+waits in ``result()``: a future is also waited on through ``as_completed``, ``wait``,
+callbacks and Pools, where nobody calls ``result()``; a fetch thread serves them all, and
+the hand-off costs one thread wake-up (~50 us), noise next to moving the value.
+
+A 64 MB result of a task on another node (``bench/cluster.py``, get64_tcp): 269-284 ms
+when it came inline, 57-63 ms now; a driver on the node's host takes 38-41 ms. The rest
+is a second hop: the driver's node pulls the result from the node that ran the task
+(``scheduling._spill``) before this driver pulls it from there (~20 ms for 64 MB into
+huge pages: ``_transfer.private_memory``).
+
+The node keeps the segment while this driver holds a handle (future or ref) to the
+object, and the fetch thread holds the future until it is set: the value is there to
+pull. It may have been spilled to the node's disk meanwhile (the store was full); the
+node does not keep a spilled segment in ``/dev/shm``, so the driver asks for the value
+again (``GetObjects``), and the node brings it back and sends a fresh reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any, Optional
+
+from dpool.errors import DeserializationError, NodeLostError
+from dpool.futures import Future
+from dpool.objects import _manager, _push, _transfer
+from dpool.objects._serialization import Serialized
+from dpool.protocol import _messages as m
+
+log = logging.getLogger("dpool.runtime")
+
+_FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``_manager._ranges``)
+_LINGER_S = 2.0  # an idle fetch thread waits this long for the next result, then ends
+_ASK_AGAIN = 2  # times a result found gone (spilled) on the node is asked for again
+
+
+class FarValues:
+    """The large-value paths of one ``ClusterRuntime`` attached over TCP."""
+
+    def __init__(self, rt: Any) -> None:
+        self._rt = rt
+        self._cv = threading.Condition(threading.Lock())
+        self._jobs: deque = deque()
+        self._threads = 0
+        self._waiting = 0
+        self._asked: dict[int, int] = {}  # object id -> times asked again
+
+    # -- to the node -----------------------------------------------------------------------
+    def dumps_value(self, value: Any, object_id: int) -> bytes:
+        """A put value's payload; a large one is pushed as ``object_id`` first."""
+        return _transfer.dumps_value_inline(
+            value, lambda ser: self._push(object_id, ser))
+
+    def dumps_call(self, args: tuple, kwargs: dict) -> Optional[bytes]:
+        """A call's arguments' payload; large ones are pushed first (an id of their own,
+        as a local driver's argument block has)."""
+        return _transfer.dumps_call_inline(
+            args, kwargs, lambda ser: self._push(self._rt.new_id(), ser))
+
+    def _push(self, object_id: int, ser: Serialized) -> bytes:
+        t = self._rt.target
+        if self._rt._lost is not None:
+            raise NodeLostError(self._rt._lost)
+        return _push.push(t.host, t.port, t.token, object_id, ser)
+
+    # -- from the node ---------------------------------------------------------------------
+    def fetch(self, fut: Future, object_id: int, ref: tuple) -> None:
+        """Complete ``fut`` with the stored value ``ref`` names (reader thread)."""
+        with self._cv:
+            self._jobs.append((fut, object_id, ref))
+            if self._waiting:
+                self._cv.notify()
+                return
+            if self._threads >= _FETCHERS:
+                return  # a busy one takes it next
+            self._threads += 1
+        threading.Thread(target=self._run, daemon=True, name="dpool-result-fetch").start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs:
+                    self._waiting += 1
+                    self._cv.wait(_LINGER_S)
+                    self._waiting -= 1
+                    if not self._jobs:
+                        self._threads -= 1
+                        return
+                fut, oid, ref = self._jobs.popleft()
+            try:
+                self._pull(fut, oid, ref)
+            except Exception:  # noqa: BLE001 - this thread serves the next ones
+                log.exception("dpool: pulling result %#x failed", oid)
+            del fut  # hold no result once delivered: its reader may release it
+
+    def _pull(self, fut: Future, oid: int, ref: tuple) -> None:
+        size, _holder, name = ref
+        rt = self._rt
+        t = rt.target
+        try:
+            # From the node this driver is attached to (the holder is that node: the
+            # driver reached it at this address; the node's own may be another name).
+            data = _transfer.private_memory(size)
+            with memoryview(data) as view:
+                _manager.fetch_into(t.address, t.token, name, view)
+        except _manager.Gone as exc:
+            asked = self._asked.get(oid, 0)
+            if asked < _ASK_AGAIN and not fut.done() and rt._lost is None:
+                self._asked[oid] = asked + 1
+                rt._futures[oid] = fut
+                try:
+                    rt._send([m.GetObjects((oid,))])  # the node restores it, sends anew
+                    return
+                except NodeLostError as lost:
+                    rt._futures.pop(oid, None)
+                    _set(fut, exc=lost)
+                    return
+            self._asked.pop(oid, None)
+            _set(fut, exc=exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported on the future
+            self._asked.pop(oid, None)
+            if rt._lost is not None:  # the node is gone: as every other future hears
+                node_lost = NodeLostError(rt._lost)
+                node_lost.__cause__ = exc
+                exc = node_lost
+            _set(fut, exc=exc)
+            return
+        self._asked.pop(oid, None)
+        try:
+            value = _transfer.loads_fetched(data, name)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too
+            _set(fut, exc=DeserializationError.wrap("the task's result", exc))
+            return
+        del data
+        _set(fut, value)
+        value = None  # the future holds it; this frame must not (bpo-14406)
+
+
+def _set(fut: Future, value: Any = None, exc: Optional[BaseException] = None) -> None:
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+    except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+        pass
