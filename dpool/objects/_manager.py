@@ -249,6 +249,10 @@ def _ranges(size: int) -> list[tuple[int, int]]:
     return [(off, min(step, size - off)) for off in range(0, size, step)] or [(0, 0)]
 
 
+class Gone(ObjectLostError):
+    """The holder does not have the segment (freed, or spilled to its disk meanwhile)."""
+
+
 class _Source:
     """One holder's segment, pulled in ranges (each on a connection of its own)."""
 
@@ -294,6 +298,11 @@ class _Source:
             return
 
     def _pull_on(self, sock: socket.socket, offset: int, length: int) -> None:
+        self._ask(sock, offset, length)
+        self._receive(sock, offset, length)
+
+    def _ask(self, sock: socket.socket, offset: int, length: int) -> None:
+        """Request a range; the holder's answer must say it has the whole segment."""
         from dpool.protocol import PROTOCOL_VERSION, encode_batch
         from dpool.protocol import _messages as m
 
@@ -310,9 +319,14 @@ class _Source:
             raise self.lost(f"node {address} closed the connection", _NoAnswer)
         size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
         if size == 0:
-            raise self.lost(f"node {address} does not hold it (freed, or never there)")
+            raise self.lost(f"node {address} does not hold it (freed, spilled, or never "
+                            "there)", Gone)
         if size != self.size:
             raise self.lost(f"node {address} holds {size} bytes of it, not {self.size}")
+
+    def _receive(self, sock: socket.socket, offset: int, length: int) -> None:
+        """The range's bytes, into the copy's segment."""
+        address, timeout = self.address, self.timeout
         got = 0
         # pwrite from a buffer, not recv_into a mapping: pages of a mapping fault in one
         # at a time (0.3 s per GB here), and a fresh mapping needs them allocated first.
@@ -373,10 +387,6 @@ def _held_id(name: str) -> int:
 
 
 # -- a driver's side: a stored value pulled into this process's own memory --------------
-class Gone(ObjectLostError):
-    """The holder does not have the segment (freed, or spilled to its disk meanwhile)."""
-
-
 def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
                timeout: float = FETCH_TIMEOUT) -> None:
     """Fill ``buf`` (writable, in this process) with the bytes of the holder's segment
@@ -393,12 +403,12 @@ def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
     src.view = buf
     errors: list[BaseException] = []
     ranges = _ranges(size)
-    helpers = [threading.Thread(target=src.pull, args=(-1, off, n, errors), daemon=True,
+    helpers = [threading.Thread(target=src.pull, args=(off, n, errors), daemon=True,
                                 name="dpool-fetch-range") for off, n in ranges[1:]]
     try:
         for t in helpers:
             t.start()
-        src.pull(-1, *ranges[0], errors)
+        src.pull(*ranges[0], errors)
     finally:
         for t in helpers:
             t.join()
@@ -411,26 +421,8 @@ class _IntoMemory(_Source):
 
     view: memoryview
 
-    def _pull_on(self, sock: socket.socket, fd: int, offset: int, length: int) -> None:
-        from dpool.protocol import PROTOCOL_VERSION, encode_batch
-        from dpool.protocol import _messages as m
-
+    def _receive(self, sock: socket.socket, offset: int, length: int) -> None:
         address, timeout = self.address, self.timeout
-        sock.settimeout(timeout)
-        try:
-            request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, self.name, offset,
-                                                   length)])
-            sock.sendall(_SIZE.pack(len(request)) + request)
-            head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
-        except OSError as exc:
-            raise self.lost(f"node {address} did not answer ({exc})", _NoAnswer) from exc
-        if not head:
-            raise self.lost(f"node {address} closed the connection", _NoAnswer)
-        size = _SIZE.unpack(head)[0] if len(head) == _SIZE.size else 0
-        if size == 0:
-            raise self.lost(f"node {address} does not hold it (freed, or spilled)", Gone)
-        if size != self.size:
-            raise self.lost(f"node {address} holds {size} bytes of it, not {self.size}")
         part = self.view[offset:offset + length]
         got = 0
         try:
