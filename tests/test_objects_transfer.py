@@ -351,3 +351,69 @@ def test_a_send_holds_off_no_fork_and_leaves_the_child_no_descriptor(holder, seg
     os.waitpid(child[0], 0)
     assert forked, "the fork waited for the whole send"
     assert inherited == 0
+
+
+def test_an_upload_whose_driver_stalls_holds_off_no_fork(segments):
+    """A driver that sends part of a pushed value and stops: the node's forks still
+    happen (the bytes are awaited outside any no-fork section), and the child gets no
+    descriptor of the segment."""
+    import threading
+
+    from dpool.objects import _push
+    from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
+    from dpool.protocol import _messages as m
+
+    oid = (0x5A5 << 40) | next(_ids)
+    name = _segment.segment_name(os.getpid(), oid)
+    segments.append(name)
+    receiver = _push.Receiver(os.getpid(), lambda oid, size: None, lambda n, s: True)
+    srv = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
+                             on_push=lambda s, r: receiver.serve(s, r.object_id, r.size,
+                                                                 r.offset, r.length))
+    srv.start()
+    size = 16 << 20
+    try:
+        with socket.create_connection(("127.0.0.1", srv.address[1]), timeout=30) as s:
+            _auth.client_handshake(s, TOKEN)
+            request = encode_batch([m.PushSegment(PROTOCOL_VERSION, oid, size, 0, size)])
+            s.sendall(struct.pack("!Q", len(request)) + request)
+            status, n = _push._REPLY.unpack(_auth._recv_exact(s, _push._REPLY.size,
+                                                              time.monotonic() + 10))
+            assert status == _push.OK
+            s.sendall(b"\0" * (1 << 20))  # a part, then nothing
+            time.sleep(0.5)
+            r, w = os.pipe()
+            child: list = []
+
+            def fork() -> None:
+                pid = os.fork()
+                if pid == 0:
+                    held = 0
+                    for fd in os.listdir("/proc/self/fd"):
+                        try:
+                            held += name.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}")
+                        except OSError:
+                            pass
+                    os.write(w, b"%d" % held)
+                    os._exit(0)
+                child.append(pid)
+
+            t = threading.Thread(target=fork)
+            t.start()
+            t.join(10)
+            forked = not t.is_alive()
+            s.shutdown(socket.SHUT_RDWR)  # the driver gives up: the node drops the value
+            t.join(10)
+        os.close(w)
+        inherited = int(os.read(r, 16) or b"-1")
+        os.close(r)
+        os.waitpid(child[0], 0)
+        assert forked, "the fork waited for the stalled upload"
+        assert inherited == 0
+        deadline = time.monotonic() + 10
+        while _exists(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _exists(name)  # the partial value is gone
+    finally:
+        _conns.close_all()
+        srv.close()

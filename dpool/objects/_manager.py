@@ -51,7 +51,7 @@ _BUFFER = 8 << 20  # bytes received per pwrite (1 MB: 1.9 GB/s, 8 MB: 2.2 GB/s h
 _SPARE_BUFFERS = 4
 _STREAMS = max(1, min(4, os.cpu_count() or 1))  # connections one large transfer uses
 _STREAM_MIN = 16 << 20  # bytes each of them moves at least
-_SEND_CHUNK = 32 << 20  # bytes sent per open of the segment (``serve``)
+_SEND_CHUNK = 8 << 20  # bytes sent per open of the segment (``serve``)
 _FORK_WAIT_S = 0.5  # the longest one send or write holds off a fork of this process
 _PAGE = 4096
 FETCH_TIMEOUT = 30.0
@@ -99,6 +99,8 @@ def serve(sock: socket.socket, name: str, offset: int = 0, length: int = -1) -> 
             st = os.fstat(fd)
             size, ino = st.st_size, st.st_ino
             os.close(fd)
+    if offset < 0 or offset > size or length < -1:
+        size = 0  # not a range of it: as if it were gone (the reader's error says so)
     sock.sendall(_SIZE.pack(size))
     if not size:
         return 0
@@ -244,6 +246,8 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
 
 def _ranges(size: int) -> list[tuple[int, int]]:
     """(offset, length) of the parts of a ``size``-byte segment fetched at once."""
+    if size <= 0:
+        return [(0, 0)]
     n = max(1, min(_STREAMS, size // _STREAM_MIN))
     step = -(-size // n // _PAGE) * _PAGE
     return [(off, min(step, size - off)) for off in range(0, size, step)] or [(0, 0)]
@@ -349,14 +353,19 @@ class _Source:
             _give_buffer(buf)
 
     def _write(self, data: memoryview, offset: int) -> None:
-        """Write a received chunk into the copy, the segment open only meanwhile and no
-        fork meanwhile (a worker must not inherit it: ``serve``)."""
-        with _forkguard.no_fork():
-            fd = os.open(self.path, os.O_WRONLY)
-            try:
-                _segment._pwrite_all(fd, data, offset)
-            finally:
-                os.close(fd)
+        write_chunk(self.path, data, offset)
+
+
+def write_chunk(path: str, data: memoryview, offset: int) -> None:
+    """Write a received chunk into segment ``path``, the segment open only meanwhile and
+    no fork meanwhile (a worker must not inherit it: ``serve``); never while waiting for
+    the bytes, which may take as long as the sender does."""
+    with _forkguard.no_fork():
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            _segment._pwrite_all(fd, data, offset)
+        finally:
+            os.close(fd)
 
 
 _spare: list[memoryview] = []  # receive buffers between transfers (faulted in already)

@@ -56,7 +56,7 @@ from dpool.protocol import _auth
 PUSH_TIMEOUT = 30.0  # a push that moves no byte for this long fails
 _REPLY = struct.Struct("!BI")  # status, length of the text that follows
 _SIZE = struct.Struct("!Q")
-OK, FULL, REFUSED = 0, 1, 2
+OK, FULL, REFUSED, LOST = 0, 1, 2, 3  # LOST: a connection of the upload broke
 _MAX_TEXT = 4096
 _IOV = 512  # parts per sendmsg call (Linux takes up to 1024)
 _ZEROS = bytes(64)  # alignment padding between parts (``_segment._ALIGN``)
@@ -111,7 +111,7 @@ class _Upload:
                 for t in helpers:
                     t.join()
             if errors:
-                raise errors[0]  # (closing ``sock`` tells the node to drop the value)
+                raise _worst(errors)  # (closing ``sock`` tells the node to drop the value)
             name = self._done(sock)
         except BaseException:
             sock.close()  # the exchange was not finished: never reuse it
@@ -197,7 +197,30 @@ def _check(status: int, text: str, size: int, where: str) -> None:
     if status == FULL:
         raise ObjectStoreFullError(f"{where} has no room for a value of {size} bytes: "
                                    f"{text}")
+    if status == LOST:
+        raise NodeLostError(f"{where} lost the upload of a value of {size} bytes: {text}")
     raise Error(f"{where} refused a value of {size} bytes: {text}")
+
+
+class _Lost(Error):
+    """A range of an upload broke (its connection, or the whole upload dropped): the
+    driver hears ``NodeLostError``, as for its own broken connection."""
+
+
+def _status(failed: Error) -> int:
+    if isinstance(failed, ObjectStoreFullError):
+        return FULL
+    return LOST if isinstance(failed, _Lost) else REFUSED
+
+
+def _worst(errors: list) -> BaseException:
+    """The error a failed upload reports: no room, else a lost connection, else the
+    first (ranges fail in any order; one broken range makes the others fail too)."""
+    for kind in (ObjectStoreFullError, NodeLostError):
+        for exc in errors:
+            if isinstance(exc, kind):
+                return exc
+    return errors[0]
 
 
 def _reply(sock: socket.socket, timeout: float) -> tuple[Optional[int], str]:
@@ -285,8 +308,10 @@ class Receiver:
     """
 
     def __init__(self, owner_pid: int, check: Callable[[int, int], None],
-                 keep: Callable[[str, int], bool], timeout: float = PUSH_TIMEOUT) -> None:
+                 keep: Callable[[str, int], bool], timeout: float = PUSH_TIMEOUT,
+                 unkeep: Optional[Callable[[str], bool]] = None) -> None:
         self.owner_pid, self._check, self._keep, self.timeout = owner_pid, check, keep, timeout
+        self._unkeep = unkeep or (lambda name: False)  # undo keep: whether it was kept
         self._cv = threading.Condition(threading.Lock())
         self._incoming: dict[str, _Incoming] = {}
 
@@ -317,7 +342,7 @@ class Receiver:
         # No fork while the fd is open: a child would keep the segment's pages
         # (``_forkguard``). Not while waiting for the other ranges, though: a fork
         # waiting for this section would hold off theirs, which this one waits for.
-        with _forkguard.no_fork():
+        with _forkguard.no_fork():  # (no child may inherit the claimed segment's lock)
             try:
                 fd = _segment._claim_recycled(name, size)
                 if fd is None:
@@ -326,18 +351,16 @@ class Receiver:
                 return _answer(sock, FULL, str(exc))
             except FileExistsError as exc:
                 return _answer(sock, REFUSED, str(exc))
-            inc = _Incoming(size, offsets={0})
-            with self._cv:
-                self._incoming[name] = inc
-            try:
-                try:
-                    _answer(sock, OK, "")
-                    full = _receive_into(sock, fd, 0, length, name, size, self.timeout)
-                finally:
-                    os.close(fd)
-            except BaseException:
-                self._drop(inc, name)
-                raise
+            os.close(fd)  # each chunk opens it again (``_manager.write_chunk``)
+        inc = _Incoming(size, offsets={0})
+        with self._cv:
+            self._incoming[name] = inc
+        try:
+            _answer(sock, OK, "")
+            full = _receive_into(sock, name, 0, length, size, self.timeout)
+        except BaseException:
+            self._drop(inc, name)
+            raise
         self._arrived(inc, length, full)
         try:
             failed = self._wait_all(sock, inc, name)
@@ -355,16 +378,20 @@ class Receiver:
                     os.close(fd)
         if failed is not None:
             _segment.unlink(name)
-            return _answer(sock, FULL if isinstance(failed, ObjectStoreFullError)
-                           else REFUSED, str(failed))
+            return _answer(sock, _status(failed), str(failed))
         if not self._keep(name, size):
             _segment.unlink(name)
             return _answer(sock, REFUSED, "its driver is no longer attached")
-        _answer(sock, OK, name)
+        try:
+            _answer(sock, OK, name)
+        except BaseException:
+            if self._unkeep(name):  # the driver never heard of it: it never names it
+                _segment.unlink(name)
+            raise
 
     def _drop(self, inc: _Incoming, name: str) -> None:
         """The first range's connection broke: the value is dropped, never torn."""
-        self._arrived(inc, 0, Error("the first range's connection broke"))
+        self._arrived(inc, 0, _Lost("the first range's connection broke"))
         with self._cv:
             self._incoming.pop(name, None)
         _segment.unlink(name)
@@ -378,28 +405,22 @@ class Receiver:
             if ok:
                 inc.offsets.add(offset)  # type: ignore[union-attr]
         if not ok or inc is None:
-            return _answer(sock, REFUSED, f"no upload of {name} ({size} bytes) under way "
+            return _answer(sock, LOST, f"no upload of {name} ({size} bytes) under way "
                                           f"that lacks the bytes from {offset}")
-        with _forkguard.no_fork():
-            try:
-                fd = os.open(os.path.join(_segment.SHM_DIR, name.lstrip("/")), os.O_WRONLY)
-            except OSError as exc:  # the upload failed meanwhile
-                self._arrived(inc, 0, Error(str(exc)))
-                return _answer(sock, REFUSED, f"the upload of {name} failed")
-            try:
-                _answer(sock, OK, "")
-                full = _receive_into(sock, fd, offset, length, name, size, self.timeout)
-            except BaseException:
-                self._arrived(inc, 0, Error(f"the connection of the range from {offset} "
-                                            "broke"))
-                raise
-            finally:
-                os.close(fd)
+        if not os.path.exists(_path(name)):  # the upload failed meanwhile
+            self._arrived(inc, 0, _Lost(f"the upload of {name} failed"))
+            return _answer(sock, LOST, f"the upload of {name} failed")
+        try:
+            _answer(sock, OK, "")
+            full = _receive_into(sock, name, offset, length, size, self.timeout)
+        except BaseException:
+            self._arrived(inc, 0, _Lost(f"the connection of the range from {offset} "
+                                        "broke"))
+            raise
         self._arrived(inc, length, full)
         failed = inc.failed
         if failed is not None:
-            return _answer(sock, FULL if isinstance(failed, ObjectStoreFullError)
-                           else REFUSED, str(failed))
+            return _answer(sock, _status(failed), str(failed))
         _answer(sock, OK, "")
 
     def _arrived(self, inc: _Incoming, n: int, failed: Optional[Error]) -> None:
@@ -422,8 +443,8 @@ class Receiver:
                 if inc.done != done:
                     done, deadline = inc.done, time.monotonic() + self.timeout
                 elif time.monotonic() > deadline:
-                    return ProtocolError(f"the upload of {name} stalled at {inc.done} of "
-                                         f"{inc.size} bytes")
+                    return _Lost(f"the upload of {name} stalled at {inc.done} of "
+                                 f"{inc.size} bytes")
                 self._cv.wait(0.05)
                 if _closed(sock):
                     raise ConnectionError(f"the driver gave up on the upload of {name}")
@@ -432,20 +453,29 @@ class Receiver:
 
 def _closed(sock: socket.socket) -> bool:
     """Whether the driver closed ``sock`` (or sent more: it must wait for the answer,
-    so either way it gave up on this value)."""
+    so either way it gave up on this value). (``poll``, not ``select``: that fails for
+    descriptors above 1023, which a busy node has.)"""
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        p = select.poll()
+        p.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(p.poll(0))
     except (OSError, ValueError):
         return True
 
 
-def _receive_into(sock: socket.socket, fd: int, offset: int, length: int, name: str,
-                  size: int, timeout: float) -> Optional[Error]:
-    """Receive ``length`` bytes into segment ``fd`` from ``offset``. If the store fills
+def _path(name: str) -> str:
+    return os.path.join(_segment.SHM_DIR, name.lstrip("/"))
+
+
+def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size: int,
+                  timeout: float) -> Optional[Error]:
+    """Receive ``length`` bytes into segment ``name`` from ``offset`` (each chunk written
+    with ``_manager.write_chunk``: no fork is held off while the bytes come). If the store fills
     up part-way, the rest is read and dropped (the driver is still sending it; closing
     on it would reset the connection before it reads the answer) and the error
     returned."""
     full: Optional[Error] = None
+    path = _path(name)
     buf = _manager._take_buffer()  # kept between transfers: its pages are faulted in
     got = 0
     try:
@@ -457,7 +487,7 @@ def _receive_into(sock: socket.socket, fd: int, offset: int, length: int, name: 
                                       f"{length} bytes from {offset}")
             if full is None:
                 try:
-                    _segment._pwrite_all(fd, buf[:n], offset + got)
+                    _manager.write_chunk(path, buf[:n], offset + got)
                 except OSError as exc:
                     if exc.errno not in _segment._NO_SPACE_ERRNOS:
                         raise

@@ -122,7 +122,10 @@ class FarValues:
             asked = self._asked.get(oid, 0)
             if asked < _ASK_AGAIN and not fut.done() and rt._lost is None:
                 self._asked[oid] = asked + 1
-                rt._futures[oid] = fut
+                other = rt._futures.setdefault(oid, fut)
+                if other is not fut:  # another get() asked meanwhile: its answer serves both
+                    other.add_done_callback(lambda f, fut=fut: _copy_outcome(f, fut))
+                    return
                 try:
                     rt._send([m.GetObjects((oid,))])  # the node restores it, sends anew
                     return
@@ -160,3 +163,16 @@ def _set(fut: Future, value: Any = None, exc: Optional[BaseException] = None) ->
             fut.set_result(value)
     except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
         pass
+
+
+def _copy_outcome(src: Future, dst: Future) -> None:
+    """``dst`` gets ``src``'s result or exception (a pull that re-asked and found another
+    waiter's request under way)."""
+    if src.cancelled():
+        _set(dst, exc=NodeLostError("the result's request was cancelled"))
+        return
+    exc = src.exception()
+    if exc is not None:
+        _set(dst, exc=exc)
+    else:
+        _set(dst, src.result())

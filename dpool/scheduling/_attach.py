@@ -190,7 +190,8 @@ class DriverSessions:
             with self._push_lock:
                 if self._receiver is None:
                     self._receiver = _push.Receiver(self._s.store.owner_pid,
-                                                    self._may_push, self._keep_pushed)
+                                                    self._may_push, self._keep_pushed,
+                                                    unkeep=self._unkeep_pushed)
         self._receiver.serve(sock, req.object_id, req.size, req.offset, req.length)
 
     def _may_push(self, oid: int, size: int) -> None:
@@ -212,6 +213,10 @@ class DriverSessions:
             self._pushed[name] = size
         return True
 
+    def _unkeep_pushed(self, name: str) -> bool:
+        with self._push_lock:
+            return self._pushed.pop(name, None) is not None
+
     def _claim_pushed(self, d: DriverHandle, payload: Optional[bytes]) -> bool:
         """Whether ``payload`` names a value ``d`` pushed (then the scheduler adopts it);
         ``ProtocolError`` if it names any other segment (lock held)."""
@@ -222,6 +227,8 @@ class DriverSessions:
         with self._push_lock:
             pushed = self._pushed.pop(name, None) if oid >> 40 == d.prefix else None
         if pushed != size or name != _segment.segment_name(self._s.store.owner_pid, oid):
+            if pushed is not None:
+                _segment.unlink(name)  # its own upload, misnamed: not kept for anyone
             raise ProtocolError(f"driver pid {d.pid} named segment {name!r}, which it did "
                                 "not upload")
         return True
