@@ -147,6 +147,10 @@ class NodeServer:
 
     def _transfer(self, conn: socket.socket, msg: object) -> bool:
         """Serve ``msg`` if it is an object-transfer request (False if it is not one)."""
+        if isinstance(msg, (m.FetchSegment, m.PushSegment)) and \
+                msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(f"a transfer request of protocol {msg.version}, this node "
+                                f"speaks {PROTOCOL_VERSION}: run the same dpool version")
         if isinstance(msg, m.FetchSegment) and self._on_fetch is not None:
             conn.settimeout(_SEND_TIMEOUT)
             self._on_fetch(conn, msg)

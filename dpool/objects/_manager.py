@@ -55,6 +55,7 @@ _SEND_CHUNK = 8 << 20  # bytes sent per open of the segment (``serve``)
 _FORK_WAIT_S = 0.5  # the longest one send or write holds off a fork of this process
 _PAGE = 4096
 FETCH_TIMEOUT = 30.0
+_OTHER_TIMEOUT = 5.0  # the limit on a call that makes no progress, with a listed copy
 
 
 def remote_ref(payload: bytes, address: str) -> bytes:
@@ -197,7 +198,9 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
         raise first from None
     for alt in alternatives:
         try:
-            payload = _fetch_from(alt, token, name, object_id, owner_pid, size, timeout)
+            # (a short limit: a table entry may name a node that died without saying so)
+            payload = _fetch_from(alt, token, name, object_id, owner_pid, size,
+                                  min(timeout, _OTHER_TIMEOUT))
         except ObjectStoreFullError:
             raise  # no room here: another copy would not fit either
         except Error as exc:  # lost there too, or a stale entry of the table

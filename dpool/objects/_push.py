@@ -290,7 +290,8 @@ class _Incoming:
     """A value whose ranges are arriving (on several connections at once)."""
 
     size: int
-    done: int = 0  # bytes written
+    done: int = 0  # bytes of the ranges all in
+    moved: int = 0  # bytes received so far (the stall check's progress)
     offsets: set = field(default_factory=set)  # ranges asked for (each once)
     failed: Optional[Error] = None
 
@@ -357,7 +358,8 @@ class Receiver:
             self._incoming[name] = inc
         try:
             _answer(sock, OK, "")
-            full = _receive_into(sock, name, 0, length, size, self.timeout)
+            full = _receive_into(sock, name, 0, length, size, self.timeout,
+                                 lambda n: self._moved(inc, n))
         except BaseException:
             self._drop(inc, name)
             raise
@@ -412,7 +414,8 @@ class Receiver:
             return _answer(sock, LOST, f"the upload of {name} failed")
         try:
             _answer(sock, OK, "")
-            full = _receive_into(sock, name, offset, length, size, self.timeout)
+            full = _receive_into(sock, name, offset, length, size, self.timeout,
+                                 lambda n: self._moved(inc, n))
         except BaseException:
             self._arrived(inc, 0, _Lost(f"the connection of the range from {offset} "
                                         "broke"))
@@ -422,6 +425,10 @@ class Receiver:
         if failed is not None:
             return _answer(sock, _status(failed), str(failed))
         _answer(sock, OK, "")
+
+    def _moved(self, inc: _Incoming, n: int) -> None:
+        with self._cv:
+            inc.moved += n
 
     def _arrived(self, inc: _Incoming, n: int, failed: Optional[Error]) -> None:
         with self._cv:
@@ -433,15 +440,15 @@ class Receiver:
 
     def _wait_all(self, sock: socket.socket, inc: _Incoming, name: str) -> Optional[Error]:
         """Until every range is in, one failed (its error), or the driver gave up on the
-        value (closed this connection: ``ConnectionError``) or no range finished for
+        value (closed this connection: ``ConnectionError``) or no bytes came for
         ``timeout`` (a range that stalls fails by itself in that time: the receive
         timeout; this catches a range never asked for)."""
-        done = inc.done
+        moved = inc.moved
         deadline = time.monotonic() + self.timeout
         with self._cv:
             while inc.done < inc.size and inc.failed is None:
-                if inc.done != done:
-                    done, deadline = inc.done, time.monotonic() + self.timeout
+                if inc.moved != moved:  # bytes still arrive on some range
+                    moved, deadline = inc.moved, time.monotonic() + self.timeout
                 elif time.monotonic() > deadline:
                     return _Lost(f"the upload of {name} stalled at {inc.done} of "
                                  f"{inc.size} bytes")
@@ -468,7 +475,7 @@ def _path(name: str) -> str:
 
 
 def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size: int,
-                  timeout: float) -> Optional[Error]:
+                  timeout: float, moved: Callable[[int], None]) -> Optional[Error]:
     """Receive ``length`` bytes into segment ``name`` from ``offset`` (each chunk written
     with ``_manager.write_chunk``: no fork is held off while the bytes come). If the store fills
     up part-way, the rest is read and dropped (the driver is still sending it; closing
@@ -493,6 +500,7 @@ def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size
                         raise
                     full = _segment._full(name, size, str(exc))
             got += n
+            moved(n)
     finally:
         _manager._give_buffer(buf)
     return full
