@@ -326,7 +326,10 @@ def main() -> int:
               "counts the holder's transfers.", "",
               f"Packing a project of 1,000 files for the nodes: {first * 1e3:.1f} ms the "
               f"first time, {cached * 1e3:.1f} ms unchanged (cached).", ""]
-    Path(args.out).write_text("\n".join(lines))
+    out = Path(args.out)
+    old = out.read_text() if out.exists() else ""
+    kept = old[old.index("\n## ") + 1:] if "\n## " in old else ""  # hand-written history
+    out.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
     print("\n".join(lines))
     return 0
 
