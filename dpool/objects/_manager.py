@@ -227,22 +227,10 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
         if fd is None:
             fd = _segment._create(local, size, allocate=False)
         os.close(fd)  # each chunk opens it again (``_Source._write``)
-    errors: list[BaseException] = []
-    ranges = _ranges(size)
-    helpers = [threading.Thread(target=src.pull, args=(off, n, errors), daemon=True,
-                                name="dpool-fetch-range") for off, n in ranges[1:]]
     try:
-        for t in helpers:
-            t.start()
-        src.pull(*ranges[0], errors)
-        for t in helpers:
-            t.join()
-        if errors:
-            raise errors[0]
+        src.pull_all()
     except BaseException:
         _segment.unlink(local)  # never a torn value
-        for t in helpers:  # (interrupted: they fail at their next chunk, unlinked now)
-            t.join()
         raise
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id, size) + local.encode()
 
@@ -273,6 +261,26 @@ class _Source:
     def lost(self, what: str, cls: type = ObjectLostError) -> ObjectLostError:
         return cls(f"object {self.held:#x} ({self.name}) is lost: {what}",
                    object_id=self.held, node=self.address)
+
+    def pull_all(self) -> None:
+        """Every range of the segment at once: the first in this thread, the others in
+        threads of their own, all joined before this returns, whatever happens (then
+        the first error is raised; the caller removes what was written)."""
+        errors: list[BaseException] = []
+        ranges = _ranges(self.size)
+        started: list[threading.Thread] = []
+        try:
+            for off, n in ranges[1:]:
+                t = threading.Thread(target=self.pull, args=(off, n, errors), daemon=True,
+                                     name="dpool-fetch-range")
+                t.start()
+                started.append(t)  # (only what started is joined: a failed start raises)
+            self.pull(*ranges[0], errors)
+        finally:
+            for t in started:
+                t.join()
+        if errors:
+            raise errors[0]
 
     def pull(self, offset: int, length: int, errors: list) -> None:
         """Receive ``length`` bytes from ``offset`` into the copy; an error goes to
@@ -413,19 +421,7 @@ def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
     size = buf.nbytes
     src = _IntoMemory(host, port, address, token, name, _held_id(name), size, timeout, "")
     src.view = buf
-    errors: list[BaseException] = []
-    ranges = _ranges(size)
-    helpers = [threading.Thread(target=src.pull, args=(off, n, errors), daemon=True,
-                                name="dpool-fetch-range") for off, n in ranges[1:]]
-    try:
-        for t in helpers:
-            t.start()
-        src.pull(*ranges[0], errors)
-    finally:
-        for t in helpers:
-            t.join()
-    if errors:
-        raise errors[0]
+    src.pull_all()
 
 
 class _IntoMemory(_Source):

@@ -48,7 +48,10 @@ def _received(c: Cluster) -> int:
 
 def _incomplete(name: str, size: int) -> bool:
     """Whether the segment lacks some of its value's bytes (all ones when complete)."""
-    data = np.memmap(os.path.join(SHM, name), dtype=np.uint8, mode="r")
+    path = os.path.join(SHM, name)
+    if os.path.getsize(path) < size:  # created, not yet sized (memmap refuses it empty)
+        return True
+    data = np.memmap(path, dtype=np.uint8, mode="r")
     try:
         return int(np.count_nonzero(data[-size:])) < size
     finally:
