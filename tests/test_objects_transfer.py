@@ -302,11 +302,52 @@ def test_a_segment_freed_and_reused_meanwhile_is_not_sent(holder, segments):
     assert _read(_fetch(holder, name, segments)).sum() == 1 << 20
 
 
+class _Fork:
+    """A fork of this process from a thread of its own; the child reports how many of
+    its descriptors name segment ``name``, and exits."""
+
+    def __init__(self, name: str) -> None:
+        import threading
+
+        self._name = name.lstrip("/")
+        self._r, self._w = os.pipe()
+        self._pid = 0
+        self._thread = threading.Thread(target=self._fork)
+        self._thread.start()
+
+    def _fork(self) -> None:
+        pid = os.fork()
+        if pid == 0:
+            held = 0
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    held += self._name in os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    pass
+            os.write(self._w, b"%d" % held)
+            os._exit(0)
+        self._pid = pid
+
+    def done(self, timeout: float) -> bool:
+        """Whether the fork happened within ``timeout`` s."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def inherited(self) -> int:
+        """The child's count (after the fork, however long it took)."""
+        self._thread.join(10)
+        os.close(self._w)
+        try:
+            return int(os.read(self._r, 16) or b"-1")
+        finally:
+            os.close(self._r)
+            os.waitpid(self._pid, 0)
+
+
 def test_a_send_holds_off_no_fork_and_leaves_the_child_no_descriptor(holder, segments):
     """A reader that stops reading keeps the holder's send blocked; a fork in the holder
     still happens (within a chunk's wait), and the child gets no descriptor of the
     segment (it would pin its pages for its whole life)."""
-    import threading
 
     from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
     from dpool.protocol import _messages as m
@@ -320,35 +361,13 @@ def test_a_send_holds_off_no_fork_and_leaves_the_child_no_descriptor(holder, seg
         s.sendall(struct.pack("!Q", len(request)) + request)
         got = len(s.recv(1 << 16))
         time.sleep(0.5)  # the holder's send is blocked on a full socket now
-        r, w = os.pipe()
-        child: list = []
-
-        def fork() -> None:
-            pid = os.fork()
-            if pid == 0:
-                held = 0
-                for fd in os.listdir("/proc/self/fd"):
-                    try:
-                        held += name.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}")
-                    except OSError:
-                        pass
-                os.write(w, b"%d" % held)
-                os._exit(0)
-            child.append(pid)
-
-        t = threading.Thread(target=fork)
-        t.start()
-        t.join(10)
-        forked = not t.is_alive()
+        fork = _Fork(name)  # in a thread: it may wait on the transfer
+        forked = fork.done(10)
         while got < (64 << 20):  # let the send finish (and an old holder's fork, too)
             chunk = s.recv(1 << 20)
             assert chunk
             got += len(chunk)
-        t.join(10)
-    os.close(w)
-    inherited = int(os.read(r, 16) or b"-1")
-    os.close(r)
-    os.waitpid(child[0], 0)
+    inherited = fork.inherited()
     assert forked, "the fork waited for the whole send"
     assert inherited == 0
 
@@ -357,7 +376,6 @@ def test_an_upload_whose_driver_stalls_holds_off_no_fork(segments):
     """A driver that sends part of a pushed value and stops: the node's forks still
     happen (the bytes are awaited outside any no-fork section), and the child gets no
     descriptor of the segment."""
-    import threading
 
     from dpool.objects import _push
     from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
@@ -382,32 +400,10 @@ def test_an_upload_whose_driver_stalls_holds_off_no_fork(segments):
             assert status == _push.OK
             s.sendall(b"\0" * (1 << 20))  # a part, then nothing
             time.sleep(0.5)
-            r, w = os.pipe()
-            child: list = []
-
-            def fork() -> None:
-                pid = os.fork()
-                if pid == 0:
-                    held = 0
-                    for fd in os.listdir("/proc/self/fd"):
-                        try:
-                            held += name.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}")
-                        except OSError:
-                            pass
-                    os.write(w, b"%d" % held)
-                    os._exit(0)
-                child.append(pid)
-
-            t = threading.Thread(target=fork)
-            t.start()
-            t.join(10)
-            forked = not t.is_alive()
+            fork = _Fork(name)  # in a thread: it may wait on the transfer
+            forked = fork.done(10)
             s.shutdown(socket.SHUT_RDWR)  # the driver gives up: the node drops the value
-            t.join(10)
-        os.close(w)
-        inherited = int(os.read(r, 16) or b"-1")
-        os.close(r)
-        os.waitpid(child[0], 0)
+        inherited = fork.inherited()
         assert forked, "the fork waited for the stalled upload"
         assert inherited == 0
         deadline = time.monotonic() + 10
