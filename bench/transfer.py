@@ -4,7 +4,7 @@
 
 A head that runs nothing (127.0.0.2, ``--num-cpus 0``) and one node with 2 CPUs
 (127.0.0.3); a driver on the head's host puts an array of each size (MB) into the head's
-store and a task on the other node reads it: the other node pulls it (``objects._manager``).
+store and a task on the other node reads it: the other node pulls it (``transfer._pull``).
 Ray (``bench/.venv-peers``, or ``DPOOL_BENCH_RAY_PYTHON``) runs the same on the same
 layout in the same run, unless ``--no-ray``.
 
@@ -16,7 +16,7 @@ that difference implies, next to ``numpy`` copying the same bytes in this proces
 ``sent ... in X ms (N bytes from OFFSET)`` lines, one per range sent at once: the
 transfer alone, without the put and the task). Then the same 64 MB array broadcast to 8
 tasks over two nodes (a head and two nodes, for both libraries); and the cost of packing
-a project of ~1,000 files for the nodes, first and cached (``runtime._workdir``).
+a project of ~1,000 files for the nodes, first and cached (``protocol._workdir``).
 ``bench/micro/fetch.py`` times the transfer path with no cluster.
 """
 
@@ -241,7 +241,7 @@ def sent_ms(log: str) -> dict:
 
 
 def package_cost(tmp: str) -> tuple[float, float]:
-    from dpool.runtime import _workdir
+    from dpool.protocol import _workdir
 
     root = Path(tmp, "project")
     for i in range(1000):

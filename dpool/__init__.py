@@ -14,6 +14,7 @@ worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources`
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
+    from dpool._resources_api import get_gpu_ids, resources
     from dpool.errors import (
         AuthenticationError,
         CancelledError,
@@ -29,7 +30,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         TimeoutError,
         WorkerCrashedError,
     )
-    from dpool._resources_api import get_gpu_ids, resources
     from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
     from dpool.futures import Future, ObjectRef, get, put, wait
     from dpool.pool import Pool, cpu_count

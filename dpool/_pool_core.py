@@ -35,8 +35,8 @@ from functools import partial
 from typing import Any, Callable, Iterable, Optional
 
 from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
-from dpool.runtime import _payload
 from dpool.executor import ProcessPoolExecutor, _ChunkRunner
+from dpool.objects import _payload
 
 log = logging.getLogger("dpool.pool")
 

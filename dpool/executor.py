@@ -17,9 +17,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from dpool.futures import Future
-from dpool.runtime import _current, _driver, _payload  # noqa: F401 - _driver: import cost at import time, as the stdlib
-from dpool.scheduling import GroupConfig
-from dpool.scheduling import _resources
+from dpool.objects import _payload
+from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
+from dpool.scheduling import GroupConfig, _resources
 
 __all__ = ["ProcessPoolExecutor", "Executor", "ResourceOptions", "get_executor"]
 

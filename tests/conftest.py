@@ -12,8 +12,6 @@ import pytest
 from tests._started import STARTED_PIDS
 
 
-
-
 def _dpool_segments() -> set[str]:
     """This run's segments: owned (``dpool_<owner pid>_...``) by this process, one of its
     descendants, a daemon it started, or a process gone. Another test run on the same

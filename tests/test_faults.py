@@ -9,13 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import psutil
 import pytest
 
 import dpool
 from dpool import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 
 def die_once(marker, value):

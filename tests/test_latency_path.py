@@ -31,8 +31,8 @@ def die_once(marker):
 
 
 def test_results_are_read_by_the_waiting_thread():
+    from dpool.protocol import _ioloop
     from dpool.runtime import _current
-    from dpool.scheduling import _ioloop
 
     with ProcessPoolExecutor(2) as ex:
         for _ in range(20):  # measured: no-ops become short enough to spin for

@@ -1,4 +1,4 @@
-"""Copying a stored value from a holder's store (``objects._manager.fetch``) against a
+"""Copying a stored value from a holder's store (``transfer._pull.fetch``) against a
 ``NodeServer`` in this process: kept connections, and every way a transfer can fail
 without leaving a torn or partial segment."""
 
@@ -17,8 +17,9 @@ import pytest
 
 import dpool
 from dpool.node import _server
-from dpool.objects import _conns, _manager, _segment
+from dpool.objects import _segment
 from dpool.objects._serialization import deserialize, serialize
+from dpool.transfer import _conns, _pull
 
 TOKEN = b"t" * 32
 _ids = itertools.count(1)
@@ -31,7 +32,7 @@ def holder():
 
     class Holder:
         served: ClassVar[list] = []
-        serve = staticmethod(_manager.serve)
+        serve = staticmethod(_pull.serve)
 
     def on_fetch(sock: socket.socket, req) -> None:
         Holder.served.append((sock.getpeername(), req.name, req.offset, req.length))
@@ -72,7 +73,7 @@ def _fetch(holder, name: str, segments: list, token: bytes = TOKEN):
     oid = next(_ids)
     segments.append(_segment.segment_name(os.getpid(), oid))
     size = _segment.segment_size(name) if _exists(name) else 4096
-    return _manager.fetch(holder.address, token, name, oid, os.getpid(), size, timeout=10)
+    return _pull.fetch(holder.address, token, name, oid, os.getpid(), size, timeout=10)
 
 
 def _read(payload: bytes):
@@ -133,7 +134,7 @@ def test_a_holder_that_cannot_be_reached(segments):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there
     with pytest.raises(dpool.ObjectLostError, match="cannot be reached") as info:
-        _manager.fetch(f"127.0.0.1:{port}", TOKEN, "/dpool_1_1", next(_ids), os.getpid(),
+        _pull.fetch(f"127.0.0.1:{port}", TOKEN, "/dpool_1_1", next(_ids), os.getpid(),
                        4096, timeout=5)
     assert info.value.node == f"127.0.0.1:{port}"
 
@@ -188,8 +189,8 @@ def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segm
 @pytest.fixture
 def ranges(monkeypatch):
     """Transfers of a few MB in three ranges at once, whatever this machine's cores."""
-    monkeypatch.setattr(_manager, "_STREAMS", 3)
-    monkeypatch.setattr(_manager, "_STREAM_MIN", 1 << 20)
+    monkeypatch.setattr(_pull, "_STREAMS", 3)
+    monkeypatch.setattr(_pull, "_STREAM_MIN", 1 << 20)
 
 
 def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments, ranges):
@@ -214,7 +215,7 @@ def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges):
 
     def one_breaks(sock: socket.socket, name: str, offset: int, length: int) -> None:
         if offset == 0:
-            return _manager.serve(sock, name, offset, length)
+            return _pull.serve(sock, name, offset, length)
         sock.sendall(struct.pack("!Q", size) + b"\1" * 1000)
         sock.shutdown(socket.SHUT_RDWR)
 
@@ -229,7 +230,7 @@ def test_a_holder_with_another_size_is_refused(holder, segments):
     oid = next(_ids)
     segments.append(_segment.segment_name(os.getpid(), oid))
     with pytest.raises(dpool.ObjectLostError, match="holds .* bytes of it, not 12345"):
-        _manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), 12345, timeout=10)
+        _pull.fetch(holder.address, TOKEN, name, oid, os.getpid(), 12345, timeout=10)
     assert not _exists(segments[-1])
 
 
@@ -260,14 +261,14 @@ def test_a_reader_whose_holder_fails_takes_another_nodes_copy(holder, segments):
     holder.serve = staticmethod(gone)
     other = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
                                on_fetch=lambda s, r: (asked.append(r.name),
-                                                      _manager.serve(s, r.name, r.offset,
+                                                      _pull.serve(s, r.name, r.offset,
                                                                      r.length)))
     other.start()
     try:
         elsewhere = f"127.0.0.1:{other.address[1]}"
         oid = next(_ids)
         segments.append(_segment.segment_name(os.getpid(), oid))
-        got = _read(_manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
+        got = _read(_pull.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
                                    timeout=10, others=lambda: [holder.address, elsewhere]))
         assert got.tobytes() == value.tobytes() and asked == [name]
         oid = next(_ids)
@@ -276,7 +277,7 @@ def test_a_reader_whose_holder_fails_takes_another_nodes_copy(holder, segments):
             s.bind(("127.0.0.1", 0))
             dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
         with pytest.raises(dpool.ObjectLostError, match="does not hold it") as info:
-            _manager.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
+            _pull.fetch(holder.address, TOKEN, name, oid, os.getpid(), size,
                            timeout=10, others=lambda: [dead, "not an address"])
         assert info.value.node == holder.address  # the holder's error, the others noted
         assert "could not be fetched either" in "".join(getattr(info.value, "__notes__", []))
@@ -377,9 +378,9 @@ def test_an_upload_whose_driver_stalls_holds_off_no_fork(segments):
     happen (the bytes are awaited outside any no-fork section), and the child gets no
     descriptor of the segment."""
 
-    from dpool.objects import _push
     from dpool.protocol import PROTOCOL_VERSION, _auth, encode_batch
     from dpool.protocol import _messages as m
+    from dpool.transfer import _push
 
     oid = (0x5A5 << 40) | next(_ids)
     name = _segment.segment_name(os.getpid(), oid)

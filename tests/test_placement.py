@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpool.scheduling._placement import NodeLoad, choose, missing_bytes
+from dpool.global_scheduler._placement import NodeLoad, choose, missing_bytes
 
 MB = 1 << 20
 

@@ -20,9 +20,8 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 import pytest
 
-from dpool._pool_core import _MAX_BATCH
-
 import dpool
+from dpool._pool_core import _MAX_BATCH
 from dpool.pool import Pool
 
 OK_S = 30

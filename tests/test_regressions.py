@@ -7,10 +7,10 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
-from concurrent.futures.process import BrokenProcessPool
 
 import dpool
 from dpool import ProcessPoolExecutor

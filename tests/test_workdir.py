@@ -10,7 +10,7 @@ import pytest
 
 from dpool.errors import Error
 from dpool.node._workdirs import WorkdirCache
-from dpool.runtime import _workdir
+from dpool.protocol import _workdir
 
 
 def _project(root):

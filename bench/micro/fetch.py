@@ -1,4 +1,4 @@
-"""One node pulling stored values from another (``objects._manager.fetch``), alone.
+"""One node pulling stored values from another (``transfer._pull.fetch``), alone.
 
     python bench/micro/fetch.py [--sizes 1,64,1024] [--reps 5] [--fresh]    (BUSY=1: see below)
 
@@ -37,10 +37,10 @@ if os.environ.get("BUSY"):
 SERVER = BUSY + r"""
 import sys, threading
 from dpool.node._server import NodeServer
-from dpool.objects import _manager
+from dpool.transfer import _pull
 token = sys.argv[1].encode()
 srv = NodeServer(token, "127.0.0.2", 0, None, None, lambda c, h: c.close(),
-                 on_fetch=lambda s, r: _manager.serve(s, r.name, r.offset, r.length))
+                 on_fetch=lambda s, r: _pull.serve(s, r.name, r.offset, r.length))
 srv.start()
 print(f"127.0.0.2:{srv.address[1]}", flush=True)
 sys.stdin.read()
@@ -51,7 +51,9 @@ srv.close()
 def main() -> int:
     import numpy as np
 
-    from dpool.objects import _manager, _recycle, _segment
+    from dpool.objects import _recycle, _segment
+
+    from dpool.transfer import _pull
     from dpool.objects._serialization import serialize
 
     exec(BUSY)  # noqa: S102 - our own snippet, shared with the holder process
@@ -79,7 +81,7 @@ def main() -> int:
                 for _ in range(args.reps):
                     oid = next(ids)
                     t0 = time.perf_counter()
-                    _manager.fetch(address, token.encode(), name, oid, os.getpid(), size)
+                    _pull.fetch(address, token.encode(), name, oid, os.getpid(), size)
                     times.append(time.perf_counter() - t0)
                     copy = _segment.segment_name(os.getpid(), oid)
                     if args.fresh or not pool.retire(copy, size):

@@ -8,8 +8,8 @@ import os
 import sys
 
 from dpool.errors import Error
-from dpool.protocol import decode_batch, encode_batch
 from dpool.protocol import _messages as m
+from dpool.protocol import decode_batch, encode_batch
 from dpool.runtime import _address
 from dpool.runtime._cluster import connect
 

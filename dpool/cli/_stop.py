@@ -8,8 +8,8 @@ import argparse
 import sys
 
 from dpool.cli._procs import stop_pid
-from dpool.objects import _segment
 from dpool.errors import Error
+from dpool.objects import _segment
 from dpool.runtime import _address
 
 

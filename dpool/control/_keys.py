@@ -76,7 +76,7 @@ def fn_key(fn_id: int) -> bytes:
 
 
 def workdir_key(digest: str) -> bytes:
-    """A driver's working directory, packed (``runtime._workdir``), by content hash."""
+    """A driver's working directory, packed (``protocol._workdir``), by content hash."""
     return b"dpool:workdir:" + digest.encode()
 
 

@@ -4,7 +4,7 @@
     nodes ───Load (every heartbeat)──▶ │           └──SpillRejected──▶ A (no other node)
 
 Every node links to every global scheduler (finding them in the control store) and
-pushes its load over the link; placement uses those reports (``scheduling._placement``).
+pushes its load over the link; placement uses those reports (``global_scheduler._placement``).
 It keeps no task: a spilled task is forwarded as soon as it arrives, and the origin node
 keeps the task's record until its result comes back, so killing a replica loses nothing
 (the origin takes back what was not yet placed and spills it through another). It
@@ -19,16 +19,16 @@ import logging
 import threading
 from typing import Any, Optional
 
+from dpool.global_scheduler._placement import NodeLoad, choose
 from dpool.node import _process
+from dpool.node._attach import PeerHandle
 from dpool.node._links import welcome_message
-from dpool.objects import _manager
 from dpool.node._server import NodeServer
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
-from dpool.scheduling._attach import PeerHandle
-from dpool.scheduling._ioloop import IOLoop
+from dpool.protocol._ioloop import IOLoop
 from dpool.scheduling import _resources
-from dpool.scheduling._placement import NodeLoad, choose
+from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.global_scheduler")
 
@@ -134,7 +134,7 @@ class GlobalScheduler:
         size = 0
         inputs = []  # large inputs by reference: (holder, segment, size)
         for p in [msg.args, *(p for _, ok, p in msg.deps or () if ok)]:
-            ref = _manager.parse_remote(p)
+            ref = _pull.parse_remote(p)
             if ref is not None:
                 inputs.append((ref[1], ref[2], ref[0]))
             else:

@@ -11,8 +11,8 @@ One per host. It owns the host's CPUs (``--num-cpus``: at most that many tasks r
 once, over every driver's executors), its workers and its shared-memory store; drivers
 attach to it instead of starting workers of their own. In a cluster (``--redis`` on the
 head, ``--join`` elsewhere) it registers in the node table, heartbeats its load, links to
-the global schedulers, spills what would wait too long here (``scheduling._spill``) and
-runs what others spill (``scheduling._remote``).
+the global schedulers, spills what would wait too long here (``node._spill``) and
+runs what others spill (``node._remote``).
 
 Started by ``dpool start`` as ``python -m dpool.node ...`` with the token in
 ``$DPOOL_TOKEN`` (never on the command line, where ``ps`` would show it); it reports
@@ -33,18 +33,18 @@ from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
 from dpool.node import _process
+from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
-from dpool.objects import _manager
 from dpool.node._links import Links, dial, peer_hello, welcome_message
-from dpool.node._workdirs import WorkdirCache
+from dpool.node._remote import RemoteRunner
 from dpool.node._server import NodeServer
+from dpool.node._spill import Spiller
+from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.runtime import _detect
 from dpool.scheduling import LocalScheduler
-from dpool.scheduling._attach import DriverSessions, PeerHandle
-from dpool.scheduling._remote import RemoteRunner
-from dpool.scheduling._spill import Spiller
+from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.node")
 
@@ -176,7 +176,7 @@ class NodeDaemon:
         self.sessions.attach(chan, hello, cluster_cpus=self.sessions.cluster_cpus)
 
     def _lease(self, sock: socket.socket, req: m.LeaseRequest) -> None:
-        """A driver of this host asks for a worker of its own (``scheduling._leases``)."""
+        """A driver of this host asks for a worker of its own (``node._leases``)."""
         self.sessions.leases.grant(sock, req)
 
     def _peer(self, chan: Channel, hello: m.PeerHello) -> None:
@@ -189,7 +189,7 @@ class NodeDaemon:
 
     def _serve_segment(self, sock: socket.socket, req: m.FetchSegment) -> None:
         """Another node pulls (a range of) one of this store's values
-        (``objects._manager``): only segments of this node's store, never any other file."""
+        (``transfer._pull``): only segments of this node's store, never any other file."""
         name = req.name
         prefix = f"/dpool_{self.scheduler.store.owner_pid}_"
         if not name.startswith(prefix):  # another node's object this node keeps a copy of
@@ -199,13 +199,13 @@ class NodeDaemon:
             sock.sendall(b"\0" * 8)
             return
         t0 = time.monotonic()
-        sent = _manager.serve(sock, name, req.offset, req.length)
+        sent = _pull.serve(sock, name, req.offset, req.length)
         log.info("sent %s to a node in %.1f ms (%d bytes from %d)", name,
                  (time.monotonic() - t0) * 1e3, sent, req.offset)  # (bench/transfer.py)
 
     def _receive_segment(self, sock: socket.socket, req: m.PushSegment) -> None:
         """A driver that reaches this node over TCP uploads a large value into this
-        store (``objects._push``), in this connection's thread."""
+        store (``transfer._push``), in this connection's thread."""
         t0 = time.monotonic()
         self.sessions.receive_push(sock, req)
         log.info("received object %#x from a driver in %.1f ms (%d bytes from %d of %d)",

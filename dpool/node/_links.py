@@ -21,11 +21,17 @@ import threading
 from typing import Any, Callable, Optional
 
 from dpool.errors import Error
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _auth
+from dpool.node._attach import PeerHandle
+from dpool.protocol import (
+    PROTOCOL_VERSION,
+    Channel,
+    ChannelClosed,
+    _auth,
+    decode_batch,
+    encode_batch,
+)
 from dpool.protocol import _messages as m
 from dpool.runtime._address import parse_hostport
-from dpool.scheduling._attach import PeerHandle
 
 log = logging.getLogger("dpool.node")
 

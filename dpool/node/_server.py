@@ -6,7 +6,7 @@ schedulers (nodes connect as peers; no unix socket).
 An accept thread takes connections on both; each new connection gets a short-lived
 thread that runs the authenticated handshake (``protocol._auth``) and reads the driver's
 ``Attach`` frame under a deadline, then hands the socket to the local scheduler's IO loop
-(``scheduling._attach``); an object-transfer connection (first frame ``FetchSegment``,
+(``node._attach``); an object-transfer connection (first frame ``FetchSegment``,
 or ``PushSegment`` from a driver that uploads a large value) keeps its thread, which
 answers its requests until it closes or idles: a transfer never runs on the IO loop. A
 peer that fails the handshake is logged and dropped without anything it sent being
@@ -23,8 +23,7 @@ import threading
 from typing import Callable, Optional
 
 from dpool.errors import AuthenticationError, Error, ProtocolError
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch
-from dpool.protocol import _auth
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, _auth, decode_batch
 from dpool.protocol import _messages as m
 
 log = logging.getLogger("dpool.node")
@@ -127,7 +126,7 @@ class NodeServer:
         """Answer ``FetchSegment`` and ``PushSegment`` requests on an object-transfer
         connection, one after the other, until the peer closes it or leaves it idle for
         ``FETCH_IDLE_S`` (peers keep these connections for their next transfer:
-        ``objects._conns``)."""
+        ``transfer._conns``)."""
         try:
             while True:
                 frames = chan.recv_frames(timeout=FETCH_IDLE_S)

@@ -1,4 +1,4 @@
-"""A node's cache of drivers' shipped working directories (``runtime._workdir``).
+"""A node's cache of drivers' shipped working directories (``protocol._workdir``).
 
 ``<state dir>/workdirs/<digest>/``: each archive unpacked once (into a temporary
 directory, then renamed into place, so a half-unpacked tree is never used), kept while

@@ -116,7 +116,7 @@ class HostStore:
     def _free(self, name: str, size: int) -> bool:
         """A stored object was freed: recycle its segment's pages if it is large."""
         if self.on_freed is not None:
-            self.on_freed(name)  # (a node tells the nodes that copied it: scheduling._spill)
+            self.on_freed(name)  # (a node tells the nodes that copied it: node._spill)
         if size >= _mapping.LARGE:
             _mapping.forget([name])  # this process's cached mapping; workers are told
             self.forgotten.append(name)

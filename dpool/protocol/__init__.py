@@ -5,7 +5,7 @@
 dispatch table); ``channel`` moves frames over a stream socket.
 """
 
-from dpool.protocol._codec import PROTOCOL_VERSION, decode_batch, encode_batch
 from dpool.protocol._channel import Channel, ChannelClosed
+from dpool.protocol._codec import PROTOCOL_VERSION, decode_batch, encode_batch
 
 __all__ = ["PROTOCOL_VERSION", "encode_batch", "decode_batch", "Channel", "ChannelClosed"]

@@ -363,7 +363,7 @@ class DropGroup:
 
 @dataclass(slots=True)
 class WorkingDir:
-    """D->S the driver's working directory, packed (``runtime._workdir``), sent once per
+    """D->S the driver's working directory, packed (``protocol._workdir``), sent once per
     content digest before the groups that use it."""
 
     CODE: ClassVar[int] = 34
@@ -376,7 +376,7 @@ class WorkingDir:
 class FetchSegment:
     """N->N a request on an object-transfer connection (its first frame, and any later
     one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
-    (``objects._manager``); the answer is raw (the segment's whole size, then the bytes)."""
+    (``transfer._pull``); the answer is raw (the segment's whole size, then the bytes)."""
 
     CODE: ClassVar[int] = 35
     version: int
@@ -400,7 +400,7 @@ class PushSegment:
     """D->N a request on an object-transfer connection (its first frame, or any later
     one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
     from ``offset`` of a large value, ``size`` bytes in the store's segment layout, to
-    be object ``object_id`` of the node's store (``objects._push``). The node answers
+    be object ``object_id`` of the node's store (``transfer._push``). The node answers
     raw: go ahead (or why not), then, after the bytes, the name of the segment that
     holds them (or why it does not). A large value comes in ranges on several
     connections at once: the range at offset 0 creates the segment and is answered

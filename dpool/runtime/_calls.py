@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dpool.futures import Future, ObjectRef
-from dpool.runtime import _payload
+from dpool.objects import _payload
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 

@@ -40,15 +40,23 @@ from typing import Any, Callable, Optional
 
 from dpool.errors import DeserializationError, Error, NodeLostError
 from dpool.futures import Future, ObjectRef
-from dpool.objects import _manager, _mapping
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _auth
+from dpool.objects import _mapping, _payload
+from dpool.protocol import (
+    PROTOCOL_VERSION,
+    Channel,
+    ChannelClosed,
+    _auth,
+    _workdir,
+    decode_batch,
+    encode_batch,
+)
 from dpool.protocol import _messages as m
-from dpool.runtime import _calls, _payload, _workdir
-from dpool.runtime._far import FarValues
-from dpool.runtime._lease import DriverLeases
+from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._functions import FunctionTable
+from dpool.runtime._lease import DriverLeases
+from dpool.runtime._tcp_objects import FarValues
+from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.runtime")
 
@@ -365,8 +373,8 @@ class ClusterRuntime:
             fut = self._futures.pop(msg.object_id, None)
             if fut is not None:
                 payload = msg.payload
-                if msg.ok and payload and payload[0] == _manager.TAG_REMOTE:
-                    ref = _manager.parse_remote(payload)  # large: pulled off this thread
+                if msg.ok and payload and payload[0] == _pull.TAG_REMOTE:
+                    ref = _pull.parse_remote(payload)  # large: pulled off this thread
                     self._far.fetch(fut, msg.object_id, ref)  # type: ignore[arg-type]
                 else:
                     self.complete(fut, msg.ok, payload)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from dpool.control import InProcessControlStore
 from dpool.futures import Future, ObjectRef
-from dpool.objects import _segment
-from dpool.runtime import _calls, _payload
+from dpool.objects import _payload, _segment
+from dpool.runtime import _calls
 from dpool.runtime._argcache import ArgumentCache
 from dpool.runtime._functions import FunctionTable
 from dpool.scheduling import GroupConfig, LocalScheduler

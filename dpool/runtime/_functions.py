@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from dpool.runtime import _payload
+from dpool.objects import _payload
 
 
 class FunctionTable:

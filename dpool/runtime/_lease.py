@@ -8,7 +8,7 @@
 
 A driver attached to a node on its own host asks for one lease per executor (a new
 connection on the node's unix socket, authenticated like every other; the node starts a
-worker with it as the worker's second channel, ``scheduling._leases``). One task runs on
+worker with it as the worker's second channel, ``node._leases``). One task runs on
 the lease at a time, sent only while the worker is idle: everything else (bursts, tasks
 with futures as arguments, large arguments) goes through the node as before. The driver
 gives the lease back when the node recalls it, when the executor shuts down, or when the
@@ -27,10 +27,16 @@ from typing import Any, Optional
 
 from dpool.errors import Error, ProtocolError
 from dpool.objects import _values
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _auth
+from dpool.protocol import (
+    PROTOCOL_VERSION,
+    Channel,
+    ChannelClosed,
+    _auth,
+    decode_batch,
+    encode_batch,
+)
 from dpool.protocol import _messages as m
-from dpool.scheduling._ioloop import IOLoop
+from dpool.protocol._ioloop import IOLoop
 
 log = logging.getLogger("dpool.runtime")
 

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from dpool.objects._host import HostStore
-from dpool.scheduling._ioloop import IOLoop
+from dpool.protocol._ioloop import IOLoop
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
+from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.protocol import decode_batch
-from dpool.runtime import _payload
-from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling import _resources
+from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task, WorkerHandle
 from dpool.scheduling._workers import _broken_error
 

@@ -35,8 +35,8 @@ from collections import deque
 from typing import Optional
 
 from dpool.errors import ResourceError
+from dpool.objects import _payload
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger, Request

@@ -52,12 +52,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, cast
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError
-from dpool.objects import _mapping
+from dpool.objects import _mapping, _payload
 from dpool.objects._host import HostStore
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
+from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.scheduling._handlers import WorkerMessages
-from dpool.scheduling._ioloop import SPIN_S, IOLoop
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch

@@ -27,11 +27,10 @@ import time
 from typing import Optional
 
 from dpool.errors import Error, WorkerCrashedError
-from dpool.objects import _segment
+from dpool.objects import _payload, _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._startup import WorkerConfig, start_worker
-from dpool.runtime import _payload
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 

@@ -177,7 +177,7 @@ def _check_shipped(config: pytest.Config) -> None:
     """In cluster mode the nodes get pytest's rootdir as dpool ships it, which leaves out
     virtual environments, caches and version control: running from, or naming tests in,
     such a directory would run something else on the nodes. Say so instead."""
-    from dpool.runtime._workdir import _SKIP_DIRS
+    from dpool.protocol._workdir import _SKIP_DIRS
 
     root = str(config.rootpath)
     for path in _paths(config):

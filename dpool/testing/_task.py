@@ -19,7 +19,7 @@ worker holds its CPU (and resources) while the test worker runs; the test worker
 with it (``PR_SET_PDEATHSIG``), so terminating the executor leaves nothing behind.
 
 On a remote node the dpool worker runs in the shipped copy of the controller's rootdir
-(``runtime._workdir``); ``$DPOOL_XDIST_ROOT`` tells the test worker where that copy is,
+(``protocol._workdir``); ``$DPOOL_XDIST_ROOT`` tells the test worker where that copy is,
 and ``_remote`` maps the controller's paths onto it.
 """
 

@@ -23,11 +23,11 @@ import threading
 from collections import deque
 from typing import Any, Callable, Optional, TypeVar
 
-from dpool.objects import _mapping
 from dpool.futures import Future, ObjectRef
+from dpool.objects import _mapping, _payload
 from dpool.protocol import ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
-from dpool.runtime import _calls, _payload
+from dpool.runtime import _calls
 from dpool.runtime._functions import FunctionTable
 
 T = TypeVar("T")

@@ -27,12 +27,11 @@ from collections import deque
 from typing import Any, Callable
 
 from dpool.errors import DeserializationError
-from dpool.objects import _mapping
+from dpool.objects import _mapping, _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
-from dpool.worker import _watchdog
 from dpool.protocol._startup import WorkerConfig
+from dpool.worker import _watchdog
 
 log = logging.getLogger("dpool.worker")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -14,14 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import secrets
-
 import psutil
 import pytest
 
 from dpool.control._redis_server import RedisServer
-from tests.cluster.redis_helpers import assert_gone, start_server
 from tests._started import STARTED_PIDS
+from tests.cluster.redis_helpers import assert_gone, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60

@@ -13,8 +13,6 @@ from collections import Counter
 import psutil
 import pytest
 import redis
-from tests.cluster.conftest import running
-from tests.cluster.redis_helpers import assert_gone, free_port, start_server
 
 import dpool
 from dpool.control import InProcessControlStore
@@ -22,6 +20,8 @@ from dpool.control import _keys as K
 from dpool.control._redis import RedisControlStore
 from dpool.control._redis_server import RedisServer, find_redis_server
 from dpool.errors import ControlStoreError, Error
+from tests.cluster.conftest import running
+from tests.cluster.redis_helpers import assert_gone, free_port, start_server
 
 
 def raw(addresses, password):

@@ -10,6 +10,7 @@ import textwrap
 
 from tests.cluster.conftest import TIMEOUT
 
+
 def on_the_host(cluster) -> dict:
     """A driver on the head's host: it attaches over the node's unix socket."""
     return cluster.driver_env(DPOOL_STATE_DIR=cluster.head.state_dir)

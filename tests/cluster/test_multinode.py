@@ -16,9 +16,15 @@ import psutil
 import pytest
 
 import dpool
-
-from tests.cluster.conftest import (TIMEOUT, base_env, dpool_cli, running, start_cluster,
-                                    stop_cluster, wait_for_nodes)
+from tests.cluster.conftest import (
+    TIMEOUT,
+    base_env,
+    dpool_cli,
+    running,
+    start_cluster,
+    stop_cluster,
+    wait_for_nodes,
+)
 
 SPREAD = textwrap.dedent("""
     import collections, os, sys, time
@@ -567,7 +573,8 @@ def test_the_object_table_lists_copies_and_a_reader_falls_back_to_them(cluster_f
     copy under the holder's segment name, and a fetch whose holder fails takes it from
     there."""
     from dpool.control._redis import RedisControlStore
-    from dpool.objects import _manager, _segment
+    from dpool.objects import _segment
+    from dpool.transfer import _pull
 
     code = textwrap.dedent("""
         import os, sys
@@ -610,7 +617,7 @@ def test_the_object_table_lists_copies_and_a_reader_falls_back_to_them(cluster_f
         def copy(address: str, others=None) -> bytes:
             oid_here = 0x7000_0000 + len(made)
             made.append(_segment.segment_name(os.getpid(), oid_here))
-            _manager.fetch(address, cluster_far.token.encode(), name, oid_here, os.getpid(),
+            _pull.fetch(address, cluster_far.token.encode(), name, oid_here, os.getpid(),
                            len(want), timeout=10, others=others)
             with open(os.path.join(_segment.SHM_DIR, made[-1].lstrip("/")), "rb") as f:
                 return f.read()

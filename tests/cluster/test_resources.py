@@ -12,8 +12,15 @@ import textwrap
 
 import pytest
 
-from tests.cluster.conftest import (TIMEOUT, Cluster, base_env, dpool_cli, start_node,
-                                    stop_cluster, wait_for_nodes)
+from tests.cluster.conftest import (
+    TIMEOUT,
+    Cluster,
+    base_env,
+    dpool_cli,
+    start_node,
+    stop_cluster,
+    wait_for_nodes,
+)
 
 GRACE_S = 8.0  # long enough for a node to join within it (the last test)
 

@@ -1,5 +1,5 @@
-"""Large values between a driver attached over TCP and its node (``objects._push``,
-``runtime._far``).
+"""Large values between a driver attached over TCP and its node (``transfer._push``,
+``runtime._tcp_objects``).
 
 The driver has no ``DPOOL_STATE_DIR``, so to it the node is another host: a large put or
 argument is pushed into the node's store on a transfer connection, a large result is
@@ -23,8 +23,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.cluster.conftest import (TIMEOUT, _kill_tree, start_cluster, start_node,
-                                    stop_cluster, Cluster)
+from tests.cluster.conftest import (
+    TIMEOUT,
+    Cluster,
+    _kill_tree,
+    start_cluster,
+    start_node,
+    stop_cluster,
+)
 
 SHM = "/dev/shm"
 BIG = 512 << 20  # large enough that a kill lands mid-upload on any machine
@@ -338,10 +344,10 @@ def test_a_full_store_is_a_typed_error(small_store, tmp_path):
 @pytest.mark.timeout(60)
 def test_an_upload_without_the_token_is_refused(small_store):
     from dpool.errors import AuthenticationError, Error
-    from dpool.objects import _push
     from dpool.objects._serialization import serialize
     from dpool.protocol import PROTOCOL_VERSION, encode_batch
     from dpool.protocol import _messages as m
+    from dpool.transfer import _push
 
     host, port = small_store.address.rsplit(":", 1)
     before = set(_segments())
@@ -369,7 +375,8 @@ PARTIAL = textwrap.dedent("""
     import os, time
     import numpy as np
     import dpool
-    from dpool.objects import _push, _segment
+    from dpool.objects import _segment
+    from dpool.transfer import _push
     from dpool.objects._serialization import serialize
     from dpool.runtime._current import client
 
@@ -418,29 +425,29 @@ def test_an_upload_given_up_part_way_leaves_nothing(far, tmp_path):
 ASK_AGAIN = textwrap.dedent("""
     import numpy as np
     import dpool
-    from dpool.objects import _manager
+    from dpool.transfer import _pull
 
-    real = _manager.fetch_into
+    real = _pull.fetch_into
     calls = []
 
     def gone_once(*a, **k):  # as if the node had spilled the result to its disk
         calls.append(1)
         if len(calls) == 1:
-            raise _manager.Gone("not there (test)")
+            raise _pull.Gone("not there (test)")
         return real(*a, **k)
 
     def always_gone(*a, **k):
-        raise _manager.Gone("not there (test)")
+        raise _pull.Gone("not there (test)")
 
     def make(n):
         return np.arange(n, dtype=np.float64)
 
     if __name__ == "__main__":
         with dpool.ProcessPoolExecutor() as ex:
-            _manager.fetch_into = gone_once
+            _pull.fetch_into = gone_once
             a = ex.submit(make, 1 << 20).result(timeout=60)
             print("AGAIN", len(calls), a[-1] == (1 << 20) - 1)
-            _manager.fetch_into = always_gone
+            _pull.fetch_into = always_gone
             try:
                 ex.submit(make, 1 << 20).result(timeout=60)
             except dpool.ObjectLostError as e:

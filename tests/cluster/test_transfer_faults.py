@@ -1,4 +1,4 @@
-"""A node killed in the middle of sending a large value to another (``objects._manager``).
+"""A node killed in the middle of sending a large value to another (``transfer._pull``).
 
 A head that runs nothing (0 CPUs, the driver's node) and two nodes. A task on one of them
 returns 512 MB; that node lends it and the head pulls it into its store. The test stops

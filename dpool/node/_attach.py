@@ -18,12 +18,12 @@ never inline on its control connection:
 
     TCP driver                                              this node
     PushSegment + the segment's bytes ── transfer conn ──▶ a NodeServer thread writes a
-                                                            segment (``objects._push``),
+                                                            segment (``transfer._push``),
                                                             noted in ``_pushed``
     PutObject/SubmitTask naming it ──── control conn ───▶ claimed from ``_pushed``,
                                                             adopted like a local value
     ◀── ObjectValue: a reference (address, segment, size) to a stored result
-    FetchSegment ranges ──────────────── transfer conns ──▶ sendfile (``objects._manager``)
+    FetchSegment ranges ──────────────── transfer conns ──▶ sendfile (``transfer._pull``)
 
 A stored value named by a TCP driver's message must be one it pushed (its id carries the
 driver's id prefix, and the push finished): nothing else in ``/dev/shm`` is ever named
@@ -48,13 +48,13 @@ import time
 from typing import Any, Optional
 
 from dpool.errors import ObjectStoreFullError, ProtocolError
-from dpool.objects import _manager, _push, _segment, _transfer, _values
+from dpool.node._leases import LeaseDesk
+from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
-from dpool.runtime._workdir import map_path
-from dpool.scheduling._leases import LeaseDesk
+from dpool.protocol._workdir import map_path
 from dpool.scheduling._records import Group, WorkerHandle
+from dpool.transfer import _pull, _push
 
 log = logging.getLogger("dpool.node")
 
@@ -125,7 +125,7 @@ class DriverSessions:
         h[m.SubmitTask.CODE] = self._on_submit
         h[m.PutObject.CODE] = self._on_put
         self._store_ids: Any = None  # ids of values put in the store for TCP drivers
-        # Values TCP drivers pushed (``objects._push``, transfer threads) and have not
+        # Values TCP drivers pushed (``transfer._push``, transfer threads) and have not
         # named in a message yet: segment name -> size. Its own lock, never held for I/O.
         self._push_lock = threading.Lock()
         self._pushers: set[int] = set()  # id prefixes of the attached TCP drivers
@@ -182,7 +182,7 @@ class DriverSessions:
             msg.payload = self._into_store(msg.payload, msg.object_id)
         self._base_put(w, msg)
 
-    # -- large values TCP drivers push (``objects._push``) -------------------------------
+    # -- large values TCP drivers push (``transfer._push``) -------------------------------
     def receive_push(self, sock: socket.socket, req: m.PushSegment) -> None:
         """Receive (a range of) a pushed value into this store (a transfer connection's
         thread)."""
@@ -248,7 +248,7 @@ class DriverSessions:
         """A large value a remote driver sent inline, as a value of this node's store
         (workers map it; other nodes pull it), like a local driver's (lock held)."""
         try:
-            return _transfer.into_store(
+            return _inline.into_store(
                 payload, _segment.segment_name(self._s.store.owner_pid, oid)) or payload
         except Exception as exc:  # noqa: BLE001 - e.g. the store is full: keep it inline
             log.warning("keeping a value of %d bytes inline: %s", len(payload), exc)
@@ -475,13 +475,13 @@ class DriverSessions:
                       payload: bytes) -> m.ObjectValue:
         """A value for a driver or node: a stored value as is for a driver on this host
         (it maps the segment, zero-copy); for one over TCP, a reference it pulls the
-        segment's bytes with (``objects._manager``), off this connection; its bytes
+        segment's bytes with (``transfer._pull``), off this connection; its bytes
         inline for anyone else. Other values as they are."""
         if ok and not getattr(w, "local", False):
             if isinstance(w, DriverHandle):
-                payload = _manager.remote_ref(payload, self.node_id)
+                payload = _pull.remote_ref(payload, self.node_id)
             else:
-                payload = _transfer.inline_payload(payload)
+                payload = _inline.inline_payload(payload)
         return m.ObjectValue(oid, ok, payload)
 
 

@@ -9,7 +9,7 @@ never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` (th
 inline) when it is done; the local record of the result is dropped right after.
 
 Large inputs held by another node are copied into this node's store once, whatever
-number of its tasks need them (``objects._manager``), and kept for later tasks until
+number of its tasks need them (``transfer._pull``), and kept for later tasks until
 their holder says the object was freed (``ReleaseLent``, sent by ``_spill``), then freed
 once no task here has them pinned; ``copy_ttl_s`` unused frees them too (a holder that
 went away without saying so).
@@ -29,12 +29,12 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.errors import Error, ObjectLostError
-from dpool.objects import _manager, _segment, _transfer, _values
+from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
-from dpool.runtime._workdir import map_path
+from dpool.protocol._workdir import map_path
 from dpool.scheduling import _resources
 from dpool.scheduling._records import Group, Task
+from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -164,18 +164,18 @@ class RemoteRunner:
             out = s._take_out()
         s._deliver(out)
 
-    # -- large inputs held by other nodes (objects._manager) ------------------------------
+    # -- large inputs held by other nodes (transfer._pull) ------------------------------
     def _remote_inputs(self, msg: m.RemoteTask) -> dict:
         """The task's inputs that live on another node, by key ("args"|"dep", holder's
         address, segment name, task id or 0) -> size. An argument block is the task's
         own; a dependency is fetched once per node and shared by every task that needs
         it."""
         keys = {}
-        ref = _manager.parse_remote(msg.args)
+        ref = _pull.parse_remote(msg.args)
         if ref is not None:
             keys[("args", ref[1], ref[2], msg.task_id)] = ref[0]
         for _oid, ok, p in msg.deps or ():
-            ref = _manager.parse_remote(p) if ok else None
+            ref = _pull.parse_remote(p) if ok else None
             if ref is not None:
                 keys[("dep", ref[1], ref[2], 0)] = ref[0]
         return keys
@@ -195,11 +195,11 @@ class RemoteRunner:
         copy = self._copies[key]
         payload: Optional[bytes] = None
         error: Optional[BaseException] = None
-        held_oid = _manager._held_id(name)
+        held_oid = _pull._held_id(name)
         others = (lambda: self._other_copies(held_oid)) if kind == "dep" and held_oid \
             else None
         try:
-            payload = _manager.fetch(address, self.token, name, copy.oid, s.store.owner_pid,
+            payload = _pull.fetch(address, self.token, name, copy.oid, s.store.owner_pid,
                                      copy.size, others=others)
         except Exception as exc:  # noqa: BLE001 - reported on each task that needed it
             error = exc
@@ -249,7 +249,7 @@ class RemoteRunner:
         if deps:
             new = []
             for oid, ok, p in deps:
-                ref = _manager.parse_remote(p) if ok else None
+                ref = _pull.parse_remote(p) if ok else None
                 if ref is not None:
                     p = self._copies[("dep", ref[1], ref[2], 0)].payload
                     s.store.pin(p)  # while this task needs it (unpinned at its finish)
@@ -306,7 +306,7 @@ class RemoteRunner:
                 del self._copies[key]
                 if copy.payload is not None:
                     s.store.drop(copy.payload)
-                    held = _manager._held_id(key[2])
+                    held = _pull._held_id(key[2])
                     if self.control is not None and held:
                         self.control.remove_copy(held, self.node_id)
 
@@ -341,11 +341,11 @@ class RemoteRunner:
             stored = _values.stored(payload) if ok else None
             if stored is not None and stored[2] >= REFERENCE_MIN:
                 # large: lent by reference; the origin pulls it, then says ReleaseLent
-                value = _manager.remote_ref(payload, self.address)
+                value = _pull.remote_ref(payload, self.address)
                 self._lent[stored[1]] = (local_id, time.monotonic())
             else:
                 try:
-                    value = _transfer.inline_payload(payload) if ok else payload
+                    value = _inline.inline_payload(payload) if ok else payload
                 except Exception as exc:  # noqa: BLE001 - the origin must hear *something*
                     ok, value = False, _payload.dumps_error(exc)
                 finally:

@@ -50,11 +50,11 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.errors import ObjectLostError, WorkerCrashedError
-from dpool.objects import _manager, _segment, _transfer, _values
+from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
-from dpool.runtime import _payload
 from dpool.scheduling import _resources
 from dpool.scheduling._records import Group, Task
+from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -199,7 +199,7 @@ class Spiller:
         t.est = s._batch.estimate(t.fn_id)
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
         a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
-                       if ok and (ref := _manager.parse_remote(p)) is not None)
+                       if ok and (ref := _pull.parse_remote(p)) is not None)
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s._ctl.log_event(t.task_id, "spill", time.time(), 0)
         return msg
@@ -209,8 +209,8 @@ class Spiller:
         store (the node that runs the task pulls it, once), else its bytes inline."""
         ref = _values.stored(payload)
         if ref is not None and ref[2] >= REFERENCE_MIN:
-            return _manager.remote_ref(payload, self.address)
-        return _transfer.inline_payload(payload)
+            return _pull.remote_ref(payload, self.address)
+        return _inline.inline_payload(payload)
 
     # -- outcomes ------------------------------------------------------------------------
     def _take(self, task_id: int) -> Optional[Task]:
@@ -318,7 +318,7 @@ class Spiller:
         s = self._s
         s._batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
-        ref = _manager.parse_remote(payload) if ok else None
+        ref = _pull.parse_remote(payload) if ok else None
         if ref is not None:  # a large result, lent: pull it into this node's store
             a = self.away[t.task_id] = _Away(t, "", time.monotonic())  # out till pulled
             a.node, a.pulling = ref[1], True
@@ -331,7 +331,7 @@ class Spiller:
             name = _segment.segment_name(s.store.owner_pid, t.task_id)
             stored = None
             try:
-                stored = _transfer.into_store(payload, name) or payload
+                stored = _inline.into_store(payload, name) or payload
                 s.store.adopt(stored)
                 payload = stored
             except Exception as exc:  # noqa: BLE001 - e.g. full: the task fails with it
@@ -349,7 +349,7 @@ class Spiller:
         size, holder, name = ref
         lost: Optional[ObjectLostError] = None
         try:
-            payload = _manager.fetch(holder, self.token, name, t.task_id, s.store.owner_pid,
+            payload = _pull.fetch(holder, self.token, name, t.task_id, s.store.owner_pid,
                                      size)
             ok = True
         except ObjectLostError as exc:  # the holder died (part-way) or freed it

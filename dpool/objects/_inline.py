@@ -9,9 +9,9 @@ none of the user's modules. :func:`dumps_value_inline` and :func:`dumps_call_inl
 what a process without a store (a driver in cluster mode) serializes with.
 
 A driver that reaches its node over TCP passes ``push``: a value whose buffers reach
-the store threshold is then uploaded into the node's store (``objects._push``) and the
+the store threshold is then uploaded into the node's store (``transfer._push``) and the
 payload names the segment there; below it, nothing changes. :func:`loads_fetched` reads
-a large result that such a driver pulled into its own memory (``_manager.fetch_into``).
+a large result that such a driver pulled into its own memory (``_pull.fetch_into``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ transfer from the same node takes one: the holder's ``NodeServer`` serves any nu
 A kept connection may have been closed by the holder meanwhile (it drops connections
 idle for ``node._server.FETCH_IDLE_S``, and it may have died): a transfer on a kept
 connection that gets no answer at all is retried once on a fresh one
-(``objects._manager``). Kept connections are dropped after ``IDLE_S`` unused, and in a
+(``transfer._pull``). Kept connections are dropped after ``IDLE_S`` unused, and in a
 child after a fork (they are the parent's).
 """
 

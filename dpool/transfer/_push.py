@@ -13,7 +13,7 @@ segment of the node's store, off the control connection.
                                                                  a local driver's value
 
 A large value goes in ranges on up to four connections at once (one per core, 16 MB or
-more each: ``_manager._ranges``), as node-to-node fetches do: the range at offset 0 is asked for
+more each: ``_pull._ranges``), as node-to-node fetches do: the range at offset 0 is asked for
 first and creates the segment; once the node said go ahead to it, the others are asked
 for on connections of their own, each written by its own node thread at its offset;
 the first range's thread waits for them all and answers last, with the name.
@@ -29,7 +29,7 @@ read by a task on another node (``bench/cluster.py``, put64_tcp): 200-206 ms bef
 The bytes are the segment, verbatim (``_segment``'s self-describing layout), so the node
 unpickles nothing and needs none of the user's modules. Which segment is the node's
 choice: ``segment_name(its store owner, object id)``, never a name from the wire; the id
-must be one of an attached TCP driver's (``scheduling._attach`` checks that and the
+must be one of an attached TCP driver's (``node._attach`` checks that and the
 size). The node answers before the bytes come ("go ahead") so a value that cannot fit
 is refused without sending it, and the connection's framing (``protocol._channel``, which
 reads ahead) never sees raw bytes. A transfer that breaks part-way leaves no segment
@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from dpool.errors import Error, NodeLostError, ObjectStoreFullError, ProtocolError
-from dpool.objects import _conns, _forkguard, _manager, _segment, _values
+from dpool.objects import _forkguard, _segment, _values
 from dpool.objects._serialization import Serialized
 from dpool.protocol import _auth
+from dpool.transfer import _conns, _pull
 
 PUSH_TIMEOUT = 30.0  # a push that moves no byte for this long fails
 _REPLY = struct.Struct("!BI")  # status, length of the text that follows
@@ -81,7 +82,7 @@ def push(host: str, port: int, token: bytes, object_id: int, ser: Serialized,
     layout = _segment._layout(len(ser.meta), [v.nbytes for v in views])
     up = _Upload(host, port, token, object_id, layout.size,
                  _parts(layout, ser.meta, views), timeout)
-    name = up.run(_manager._ranges(layout.size))
+    name = up.run(_pull._ranges(layout.size))
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id,
                                      layout.size) + name.encode()
 
@@ -172,7 +173,7 @@ class _Upload:
 
     def _send(self, sock: socket.socket, offset: int, length: int) -> None:
         try:
-            _manager._blocking(sock, socket.SO_SNDTIMEO, self.timeout)
+            _pull._blocking(sock, socket.SO_SNDTIMEO, self.timeout)
             _send_parts(sock, _slice(self.parts, offset, length))
         except OSError as exc:
             raise NodeLostError(f"the upload of a value of {self.size} bytes to "
@@ -352,7 +353,7 @@ class Receiver:
                 return _answer(sock, FULL, str(exc))
             except FileExistsError as exc:
                 return _answer(sock, REFUSED, str(exc))
-            os.close(fd)  # each chunk opens it again (``_manager.write_chunk``)
+            os.close(fd)  # each chunk opens it again (``_pull.write_chunk``)
         inc = _Incoming(size, offsets={0})
         with self._cv:
             self._incoming[name] = inc
@@ -477,16 +478,16 @@ def _path(name: str) -> str:
 def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size: int,
                   timeout: float, moved: Callable[[int], None]) -> Optional[Error]:
     """Receive ``length`` bytes into segment ``name`` from ``offset`` (each chunk written
-    with ``_manager.write_chunk``: no fork is held off while the bytes come). If the store fills
+    with ``_pull.write_chunk``: no fork is held off while the bytes come). If the store fills
     up part-way, the rest is read and dropped (the driver is still sending it; closing
     on it would reset the connection before it reads the answer) and the error
     returned."""
     full: Optional[Error] = None
     path = _path(name)
-    buf = _manager._take_buffer()  # kept between transfers: its pages are faulted in
+    buf = _pull._take_buffer()  # kept between transfers: its pages are faulted in
     got = 0
     try:
-        _manager._blocking(sock, socket.SO_RCVTIMEO, timeout)
+        _pull._blocking(sock, socket.SO_RCVTIMEO, timeout)
         while got < length:
             n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
             if n == 0:
@@ -494,7 +495,7 @@ def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size
                                       f"{length} bytes from {offset}")
             if full is None:
                 try:
-                    _manager.write_chunk(path, buf[:n], offset + got)
+                    _pull.write_chunk(path, buf[:n], offset + got)
                 except OSError as exc:
                     if exc.errno not in _segment._NO_SPACE_ERRNOS:
                         raise
@@ -502,7 +503,7 @@ def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size
             got += n
             moved(n)
     finally:
-        _manager._give_buffer(buf)
+        _pull._give_buffer(buf)
     return full
 
 

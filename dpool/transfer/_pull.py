@@ -23,7 +23,7 @@ is never used. A kept connection the holder had closed is retried once on a fres
 
 A spilled task refers to its large inputs by ``remote_ref`` payloads (the holder's
 address and segment name) instead of carrying their bytes; the executing node fetches
-each once, however many of its tasks need it (``scheduling._remote``).
+each once, however many of its tasks need it (``node._remote``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterable
 from typing import Optional
 
 from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
-from dpool.objects import _conns, _forkguard, _segment, _values
+from dpool.objects import _forkguard, _segment, _values
 from dpool.protocol import _auth
+from dpool.transfer import _conns
 
 log = logging.getLogger("dpool.objects")
 

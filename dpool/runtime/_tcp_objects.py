@@ -2,7 +2,7 @@
 
     put / submit ──▶ dumps_value / dumps_call ── small: inline, in the control message
                                                └ large: pushed into the node's store on a
-                                                 transfer connection (``objects._push``);
+                                                 transfer connection (``transfer._push``);
                                                  the message names the node's segment
     reader thread ◀── ObjectValue ── small: inline, completed right there
                                    └ a reference (a stored result on the node):
@@ -19,8 +19,8 @@ the hand-off costs one thread wake-up (~50 us), noise next to moving the value.
 A 64 MB result of a task on another node (``bench/cluster.py``, get64_tcp): 269-284 ms
 when it came inline, 57-63 ms now; a driver on the node's host takes 38-41 ms. The rest
 is a second hop: the driver's node pulls the result from the node that ran the task
-(``scheduling._spill``) before this driver pulls it from there (~20 ms for 64 MB into
-huge pages: ``_transfer.private_memory``).
+(``node._spill``) before this driver pulls it from there (~20 ms for 64 MB into
+huge pages: ``_inline.private_memory``).
 
 The node keeps the segment while this driver holds a handle (future or ref) to the
 object, and the fetch thread holds the future until it is set: the value is there to
@@ -38,13 +38,14 @@ from typing import Any, Optional
 
 from dpool.errors import DeserializationError, NodeLostError
 from dpool.futures import Future
-from dpool.objects import _manager, _push, _transfer
+from dpool.objects import _inline
 from dpool.objects._serialization import Serialized
 from dpool.protocol import _messages as m
+from dpool.transfer import _pull, _push
 
 log = logging.getLogger("dpool.runtime")
 
-_FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``_manager._ranges``)
+_FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``_pull._ranges``)
 _LINGER_S = 2.0  # an idle fetch thread waits this long for the next result, then ends
 _ASK_AGAIN = 2  # times a result found gone (spilled) on the node is asked for again
 
@@ -63,13 +64,13 @@ class FarValues:
     # -- to the node -----------------------------------------------------------------------
     def dumps_value(self, value: Any, object_id: int) -> bytes:
         """A put value's payload; a large one is pushed as ``object_id`` first."""
-        return _transfer.dumps_value_inline(
+        return _inline.dumps_value_inline(
             value, lambda ser: self._push(object_id, ser))
 
     def dumps_call(self, args: tuple, kwargs: dict) -> Optional[bytes]:
         """A call's arguments' payload; large ones are pushed first (an id of their own,
         as a local driver's argument block has)."""
-        return _transfer.dumps_call_inline(
+        return _inline.dumps_call_inline(
             args, kwargs, lambda ser: self._push(self._rt.new_id(), ser))
 
     def _push(self, object_id: int, ser: Serialized) -> bytes:
@@ -115,10 +116,10 @@ class FarValues:
         try:
             # From the node this driver is attached to (the holder is that node: the
             # driver reached it at this address; the node's own may be another name).
-            data = _transfer.private_memory(size)
+            data = _inline.private_memory(size)
             with memoryview(data) as view:
-                _manager.fetch_into(t.address, t.token, name, view)
-        except _manager.Gone as exc:
+                _pull.fetch_into(t.address, t.token, name, view)
+        except _pull.Gone as exc:
             asked = self._asked.get(oid, 0)
             if asked < _ASK_AGAIN and not fut.done() and rt._lost is None:
                 self._asked[oid] = asked + 1
@@ -146,7 +147,7 @@ class FarValues:
             return
         self._asked.pop(oid, None)
         try:
-            value = _transfer.loads_fetched(data, name)
+            value = _inline.loads_fetched(data, name)
         except BaseException as exc:  # noqa: BLE001 - SystemExit too
             _set(fut, exc=DeserializationError.wrap("the task's result", exc))
             return

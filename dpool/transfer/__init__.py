@@ -1,0 +1,1 @@
+"""Moving objects between nodes and to TCP drivers."""
