@@ -363,7 +363,7 @@ def test_the_initializer_already_sees_the_workers_gpus(gpus2, method):
 
 
 # -- the bookkeeping alone (no processes) ----------------------------------------------------
-from dpool.runtime import _detect  # noqa: E402
+from dpool.scheduling import _detect  # noqa: E402
 from dpool.scheduling import _resources  # noqa: E402
 
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("dpool start: --num-gpus must be >= 0\n")
         return 2
     if args.resources is not None:
-        from dpool.runtime._detect import parse_resources
+        from dpool.scheduling._detect import parse_resources
         from dpool.scheduling._resources import spec
 
         try:

@@ -42,7 +42,7 @@ from dpool.node._spill import Spiller
 from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
-from dpool.runtime import _detect
+from dpool.scheduling import _detect
 from dpool.scheduling import LocalScheduler
 from dpool.transfer import _pull
 

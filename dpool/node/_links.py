@@ -31,7 +31,7 @@ from dpool.protocol import (
     encode_batch,
 )
 from dpool.protocol import _messages as m
-from dpool.runtime._address import parse_hostport
+from dpool.protocol._dial import parse_hostport
 
 log = logging.getLogger("dpool.node")
 

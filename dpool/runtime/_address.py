@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from dpool.errors import Error
-
-_HOSTPORT = re.compile(r"^\[?([A-Za-z0-9._:-]+?)\]?:([0-9]{1,5})$")
+from dpool.protocol._dial import parse_hostport
 
 
 def state_dir() -> str:
@@ -91,17 +89,6 @@ def remove_record() -> None:
         os.unlink(record_path())
     except FileNotFoundError:
         pass
-
-
-def parse_hostport(text: str, what: str = "DPOOL_ADDRESS") -> tuple[str, int]:
-    """``"host:port"`` -> (host, port), or a clear ``dpool.Error``."""
-    match = _HOSTPORT.match(text.strip())
-    if match is None:
-        raise Error(f"{what}={text!r} is not HOST:PORT (e.g. 127.0.0.1:6380), nor 'auto'")
-    host, port = match.group(1), int(match.group(2))
-    if not 0 < port < 65536:
-        raise Error(f"{what}={text!r}: port {port} is out of range")
-    return host, port
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def cluster_cpus() -> int:
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
         return driver().cluster_cpus
     if os.environ.get("DPOOL_NUM_CPUS"):
-        from dpool.runtime._detect import embedded_cpus
+        from dpool.scheduling._detect import embedded_cpus
 
         return embedded_cpus() or 1
     return os.cpu_count() or 1

@@ -53,7 +53,7 @@ class ResourceDispatch(SchedulerCore):
     def resources(self) -> Ledger:
         """This runtime's (or node's) ledger, detected on first use (lock held)."""
         if self.ledger is None:
-            from dpool.runtime import _detect
+            from dpool.scheduling import _detect
 
             self.ledger = _detect.embedded_ledger(self.ledger_spec)
         return self.ledger

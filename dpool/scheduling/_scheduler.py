@@ -278,7 +278,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch):
 
     def set_resource_offer(self, spec: Optional[dict]) -> None:
         """What the embedded runtime offers (``runtime_resources=``); None: detect."""
-        from dpool.runtime import _detect
+        from dpool.scheduling import _detect
 
         led = _detect.embedded_ledger(spec)
         with self._lock:

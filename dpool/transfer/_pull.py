@@ -218,7 +218,7 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
 def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
                 size: int, timeout: float) -> bytes:
     """``fetch`` from one node."""
-    from dpool.runtime._address import parse_hostport
+    from dpool.protocol._dial import parse_hostport
 
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
@@ -416,7 +416,7 @@ def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
     as ``fetch`` does, each straight into its part of the buffer (``recv_into``: no copy
     in Python); a value unpickled from it keeps its arrays there, zero-copy. ``Gone`` if
     the holder does not have it, ``ObjectLostError`` if it goes away part-way."""
-    from dpool.runtime._address import parse_hostport
+    from dpool.protocol._dial import parse_hostport
 
     host, port = parse_hostport(address, "object holder")
     size = buf.nbytes
