@@ -31,8 +31,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         WorkerCrashedError,
     )
     from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
-    from dpool.futures import Future, ObjectRef, get, put, wait
+    from dpool.futures import Future, ObjectRef
     from dpool.pool import Pool, cpu_count
+    from dpool.runtime._api import get, put, wait
     from dpool.runtime._current import node_id
 
 _LAZY = {
@@ -44,7 +45,8 @@ _LAZY = {
     **dict.fromkeys(("Executor", "ProcessPoolExecutor", "ResourceOptions", "get_executor"),
                     "dpool.executor"),
     **dict.fromkeys(("get_gpu_ids", "resources"), "dpool._resources_api"),
-    **dict.fromkeys(("Future", "ObjectRef", "get", "put", "wait"), "dpool.futures"),
+    **dict.fromkeys(("Future", "ObjectRef"), "dpool.futures"),
+    **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
     "node_id": "dpool.runtime._current",
 }

@@ -1,8 +1,10 @@
 """``dpool.ProcessPoolExecutor``: the ``concurrent.futures`` surface, nothing more.
 
-Every call goes through the runtime (``dpool.runtime``): the executor is a *view* onto the
-driver's runtime -- one worker group with its own ``max_workers``, initializer and limits
--- so futures from one executor can be arguments to tasks of another.
+Every call goes through the runtime's client (``dpool.runtime._client``): the executor is
+a *view* onto the driver's runtime -- one worker group with its own ``max_workers``,
+initializer and limits -- so futures from one executor can be arguments to tasks of
+another. Inside a task, ``get_executor()`` is a view onto the group running the task,
+through the worker's client.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import threading
 import time
 import weakref
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from dpool.futures import Future
 from dpool.objects import _payload
 from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
 from dpool.scheduling import GroupConfig, _resources
+
+if TYPE_CHECKING:
+    from dpool.runtime._client import Client, Driver
 
 __all__ = ["ProcessPoolExecutor", "Executor", "ResourceOptions", "get_executor"]
 
@@ -208,37 +213,37 @@ class ProcessPoolExecutor(_cf.Executor):
         offer = None
         if runtime_resources is not None:
             offer = _resources.spec(resources=runtime_resources)
-        self._runtime = _current.driver()
+        driver = _current.driver()
+        self._runtime: Client = driver  # where tasks go
+        self._driver: Optional[Driver] = driver  # where the group is (None in a task)
         if object_store_memory is not None:
-            self._runtime.scheduler.set_store_capacity(object_store_memory)
+            driver.set_store_capacity(object_store_memory)
         if offer is not None:
-            self._runtime.scheduler.set_resource_offer(offer)
-        self._group = self._runtime.add_group(
+            driver.set_resource_offer(offer)
+        self._group: Any = driver.add_group(
             GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
                         max_attempts, working_dir),
             self,
         )
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._view = False
         self._process_views: dict[int, WorkerProcess] = {}
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
-        self._finalizer = weakref.finalize(self, self._runtime.scheduler.close_group_soon,
-                                           self._group)
+        self._finalizer = weakref.finalize(self, driver.close_group_soon, self._group)
         self._finalizer.atexit = False
 
     @classmethod
-    def _worker_view(cls, client: Any, group_id: int) -> "ProcessPoolExecutor":
+    def _worker_view(cls, client: Client, group_id: int) -> "ProcessPoolExecutor":
         """An executor inside a task: submits to the group that runs the task."""
         self = cls.__new__(cls)
         self._max_workers = 0
         self._mp_context = None
         self._runtime = client
+        self._driver = None
         self._group = group_id
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._view = True
         self._process_views = {}
         self._spec = None
         self._req = None
@@ -259,7 +264,7 @@ class ProcessPoolExecutor(_cf.Executor):
 
     def _worker_processes(self) -> dict[int, WorkerProcess]:
         """``{pid: process}`` of the group's worker processes (also after shutdown)."""
-        if self._view:
+        if self._driver is None:  # a task's view
             return {}
         views = self._process_views
         out: dict[int, WorkerProcess] = {}
@@ -276,14 +281,14 @@ class ProcessPoolExecutor(_cf.Executor):
     @property
     def _broken(self) -> Any:
         """False, or why the executor cannot run tasks (a string), as the stdlib's."""
-        if self._view:
+        if self._driver is None:
             return False
         return self._group.broken or False
 
     # -- the concurrent.futures API ------------------------------------------------------
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         group = self._group
-        if not self._view and group.broken is not None:
+        if self._driver is not None and group.broken is not None:
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
@@ -304,7 +309,7 @@ class ProcessPoolExecutor(_cf.Executor):
     def _submit_request(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
                         req: Optional[_resources.Request]) -> Future:
         group = self._group
-        if not self._view and group.broken is not None:
+        if self._driver is not None and group.broken is not None:
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
@@ -384,29 +389,30 @@ class ProcessPoolExecutor(_cf.Executor):
         with self._shutdown_lock:
             first = not self._shutdown_thread
             self._shutdown_thread = True
-        if self._view:
+        driver = self._driver
+        if driver is None:
             return  # inside a task: the group belongs to the driver's executor
-        sched = self._runtime.scheduler
         if cancel_futures:
-            sched.cancel_queued(self._group)
+            driver.cancel_queued(self._group)
         if first:
-            sched.close_group(self._group)
-        if wait and not sched.is_io_thread():
-            # (from a done-callback, which runs on the scheduler's IO thread, waiting for
+            driver.close_group(self._group)
+        if wait and not driver.is_io_thread():
+            # (from a done-callback, which runs on the runtime's IO thread, waiting for
             # the workers to exit would wait on ourselves: they stop once idle instead)
-            sched.wait_group_exited(self._group)
+            driver.wait_group_exited(self._group)
 
     def _estimate(self, fn: Callable[..., Any], default: Any = ...) -> Any:
         """Measured run time of one call of ``fn`` (``default`` if never measured)."""
         fn_id = self._runtime.functions.fn_id(fn)
-        return self._runtime.scheduler.estimate(fn_id, default)
+        assert self._driver is not None, "a task's view has no measurements"
+        return self._driver.estimate(fn_id, default)
 
     def _terminate(self, reason: str = "the pool was terminated") -> None:
         """Kill the workers now; unfinished futures fail with ``BrokenProcessPool``."""
         with self._shutdown_lock:
             self._shutdown_thread = True
-        if not self._view:
-            self._runtime.scheduler.terminate_group(self._group, reason)
+        if self._driver is not None:
+            self._driver.terminate_group(self._group, reason)
 
 
 class ResourceOptions:
@@ -457,8 +463,7 @@ def get_executor() -> ProcessPoolExecutor:
     """
     global _default
     if _current.in_worker():
-        client = _current.worker_client()
-        return ProcessPoolExecutor._worker_view(client, client.group_id)
+        return ProcessPoolExecutor._worker_view(_current.worker_client(), _current.group_id())
     with _default_lock:
         if _default is None or _default._shutdown_thread or \
                 _default._runtime is not _current.driver():

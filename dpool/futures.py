@@ -1,9 +1,13 @@
-"""Future, ObjectRef and the waiting/getting functions of the paper's API.
+"""Future and ObjectRef: the types of dpool's results (a leaf: it imports no dpool module).
 
 ``Future`` *is* a ``concurrent.futures.Future``: the stdlib's ``wait`` and
 ``as_completed`` work on it unchanged. It also names the object the task produces, so it
 can be passed to another task as an argument (a dataflow dependency: the task runs when
 its inputs are ready and receives the value, not the future).
+
+What a future asks of the client that made it is ``FutureClient``; the runtime's clients
+(``dpool.runtime._client.Client``) implement it. The functions that need this process's
+runtime -- ``dpool.wait``, ``get`` and ``put`` -- are in ``dpool.runtime._api``.
 """
 
 from __future__ import annotations
@@ -11,12 +15,27 @@ from __future__ import annotations
 import collections
 import concurrent.futures as _cf
 import threading
-import time
-from typing import Any, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
-__all__ = ["Future", "ObjectRef", "wait", "get", "put"]
+__all__ = ["Future", "ObjectRef"]
 
 T = TypeVar("T")
+
+
+class FutureClient(Protocol):
+    """What a ``Future`` or ``ObjectRef`` calls on the client that made it."""
+
+    gives_back_slot: bool  # a worker's client: waiting hands the worker's CPU slot back
+
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a wait), with the worker's slot given back meanwhile."""
+
+    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+        """Wait a while for ``future`` by reading its result on this thread; what is
+        left of ``timeout``."""
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle of the object (from ``__del__``: takes no lock)."""
 
 
 class ObjectRef:
@@ -28,7 +47,7 @@ class ObjectRef:
 
     __slots__ = ("id", "_client", "__weakref__")
 
-    def __init__(self, object_id: int, _client: Any = None) -> None:
+    def __init__(self, object_id: int, _client: Optional[FutureClient] = None) -> None:
         self.id = object_id
         self._client = _client
 
@@ -88,7 +107,7 @@ _FAST_INIT = set(vars(_cf.Future())) == {
 class Future(_cf.Future):
     """The future of a dpool task; a ``concurrent.futures.Future`` in every respect."""
 
-    def __init__(self, _object_id: int = 0, _client: Any = None) -> None:
+    def __init__(self, _object_id: int = 0, _client: Optional[FutureClient] = None) -> None:
         if _FAST_INIT:  # _cf.Future.__init__ with a lighter condition (see _Condition)
             self._condition = _Condition()
             self._state = _cf._base.PENDING
@@ -111,9 +130,7 @@ class Future(_cf.Future):
         if client is not None and not self.done():
             if client.gives_back_slot:
                 return client.blocking(_cf.Future.result, self, timeout)
-            lead = getattr(client, "lead", None)  # a driver reads the result itself
-            if lead is not None:
-                timeout = lead(self, timeout)
+            timeout = client.lead(self, timeout)  # a driver may read the result itself
         return _cf.Future.result(self, timeout)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
@@ -121,9 +138,7 @@ class Future(_cf.Future):
         if client is not None and not self.done():
             if client.gives_back_slot:
                 return client.blocking(_cf.Future.exception, self, timeout)
-            lead = getattr(client, "lead", None)
-            if lead is not None:
-                timeout = lead(self, timeout)
+            timeout = client.lead(self, timeout)
         return _cf.Future.exception(self, timeout)
 
     def __reduce__(self) -> tuple:
@@ -133,80 +148,3 @@ class Future(_cf.Future):
         client = self._client
         if client is not None:
             client.release(self._oid)
-
-
-Waitable = Union[Future, ObjectRef, _cf.Future]
-
-
-def _as_future(x: Any) -> _cf.Future:
-    if isinstance(x, _cf.Future):
-        return x
-    if isinstance(x, ObjectRef):
-        from dpool.runtime._current import client
-
-        return client().future_for(x)
-    raise TypeError(f"expected a Future or ObjectRef, got {type(x).__name__}")
-
-
-def wait(
-    futures: Sequence[Waitable], num_returns: int = 1, timeout: Optional[float] = None
-) -> tuple[list, list]:
-    """Wait until ``num_returns`` of ``futures`` are done or ``timeout`` seconds pass.
-
-    Returns ``(done, not_done)``: at most ``num_returns`` done items in input order, and
-    the others in input order (the paper's ``ray.wait``). ``timeout=None`` waits forever;
-    a timeout is not an error, you get what is done by then.
-    """
-    items = list(futures)
-    if num_returns < 0 or num_returns > len(items):
-        raise ValueError(
-            f"num_returns must be between 0 and len(futures) ({len(items)}), got {num_returns}")
-    fs = [_as_future(x) for x in items]
-
-    def _wait() -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            pending = [f for f in fs if not f.done()]
-            if len(fs) - len(pending) >= num_returns or not pending:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return
-            _cf.wait(pending, timeout=remaining, return_when=_cf.FIRST_COMPLETED)
-
-    from dpool.runtime._current import client
-
-    c = client()
-    if c.gives_back_slot:
-        c.blocking(_wait)
-    else:
-        _wait()
-    done: list = []
-    not_done: list = []
-    for x, f in zip(items, fs, strict=True):
-        (done if f.done() and len(done) < num_returns else not_done).append(x)
-    return done, not_done
-
-
-def get(refs: Union[Waitable, Iterable[Waitable]], timeout: Optional[float] = None) -> Any:
-    """The value of a Future/ObjectRef, or a list of values for a list of them.
-
-    Raises the task's exception, or ``TimeoutError`` after ``timeout`` seconds (measured
-    from the call, for the whole list).
-    """
-    single = isinstance(refs, (ObjectRef, _cf.Future))
-    items = [refs] if single else list(refs)  # type: ignore[arg-type]
-    fs = [_as_future(x) for x in items]
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out = []
-    for f in fs:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        out.append(f.result(remaining))
-    return out[0] if single else out
-
-
-def put(value: Any) -> ObjectRef:
-    """Store ``value`` once in the runtime; pass the ref to any number of tasks."""
-    from dpool.runtime._current import client
-
-    return client().put(value)

@@ -25,7 +25,7 @@ def _wrap(cls, name, before=None, after=None):
         if before:
             marks.setdefault(before, pc())
         r = orig(self, *a)
-        if after and (name != "_deliver" or a[0]):
+        if after and (name != "deliver" or a[0]):
             marks.setdefault(after, pc())
         return r
 
@@ -35,7 +35,7 @@ def _wrap(cls, name, before=None, after=None):
 _wrap(_channel.Channel, "send", after="sent")
 _wrap(_channel.Channel, "recv_ready", before="read")
 _wrap(_scheduler.LocalScheduler, "_handle_frames", after="handled")
-_wrap(_scheduler.LocalScheduler, "_deliver", after="delivered")
+_wrap(_scheduler.LocalScheduler, "deliver", after="delivered")
 _orig_lead = _scheduler.LocalScheduler.lead
 
 

@@ -101,11 +101,34 @@ def stop_pid(pid: Optional[int], timeout: float = 10.0,
             p.send_signal(signal.SIGTERM) if p is proc else None
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(family, timeout=timeout)
+    alive = _wait_exited(family, timeout)
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_exited(alive, 5)
     return True
+
+
+def _exited(p: psutil.Process) -> bool:
+    """Whether ``p`` has exited. A zombie has: only its parent's reaping is left, and a
+    daemon's parent is init, which reaps slowly on some machines (every ~2 s seen here)
+    and never in a container without one. ``psutil.wait_procs`` counts a zombie as
+    running, so ``dpool stop`` waited its whole timeout and then "killed" a zombie."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def _wait_exited(procs: list, timeout: float) -> list:
+    """Wait up to ``timeout`` for ``procs`` to exit; the ones still running."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not _exited(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if not _exited(p)]
+    return alive

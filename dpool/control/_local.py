@@ -32,7 +32,7 @@ class InProcessControlStore:
     def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._push((0, fn_id, name, payload))
 
-    def add_task(self, task_id: int, fn_id: int, args: Optional[bytes], dep_ids: tuple,
+    def add_task(self, task_id: int, fn_id: int, args: Optional[bytes], dep_ids: Optional[tuple],
                  group_id: int, at: Optional[float] = None, worker_id: int = 0) -> None:
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
@@ -106,7 +106,3 @@ class InProcessControlStore:
     def events(self) -> list[tuple[int, str, float, int]]:
         self.flush()
         return [op[1:] for op in self._events]
-
-    def task_count(self) -> int:
-        self.flush()
-        return len(self._tasks)

@@ -189,7 +189,7 @@ class RedisControlStore:
     def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._push((0, fn_id, name, payload))
 
-    def add_task(self, task_id: int, fn_id: int, args: bytes | None, dep_ids: tuple,
+    def add_task(self, task_id: int, fn_id: int, args: bytes | None, dep_ids: tuple | None,
                  group_id: int, at: float | None = None, worker_id: int = 0) -> None:
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 

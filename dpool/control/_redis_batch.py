@@ -1,11 +1,11 @@
 """Batched writes of the Redis control store: queued ops -> one RESP buffer per shard.
 
-redis-py's pipeline costs about 8 us of Python per command (argument checks, a command
-stack, reply callbacks) -- 16 us per task for the two writes a task makes, in the process
-that schedules. The writes of the ``ControlStore`` interface come in a handful of fixed
+redis-py's pipeline costs several microseconds of Python per command (argument checks, a
+command stack, reply callbacks), twice per task for the two writes a task makes, in the
+process that schedules. The writes of the ``ControlStore`` interface come in a handful of fixed
 shapes, so they are packed here directly (with hiredis's C packer when it is installed),
 sent as one buffer on one pooled connection, and their replies read back with only errors
-kept: about 6 us per task (bench/micro/control_redis.py).
+kept (per-task cost before and after: bench/NOTES.md, bench/micro/control_redis.py).
 
 Key names come from ``_keys``; the op tuples are the ones ``RedisControlStore`` queues
 (the same codes as ``InProcessControlStore``).
@@ -27,9 +27,11 @@ def _pack_py(args: tuple) -> bytes:
 
 pack: Callable[[tuple], bytes]  # a tuple of bytes -> one RESP command
 try:
-    from hiredis import pack_command as pack
+    from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - hiredis is in the cluster extra
     pack = _pack_py
+else:
+    pack = _hiredis_pack
 
 _HSET = b"HSET"
 _PENDING = b"PENDING"

@@ -1,1 +1,7 @@
-"""A global scheduler replica: places tasks that nodes spill (see ``_daemon``)."""
+"""A global scheduler replica: places the tasks nodes spill (``python -m dpool.global_scheduler``).
+
+- ``_daemon``: ``GlobalScheduler``, the stateless daemon (links from nodes, their load
+  reports, forwarding each spilled task, heartbeats in the control store).
+- ``_placement``: the policy, pure over load reports: the node with the lowest estimated
+  wait (unit-tested without processes, tests/test_placement.py).
+"""

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from typing import Any, Optional
+from typing import Optional
 
+from dpool.control._interface import ClusterControlStore
 from dpool.global_scheduler._placement import NodeLoad, choose
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
@@ -36,8 +37,9 @@ _HEARTBEAT_S = 0.5
 
 
 class GlobalScheduler:
-    def __init__(self, token: bytes, bind: str, port: int, control: Any = None,
-                 gs_id: str = "", advertise: str = "") -> None:
+    def __init__(self, token: bytes, bind: str, port: int,
+                 control: Optional[ClusterControlStore] = None, gs_id: str = "",
+                 advertise: str = "") -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[PeerHandle, NodeLoad]] = {}
         self._control = control
@@ -88,7 +90,7 @@ class GlobalScheduler:
         self._io.add(h)
         log.info("node %s linked (%d CPUs)", hello.node_id, hello.num_cpus)
 
-    def _on_closed(self, h: Any) -> None:
+    def _on_closed(self, h: PeerHandle) -> None:
         with self._lock:
             entry = self._nodes.get(h.address)
             if entry is not None and entry[0] is h:
@@ -105,7 +107,7 @@ class GlobalScheduler:
             pass
 
     # -- messages ------------------------------------------------------------------------
-    def _on_frames(self, h: Any, frames: list) -> None:
+    def _on_frames(self, h: PeerHandle, frames: list) -> None:
         out: dict = {}  # handle -> messages: one frame per node for this read
         for frame in frames:
             for msg in decode_batch(frame):
@@ -168,6 +170,7 @@ class GlobalScheduler:
         """Heartbeat, and learn which nodes are alive, off the IO thread: a slow shard
         must never stall placement."""
         control = self._control
+        assert control is not None  # (the thread runs only with a control store)
         while not self._stop.wait(_HEARTBEAT_S):
             try:
                 if not control.heartbeat_global_scheduler(self.gs_id):

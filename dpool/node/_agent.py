@@ -18,18 +18,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
 from dpool.control import _keys as K
+from dpool.control._interface import ClusterControlStore, Subscription
 from dpool.protocol import _messages as m
 from dpool.scheduling import _resources
+
+if TYPE_CHECKING:
+    from dpool.node._daemon import NodeDaemon
 
 log = logging.getLogger("dpool.node")
 
 
 class ClusterAgent:
-    def __init__(self, daemon: Any, control: Any, load_s: float = 0.1,
-                 beat_s: float = 0.5) -> None:
+    def __init__(self, daemon: NodeDaemon, control: ClusterControlStore,
+                 load_s: float = 0.1, beat_s: float = 0.5) -> None:
         self._d = daemon
         self._control = control
         self.load_s = load_s
@@ -40,7 +44,7 @@ class ClusterAgent:
                                         daemon=True)
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
         self._bury_lock = threading.Lock()  # the agent thread and the notice listener
-        self._notices: Any = None
+        self._notices: Optional[Subscription] = None
 
     def start(self) -> None:
         self._beat()
@@ -67,11 +71,11 @@ class ClusterAgent:
     def _load(self) -> dict:
         d = self._d
         s = d.scheduler
-        with s._lock:
-            status = d.sessions.status()
-            busy_groups = [g for g in s._groups.values() if g.queue]
-            avg = (sum(s._batch.estimate(g.queue[0].fn_id) for g in busy_groups)
-                   / len(busy_groups)) if busy_groups else s._batch.target_s
+        with s.lock:
+            status = d.sessions.status_locked()
+            busy_groups = [g for g in s.groups_locked() if g.queue]
+            avg = (sum(s.batch.estimate(g.queue[0].fn_id) for g in busy_groups)
+                   / len(busy_groups)) if busy_groups else s.batch.target_s
         status["avg_task_s"] = avg
         status["linked_schedulers"] = len(self.linked_schedulers())
         status["holds"] = d.runner.holds()
@@ -80,8 +84,8 @@ class ClusterAgent:
     def _resources(self) -> tuple:
         """((name, total, free), ...) of the node's GPUs, memory and custom resources."""
         s = self._d.scheduler
-        with s._lock:
-            led = s.resources()
+        with s.lock:
+            led = s.resources_locked()
             gpus = (("GPU", led.num_gpus, sum(led.gpu_free) / _resources.GPU_UNIT),)
             mem = (("memory", led.memory, led.memory_free),)
             return gpus + mem + tuple((k, v, led.custom_free.get(k, 0.0))
@@ -95,11 +99,12 @@ class ClusterAgent:
 
     def _beat(self) -> None:
         d = self._d
-        with d.scheduler._lock:
-            d.runner.tick()  # retire idle mirror groups
+        with d.scheduler.lock:
+            d.runner.tick_locked()  # retire idle mirror groups
         load = self._load()
         try:
-            d.prefixes.top_up()
+            if d.prefixes is not None:
+                d.prefixes.top_up()
         except Exception as exc:  # noqa: BLE001 - taken from the store when needed instead
             log.warning("could not reserve id prefixes: %s", exc)
         try:
@@ -141,11 +146,11 @@ class ClusterAgent:
                 pass
         log.warning("node %s %s: declared dead", address, why)
         s = d.scheduler
-        with s._lock:
+        with s.lock:
             if d.spiller is not None:
-                d.spiller.node_lost(address)
-            out = s._take_out()
-        s._deliver(out)
+                d.spiller.node_lost_locked(address)
+            out = s.take_out_locked()
+        s.deliver(out)
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.beat_s

@@ -33,7 +33,9 @@ it is sent a reference to stays in the store while the driver holds its future o
 there when the driver pulls it; one spilled to disk meanwhile is asked for again.
 Small values (below the store threshold) travel inline, as they always did.
 
-Handlers run on the scheduler's IO thread with its lock held, like every message handler.
+Handlers run on the scheduler's IO thread with its lock held, like every message handler
+(the ``_locked`` methods; ``scheduling._api`` has the rule); ``attach`` runs on the
+thread that authenticated the connection, ``receive_push`` on a transfer connection's.
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ import multiprocessing as mp
 import socket
 import threading
 import time
-from typing import Any, Optional
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
 
 from dpool.errors import ObjectStoreFullError, ProtocolError
+from dpool.node._ids import IdPrefixes
 from dpool.node._leases import LeaseDesk
+from dpool.node._workdirs import WorkdirCache
 from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
 from dpool.protocol._workdir import map_path
-from dpool.scheduling._records import Group, WorkerHandle
+from dpool.scheduling import Group, Handler, SchedulerAPI, WorkerHandle
 from dpool.transfer import _pull, _push
 
 log = logging.getLogger("dpool.node")
@@ -96,9 +101,9 @@ class PeerHandle(WorkerHandle):
 
 
 class DriverSessions:
-    """Serves the drivers attached to one local scheduler."""
+    """Serves the drivers attached to one local scheduler (its ``DriverService``)."""
 
-    def __init__(self, scheduler: Any, node_id: str, num_cpus: int) -> None:
+    def __init__(self, scheduler: SchedulerAPI, node_id: str, num_cpus: int) -> None:
         self._s = scheduler
         self.node_id = node_id
         self.num_cpus = num_cpus
@@ -106,24 +111,29 @@ class DriverSessions:
         self._lock = threading.Lock()
         self.drivers: dict[int, DriverHandle] = {}
         self.cluster_cpus = num_cpus  # the cluster's CPUs (the node agent keeps it fresh)
-        self.cluster_status: Any = None  # (this node's status) -> the cluster's, if any
-        self.remote_origin: Any = None  # mirror group -> (origin node, its group id) | None
-        self.send_to_node: Any = None  # (address, msgs): a peer link's send
-        self.prefixes: Any = None  # node._ids.IdPrefixes: each driver's ids' prefix
-        self.workdir_cache: Any = None  # node._workdirs.WorkdirCache
-        self.publish_workdir: Any = None  # (digest, archive): for other nodes (a thread)
+        # (this node's status) -> the cluster's, if any
+        self.cluster_status: Optional[Callable[[dict], dict]] = None
+        # mirror group -> (origin node, its group id), None for the node's own groups
+        self.remote_origin: Optional[Callable[[Group], Optional[tuple]]] = None
+        self.send_to_node: Optional[Callable[[str, list], None]] = None  # a peer link's send
+        self.prefixes: Optional[IdPrefixes] = None  # each driver's ids' prefix
+        self.workdir_cache: Optional[WorkdirCache] = None
+        # (digest, archive): for other nodes (called on a thread of its own)
+        self.publish_workdir: Optional[Callable[[str, bytes], None]] = None
         self.published: set[str] = set()  # digests other nodes can fetch
-        self.peer_closed_hooks: list = []  # called with a PeerHandle that closed (lock held)
-        h = scheduler._handlers
-        h[m.CreateGroup.CODE] = self._on_create_group
-        h[m.GroupOp.CODE] = self._on_group_op
-        h[m.CancelTask.CODE] = self._on_cancel_task
-        h[m.StatusRequest.CODE] = self._on_status
-        h[m.WorkingDir.CODE] = self._on_workdir
-        self._base_submit = h[m.SubmitTask.CODE]
-        self._base_put = h[m.PutObject.CODE]
-        h[m.SubmitTask.CODE] = self._on_submit
-        h[m.PutObject.CODE] = self._on_put
+        # called with a peer's handle (a PeerHandle) that closed, lock held
+        self.peer_closed_hooks: list[Callable[[Any], None]] = []
+        scheduler.register_handler(m.CreateGroup.CODE, self._on_create_group_locked)
+        scheduler.register_handler(m.GroupOp.CODE, self._on_group_op_locked)
+        scheduler.register_handler(m.CancelTask.CODE, self._on_cancel_task_locked)
+        scheduler.register_handler(m.StatusRequest.CODE, self._on_status_locked)
+        scheduler.register_handler(m.WorkingDir.CODE, self._on_workdir_locked)
+        # a driver's submissions and puts: the scheduler's own handlers, after this
+        # service moved the values of drivers over TCP into the store
+        self._base_submit: Handler = _wrapped(
+            scheduler.register_handler(m.SubmitTask.CODE, self._on_submit_locked))
+        self._base_put: Handler = _wrapped(
+            scheduler.register_handler(m.PutObject.CODE, self._on_put_locked))
         self._store_ids: Any = None  # ids of values put in the store for TCP drivers
         # Values TCP drivers pushed (``transfer._push``, transfer threads) and have not
         # named in a message yet: segment name -> size. Its own lock, never held for I/O.
@@ -132,7 +142,7 @@ class DriverSessions:
         self._pushed: dict[str, int] = {}
         self._receiver: Optional[_push.Receiver] = None
         self.leases = LeaseDesk(scheduler)  # workers lent to drivers of this host
-        scheduler.sessions = self
+        scheduler.attach_services(sessions=self)
 
     # -- from the accept thread -----------------------------------------------------------
     def attach(self, chan: Channel, hello: m.Attach, cluster_cpus: int) -> DriverHandle:
@@ -153,33 +163,34 @@ class DriverSessions:
         chan.send(encode_batch([m.Attached(self.node_id, prefix, self.num_cpus, cluster_cpus,
                                            owner)]))
         chan.set_blocking(False)  # from here on, only the IO loop reads and writes it
-        with self._s._lock:
+        with self._s.lock:
             self.drivers[sid] = d
-        self._s._io.add(d)
+        self._s.io.add(d)
         log.info("driver pid %d on %s attached (session %d)", hello.pid, hello.hostname, sid)
         return d
 
     # -- handlers (IO thread, scheduler lock held) ----------------------------------------
     # -- values from drivers over TCP go into this node's store ----------------------------
-    def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
+    def _on_submit_locked(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         if isinstance(w, DriverHandle) and not w.local and msg.args:
-            if self._claim_pushed(w, msg.args):  # pushed: adopted with the task
-                if msg.group_id not in self._s._groups:  # (no task: nobody adopts it)
-                    self._s.store.unlink_unadopted(_values.stored(msg.args)[1])  # type: ignore[index]
+            if self._claim_pushed_locked(w, msg.args):  # pushed: adopted with the task
+                if self._s.group(msg.group_id) is None:  # (no task: nobody adopts it)
+                    self._s.store.unlink_unadopted(
+                        _values.stored(msg.args)[1])  # type: ignore[index]
             else:
                 if self._store_ids is None:  # a cluster-unique range of this node's
                     base = (self.prefixes.take() << 40) if self.prefixes is not None \
                         else (3 << 61)
                     self._store_ids = itertools.count(base)
-                msg.args = self._into_store(msg.args, next(self._store_ids))
+                msg.args = self._into_store_locked(msg.args, next(self._store_ids))
         self._base_submit(w, msg)
         if self.leases.resubmitted and msg.task_id in self.leases.resubmitted:
-            self.leases.rerun(msg.task_id)
+            self.leases.rerun_locked(msg.task_id)
 
-    def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
+    def _on_put_locked(self, w: WorkerHandle, msg: m.PutObject) -> None:
         if isinstance(w, DriverHandle) and not w.local \
-                and not self._claim_pushed(w, msg.payload):
-            msg.payload = self._into_store(msg.payload, msg.object_id)
+                and not self._claim_pushed_locked(w, msg.payload):
+            msg.payload = self._into_store_locked(msg.payload, msg.object_id)
         self._base_put(w, msg)
 
     # -- large values TCP drivers push (``transfer._push``) -------------------------------
@@ -217,9 +228,9 @@ class DriverSessions:
         with self._push_lock:
             return self._pushed.pop(name, None) is not None
 
-    def _claim_pushed(self, d: DriverHandle, payload: Optional[bytes]) -> bool:
+    def _claim_pushed_locked(self, d: DriverHandle, payload: Optional[bytes]) -> bool:
         """Whether ``payload`` names a value ``d`` pushed (then the scheduler adopts it);
-        ``ProtocolError`` if it names any other segment (lock held)."""
+        ``ProtocolError`` if it names any other segment."""
         ref = _values.stored(payload)
         if ref is None:
             return False
@@ -233,8 +244,8 @@ class DriverSessions:
                                 "not upload")
         return True
 
-    def _drop_pushed(self, d: DriverHandle) -> None:
-        """``d`` detached: what it pushed and never named is removed (lock held)."""
+    def _drop_pushed_locked(self, d: DriverHandle) -> None:
+        """``d`` detached: what it pushed and never named is removed."""
         with self._push_lock:
             self._pushers.discard(d.prefix)
             names = [n for n in self._pushed if int(n.rsplit("_", 1)[1], 16) >> 40
@@ -244,9 +255,9 @@ class DriverSessions:
         for n in names:
             self._s.store.unlink_unadopted(n)
 
-    def _into_store(self, payload: bytes, oid: int) -> bytes:
+    def _into_store_locked(self, payload: bytes, oid: int) -> bytes:
         """A large value a remote driver sent inline, as a value of this node's store
-        (workers map it; other nodes pull it), like a local driver's (lock held)."""
+        (workers map it; other nodes pull it), like a local driver's."""
         try:
             return _inline.into_store(
                 payload, _segment.segment_name(self._s.store.owner_pid, oid)) or payload
@@ -254,7 +265,7 @@ class DriverSessions:
             log.warning("keeping a value of %d bytes inline: %s", len(payload), exc)
             return payload
 
-    def _on_workdir(self, d: DriverHandle, msg: m.WorkingDir) -> None:
+    def _on_workdir_locked(self, d: DriverHandle, msg: m.WorkingDir) -> None:
         """A driver's packed code: unpacked here unless the driver is on this host, and
         published for the nodes its tasks may spill to."""
         if d.local or self.workdir_cache is None:
@@ -269,7 +280,8 @@ class DriverSessions:
         """Store the code where other nodes find it; until then this node keeps the
         tasks that need it (``can_spill``), so no node looks for it before it is there."""
         try:
-            self.publish_workdir(digest, archive)
+            if self.publish_workdir is not None:
+                self.publish_workdir(digest, archive)
         except Exception as exc:  # noqa: BLE001 - its tasks then run here only
             log.warning("could not publish working directory %s (%d bytes) for other "
                         "nodes: %s; its tasks run on this node only", digest, len(archive),
@@ -281,8 +293,7 @@ class DriverSessions:
         """Whether other nodes can have ``g``'s code (its working directory published)."""
         return not g.workdir or g.workdir[0] in self.published
 
-    def _on_create_group(self, d: DriverHandle, msg: m.CreateGroup) -> None:
-        s = self._s
+    def _on_create_group_locked(self, d: DriverHandle, msg: m.CreateGroup) -> None:
         try:
             ctx = mp.get_context(msg.start_method or None)
         except ValueError:
@@ -299,37 +310,34 @@ class DriverSessions:
                 g.cwd = map_path(d.cwd, root, here)
                 g.sys_path = [here, *(map_path(p, root, here) for p in d.sys_path)]
         g.owner = d
-        s._groups[g.group_id] = g
+        self._s.insert_group_locked(g)
         d.groups.add(g.group_id)
 
-    def _group(self, d: DriverHandle, group_id: int) -> Optional[Group]:
+    def _group_locked(self, d: DriverHandle, group_id: int) -> Optional[Group]:
         if group_id not in d.groups:
             return None
-        return self._s._groups.get(group_id)
+        return self._s.group(group_id)
 
-    def _on_group_op(self, d: DriverHandle, msg: m.GroupOp) -> None:
+    def _on_group_op_locked(self, d: DriverHandle, msg: m.GroupOp) -> None:
         s = self._s
-        g = self._group(d, msg.group_id)
+        g = self._group_locked(d, msg.group_id)
         if g is None:
             if msg.op == "close_notify":
-                s._send(d, [m.GroupExited(msg.group_id)])
+                s.send_locked(d, [m.GroupExited(msg.group_id)])
             elif msg.op == "cancel_queued":
-                s._send(d, [m.GroupOp(msg.group_id, "cancelled", "")])
+                s.send_locked(d, [m.GroupOp(msg.group_id, "cancelled", "")])
             return
         if msg.op == "close":
-            g.closed = True
-            if g.outstanding == 0:
-                s._retire_group(g)
+            s.close_group_locked(g)
         elif msg.op == "close_notify":
-            g.closed = True
-            if g.outstanding == 0:
-                s._retire_group(g)
+            s.close_group_locked(g)
             threading.Thread(target=self._notify_exited, args=(d, g), daemon=True,
                              name="dpool-group-exit").start()
         elif msg.op == "cancel_queued":
-            dropped = self._cancel(d, [t.task_id for t in g.queue if not t.started])
+            dropped = self._cancel_locked(d, [t.task_id for t in g.queue if not t.started])
             # the driver cancels exactly these, then stops waiting for this group
-            s._send(d, [m.CancelTask(tuple(dropped)), m.GroupOp(g.group_id, "cancelled", "")])
+            s.send_locked(d, [m.CancelTask(tuple(dropped)),
+                              m.GroupOp(g.group_id, "cancelled", "")])
         elif msg.op == "terminate":
             # terminate_group takes the lock and reaps workers: not on the IO thread
             threading.Thread(target=s.terminate_group, args=(g, msg.arg), daemon=True,
@@ -340,15 +348,15 @@ class DriverSessions:
     def _notify_exited(self, d: DriverHandle, g: Group) -> None:
         s = self._s
         s.wait_group_exited(g)
-        with s._lock:
+        with s.lock:
             if d.alive:
-                s._send(d, [m.GroupExited(g.group_id)])
+                s.send_locked(d, [m.GroupExited(g.group_id)])
             d.groups.discard(g.group_id)
 
-    def _on_cancel_task(self, d: DriverHandle, msg: m.CancelTask) -> None:
-        self._cancel(d, msg.task_ids)
+    def _on_cancel_task_locked(self, d: DriverHandle, msg: m.CancelTask) -> None:
+        self._cancel_locked(d, msg.task_ids)
 
-    def _cancel(self, d: DriverHandle, task_ids: Any) -> list:
+    def _cancel_locked(self, d: DriverHandle, task_ids: Any) -> list:
         """Drop queued, unstarted tasks of ``d``; returns their ids. The driver cancels
         (or has cancelled) their futures itself, so no value is sent for them."""
         from concurrent.futures import CancelledError
@@ -360,7 +368,7 @@ class DriverSessions:
         s = self._s
         err = _payload.dumps_error(CancelledError())
         for gid in d.groups:
-            g = s._groups.get(gid)
+            g = s.group(gid)
             if g is None or not g.queue:
                 continue
             gone = [t for t in g.queue if t.task_id in wanted and not t.started]
@@ -372,38 +380,38 @@ class DriverSessions:
             for t in gone:
                 t.started = True
                 t.owner = None  # nothing to send: the driver's future is cancelled
-                s._finish(t, False, err)
+                s.finish_locked(t, False, err)
                 dropped.append(t.task_id)
         return dropped
 
-    def _on_status(self, d: DriverHandle, msg: m.StatusRequest) -> None:
+    def _on_status_locked(self, d: DriverHandle, msg: m.StatusRequest) -> None:
         # the cluster's status reads the control store: not on the IO thread
         threading.Thread(target=self._answer_status, args=(d,), daemon=True,
                          name="dpool-status").start()
 
     def _answer_status(self, d: DriverHandle) -> None:
         s = self._s
-        with s._lock:
-            here = self.status()
+        with s.lock:
+            here = self.status_locked()
         if self.cluster_status is not None:
             answer = self.cluster_status(here)
         else:
             answer = {"nodes": [here], "global_schedulers": [], "shards": []}
-        with s._lock:
+        with s.lock:
             if d.alive:
-                s._send(d, [m.StatusReply(json.dumps(answer))])
+                s.send_locked(d, [m.StatusReply(json.dumps(answer))])
 
-    def status(self) -> dict:
-        """This node's state (lock held): what ``dpool status`` and heartbeats report."""
+    def status_locked(self) -> dict:
+        """This node's state: what ``dpool status`` and heartbeats report."""
         s = self._s
-        groups = list(s._groups.values())
+        groups = list(s.groups_locked())
         busy = sum(1 for g in groups for w in g.workers
                    if w.alive and w.inflight and not w.blocked)
         return {
             "node_id": self.node_id,
             "alive": True,
             "cpus_total": self.num_cpus,
-            "resources": s.resources().offer(self.num_cpus),
+            "resources": s.resources_locked().offer(self.num_cpus),
             "cpus_used": busy,
             "workers": sum(len(g.workers) for g in groups),
             "queued": sum(len(g.queue) for g in groups),
@@ -413,62 +421,66 @@ class DriverSessions:
         }
 
     # -- output ------------------------------------------------------------------------
-    def forward_output(self, src: WorkerHandle, msg: m.Output) -> None:
-        """What a worker printed, on its way to its driver (lock held): straight to the
-        driver that owns the worker's group, or to the origin node of a mirror group;
-        from a peer node (``src`` is a PeerHandle), to the driver of ``msg.group_id``."""
+    def forward_output_locked(self, src: WorkerHandle, msg: m.Output) -> None:
+        """What a worker printed, on its way to its driver: straight to the driver that
+        owns the worker's group, or to the origin node of a mirror group; from a peer
+        node (``src`` is a PeerHandle), to the driver of ``msg.group_id``."""
         s = self._s
         if isinstance(src, PeerHandle):
-            g = s._groups.get(msg.group_id)
+            g = s.group(msg.group_id)
         else:
             g = src.group
             if g is not None and self.remote_origin is not None:
                 origin = self.remote_origin(g)
-                if origin is not None:  # a task spilled here: back to its node
-                    address, gid = origin
+                if origin is not None and self.send_to_node is not None:
+                    address, gid = origin  # a task spilled here: back to its node
                     self.send_to_node(address, [m.Output(gid, msg.pid, self.node_id,
                                                          msg.stream, msg.data)])
                     return
             msg = m.Output(0 if g is None else g.group_id, msg.pid, "", msg.stream, msg.data)
         owner = None if g is None else g.owner
         if owner is not None and owner.alive:
-            s._send(owner, [msg])
+            s.send_locked(owner, [msg])
 
     # -- the driver went away ----------------------------------------------------------
-    def handle_closed(self, h: WorkerHandle) -> None:
-        """A connection without a worker process closed (lock held)."""
+    def handle_closed_locked(self, h: WorkerHandle) -> None:
+        """A connection without a worker process closed."""
         if isinstance(h, DriverHandle):
-            self.closed(h)
-        else:
+            self._driver_closed_locked(h)
+        else:  # a peer node or global scheduler
             h.alive = False
             for hook in self.peer_closed_hooks:
                 hook(h)
 
-    def closed(self, d: DriverHandle) -> None:
-        """The driver's connection closed: stop its groups, drop its objects (lock held)."""
+    def _driver_closed_locked(self, d: DriverHandle) -> None:
+        """The driver's connection closed: stop its groups, drop its objects."""
         s = self._s
         d.alive = False
         self.drivers.pop(d.session_id, None)
         if not d.local:
-            self._drop_pushed(d)
+            self._drop_pushed_locked(d)
         log.info("driver pid %d on %s detached (session %d)", d.pid, d.hostname, d.session_id)
         victims = []
         for gid in list(d.groups):
-            g = s._groups.get(gid)
+            g = s.group(gid)
             if g is None:
                 continue
             g.closed = True
             g.broken = g.broken or "the driver that owned this pool disconnected"
             victims += g.workers  # (failing the group may already retire them)
-            s._fail_group(g, g.broken)
+            s.fail_group_locked(g, g.broken)
             for w in g.workers:
                 if w.alive:
                     w.alive = False
-                    s._send(w, [m.Shutdown()])  # the IO loop reaps them as they exit
+                    s.send_locked(w, [m.Shutdown()])  # the IO loop reaps them as they exit
         if victims:  # they may be busy with its tasks: kill what has not exited soon
             threading.Thread(target=_kill_later, args=(victims, 1.0), daemon=True,
                              name="dpool-reap-orphaned-workers").start()
-        s._drop_handles(d)
+        s.drop_handles_locked(d)
+
+    def local_drivers_locked(self) -> Iterable[WorkerHandle]:
+        """The live drivers on this host: they map the store's segments too."""
+        return [d for d in self.drivers.values() if d.local and d.alive]
 
     # -- values to a driver --------------------------------------------------------------
     def value_message(self, w: WorkerHandle, oid: int, ok: bool,
@@ -483,6 +495,13 @@ class DriverSessions:
             else:
                 payload = _inline.inline_payload(payload)
         return m.ObjectValue(oid, ok, payload)
+
+
+def _wrapped(handler: Optional[Handler]) -> Handler:
+    """The scheduler's own handler that a service's handler wraps (it has one)."""
+    if handler is None:
+        raise RuntimeError("the scheduler has no handler to wrap")
+    return handler
 
 
 def _kill_later(workers: list, grace: float) -> None:

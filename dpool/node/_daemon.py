@@ -29,9 +29,10 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from dpool.control import InProcessControlStore
+from dpool.control._interface import ClusterControlStore
 from dpool.node import _process
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
@@ -42,25 +43,35 @@ from dpool.node._spill import Spiller
 from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
 from dpool.protocol import _messages as m
-from dpool.scheduling import _detect
-from dpool.scheduling import LocalScheduler
+from dpool.scheduling import LocalScheduler, _detect
 from dpool.transfer import _pull
+
+if TYPE_CHECKING:
+    from dpool.node._agent import ClusterAgent
 
 log = logging.getLogger("dpool.node")
 
 
 class _FlushedInBackground:
     """The Redis store as the scheduler's control store: its flusher thread sends the
-    batched writes, so the scheduler's IO thread never waits on the network."""
+    batched writes, so the scheduler's IO thread never waits on the network (``flush``
+    does nothing; every other call goes to the store)."""
 
-    def __init__(self, store: Any) -> None:
-        self._store = store
+    def __init__(self, store: ClusterControlStore) -> None:
+        self.register_function = store.register_function
+        self.add_task = store.add_task
+        self.set_task_state = store.set_task_state
+        self.add_object = store.add_object
+        self.remove_object = store.remove_object
+        self.log_event = store.log_event
+        self.backlog = store.backlog
+        self.get_task = store.get_task
+        self.get_function = store.get_function
+        self.get_object = store.get_object
+        self.events = store.events
 
     def flush(self) -> None:
         pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 class NodeDaemon:
@@ -90,7 +101,7 @@ class NodeDaemon:
         os.environ["DPOOL_NODE_ID"] = self.node_id  # inherited by the workers
         self.sessions = DriverSessions(self.scheduler, self.node_id, num_cpus)
         self.links = Links(token, peer_hello(self.node_id, self.address, num_cpus),
-                           self.scheduler._io, self._unreachable)
+                           self.scheduler.io, self._unreachable)
         self.workdirs = WorkdirCache(os.path.join(
             state_dir or tempfile.mkdtemp(prefix="dpool-node-"),
             f"workdirs-{self.server.address[1]}"))
@@ -100,10 +111,10 @@ class NodeDaemon:
         self.runner.token = token
         self.sessions.remote_origin = self.runner.origin_of
         self.sessions.send_to_node = self.links.send
-        self.control: Any = None
-        self.agent: Any = None
+        self.control: Optional[ClusterControlStore] = None
+        self.agent: Optional[ClusterAgent] = None
         self.spiller: Optional[Spiller] = None
-        self.prefixes: Any = None
+        self.prefixes: Optional[IdPrefixes] = None
         if join:  # the head tells a joining node where the control store is
             chan, welcome = dial(join, token, peer_hello(self.node_id, self.address,
                                                          num_cpus))
@@ -119,7 +130,7 @@ class NodeDaemon:
         store = RedisControlStore(self.redis, self.token.decode(), node_id=self.node_id)
         store.start_flusher()
         self.control = store
-        self.scheduler._ctl = _FlushedInBackground(store)
+        self.scheduler.set_control(_FlushedInBackground(store))
         store.register_node(self.node_id, self.node_info())
         self.prefixes = IdPrefixes(store.new_id_prefix)
         self.scheduler.id_prefix = self.prefixes.take
@@ -132,7 +143,7 @@ class NodeDaemon:
             mirror=self.runner.is_mirror)
         self.spiller.token = self.token
         self.runner.control = store
-        self.sessions.peer_closed_hooks.append(self._peer_closed)
+        self.sessions.peer_closed_hooks.append(self._peer_closed_locked)
         self.sessions.cluster_status = self._cluster_status
         self.sessions.publish_workdir = store.put_workdir
         self.runner.fetch_workdir = store.get_workdir
@@ -140,6 +151,8 @@ class NodeDaemon:
     def _cluster_status(self, here: dict) -> dict:
         """Every node (from the node table), the global schedulers and the shards."""
         control = self.control
+        if control is None:  # (only called once the node joined a cluster)
+            return {"nodes": [here], "global_schedulers": [], "shards": []}
         try:
             rows = control.nodes()
             gss = control.global_schedulers()
@@ -185,7 +198,7 @@ class NodeDaemon:
         chan.send(welcome_message(self.node_id, {"redis": self.redis}))
         h = PeerHandle(chan, hello.node_id, hello.address, outgoing=False)
         chan.set_blocking(False)
-        self.scheduler._io.add(h)
+        self.scheduler.io.add(h)
 
     def _serve_segment(self, sock: socket.socket, req: m.FetchSegment) -> None:
         """Another node pulls (a range of) one of this store's values
@@ -213,19 +226,19 @@ class NodeDaemon:
                  (req.size - req.offset) if req.length < 0 else req.length, req.offset,
                  req.size)
 
-    def _peer_closed(self, h: PeerHandle) -> None:  # scheduler lock held
+    def _peer_closed_locked(self, h: PeerHandle) -> None:
         if h.outgoing:
             self.links.forget(h)
         if self.spiller is not None:
-            self.spiller.peer_closed(h)
+            self.spiller.peer_closed_locked(h)
 
     def _unreachable(self, address: str, msgs: list) -> None:
         s = self.scheduler
-        with s._lock:
+        with s.lock:
             if self.spiller is not None:
-                self.spiller.unreachable(address, msgs)
-            out = s._take_out()
-        s._deliver(out)
+                self.spiller.unreachable_locked(address, msgs)
+            out = s.take_out_locked()
+        s.deliver(out)
 
     # -- lifetime ------------------------------------------------------------------------
     def serve(self) -> None:

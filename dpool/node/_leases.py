@@ -6,15 +6,16 @@
            ◀════════ ExecuteTask / TaskDone over the lease, no node hop ════════▶ worker
            ──LeasedResult (main connection)──▶ node: the value joins its object table
 
-A hop through the node costs a round trip of its own (~50 us here); with a lease, the
-driver's round trip is the embedded runtime's. The node stays in charge of its CPUs: a
+A hop through the node costs a round trip of its own; with a lease, the driver's round
+trip is the embedded runtime's. The node stays in charge of its CPUs: a
 lent worker counts as busy, a lease is granted only while the group and the node have
 room and nothing is queued, and when tasks queue up behind a lent worker's CPU the node
 asks for it back (``LeaseRecall``); the driver closes the lease once its task is done, and
 the worker tells the node (``LeaseEnded``) and serves it as any other worker.
 
-Handlers run on the IO thread with the scheduler's lock held; ``grant`` runs on the
-accept thread that authenticated the connection and takes the lock.
+Handlers run on the IO thread with the scheduler's lock held (``_locked``: see
+``scheduling._api``); ``grant`` runs on the accept thread that authenticated the
+connection and takes the lock.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from dpool.objects import _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
-from dpool.scheduling._records import Group, Obj, WorkerHandle
+from dpool.scheduling import Group, Obj, SchedulerAPI, WorkerHandle
 
 log = logging.getLogger("dpool.node")
 
@@ -35,48 +36,50 @@ _GROUP_WAIT_S = 1.0
 
 
 class LeaseDesk:
-    def __init__(self, scheduler: Any) -> None:
+    """The node's ``LeaseService``: lends workers, takes them back, keeps their results."""
+
+    def __init__(self, scheduler: SchedulerAPI) -> None:
         self._s = scheduler
-        self.lent: dict[int, WorkerHandle] = scheduler.leases  # worker id -> lent worker
+        self.lent: dict[int, WorkerHandle] = {}  # worker id -> lent worker
         self._recalled: set[int] = set()
         self.resubmitted: dict[int, Obj] = {}  # leased tasks the driver sends here again
-        h = scheduler._handlers
-        h[m.LeasedResult.CODE] = self._on_leased_result
-        h[m.LeasedTask.CODE] = self._on_leased_task
-        h[m.LeasedLost.CODE] = self._on_leased_lost
-        h[m.LeaseEnded.CODE] = self._on_lease_ended
-        scheduler.recall_leases = self.recall
+        scheduler.register_handler(m.LeasedResult.CODE, self._on_leased_result_locked)
+        scheduler.register_handler(m.LeasedTask.CODE, self._on_leased_task_locked)
+        scheduler.register_handler(m.LeasedLost.CODE, self._on_leased_lost_locked)
+        scheduler.register_handler(m.LeaseEnded.CODE, self._on_lease_ended_locked)
+        scheduler.attach_services(leases=self)
 
     # -- the accept thread ---------------------------------------------------------------
     def grant(self, sock: socket.socket, req: m.LeaseRequest) -> None:
         """Lend a new worker of the group on this connection, or say why not."""
         s = self._s
         deadline = time.monotonic() + _GROUP_WAIT_S
-        while req.group_id not in s._groups and time.monotonic() < deadline:
+        while s.group(req.group_id) is None and time.monotonic() < deadline:
             time.sleep(0.005)  # its CreateGroup, sent first, comes on another connection
-        with s._lock:
-            g = s._groups.get(req.group_id)
-            reason, idle = self._refusal(g)
+        with s.lock:
+            g = s.group(req.group_id)
+            reason, idle = self._refusal_locked(g)
             if reason is None:
+                assert g is not None  # (no reason to refuse: the group exists)
                 if idle is not None:  # the group is full: an idle worker makes room
                     idle.alive = False
-                    s._send(idle, [m.Shutdown()])
+                    s.send_locked(idle, [m.Shutdown()])
                 try:
-                    w = s._spawn(g, lease=sock)
+                    w = s.spawn_locked(g, lease=sock)
                 except Exception as exc:  # noqa: BLE001 - the driver hears why, at once
                     reason = f"cannot start a worker process: {exc}"
                 else:
-                    w.leased = g.owner  # type: ignore[union-attr]
+                    w.leased = g.owner
                     # the lent worker's tasks are the group's work too: a closed group
                     # waits for the lease to end before it stops its workers (shutdown
                     # waits for running tasks, however long)
-                    g.outstanding += 1  # type: ignore[union-attr]
+                    g.outstanding += 1
                     self.lent[w.worker_id] = w
                     # closed under the lock: a worker forked after this must not hold
                     # the lease's end, or the driver would not see this worker die
                     sock.close()
                     log.debug("lent worker %d to driver session %d (group %d)",
-                              w.worker_id, g.owner.session_id, g.group_id)  # type: ignore
+                              w.worker_id, g.owner.session_id, g.group_id)
                     return
         try:
             Channel(sock, blocking=True).send(encode_batch([m.LeaseDenied(reason)]))
@@ -84,12 +87,13 @@ class LeaseDesk:
             pass
         sock.close()
 
-    def _refusal(self, g: Optional[Group]) -> tuple[Optional[str], Optional[WorkerHandle]]:
+    def _refusal_locked(self, g: Optional[Group]
+                        ) -> tuple[Optional[str], Optional[WorkerHandle]]:
         """Why ``g`` gets no lease now (or None), and the idle worker to stop for it
         when the group has all its workers already (a lent worker is a new process: its
         lease connection is passed when it starts)."""
         s = self._s
-        if s._closed:
+        if s.closed:
             return "the node is stopping", None
         owner = getattr(g, "owner", None)
         if g is None or owner is None or not getattr(owner, "local", False) \
@@ -103,7 +107,7 @@ class LeaseDesk:
             return "tasks of the group are queued", None
         if g.rq:
             return "tasks of the group wait for resources", None
-        if s.cpu_limit is not None and s.busy_cpus() >= s.cpu_limit:
+        if s.cpu_limit is not None and s.busy_cpus_locked() >= s.cpu_limit:
             return "the node's CPUs are all in use", None
         live = [w for w in g.workers if w.alive and not w.retiring]
         if any(w.leased is not None for w in live):
@@ -118,78 +122,60 @@ class LeaseDesk:
         return "the group's workers are all busy", None
 
     # -- the IO thread (lock held) -------------------------------------------------------
-    def recall(self) -> None:
+    def recall_locked(self) -> None:
         """Tasks wait for a CPU: ask every lent worker back (once each)."""
         for wid, w in self.lent.items():
             d = w.leased
             if wid in self._recalled or d is None or not d.alive:
                 continue
             self._recalled.add(wid)
-            self._s._send(d, [m.LeaseRecall(w.group.group_id)])
+            self._s.send_locked(d, [m.LeaseRecall(w.group.group_id)])
 
-    def _on_lease_ended(self, w: WorkerHandle, msg: m.LeaseEnded) -> None:
-        self.forget(w)
-        s = self._s
-        for g in s._groups.values():  # its CPU is free for whatever waits
-            if g.queue and g not in s._refill:
-                s._refill.append(g)
+    def _on_lease_ended_locked(self, w: WorkerHandle, msg: m.LeaseEnded) -> None:
+        self.forget_locked(w)
+        self._s.cpu_freed_locked()  # its CPU is free for whatever waits
 
-    def lost(self, w: WorkerHandle) -> None:
+    def lost_locked(self, w: WorkerHandle) -> None:
         """A lent worker exited: tell its driver, which may be waiting on its task."""
         d = w.leased
-        self.forget(w)
+        self.forget_locked(w)
         if d is not None and d.alive:
-            self._s._send(d, [m.LeaseLost(w.group.group_id, w.worker_id)])
+            self._s.send_locked(d, [m.LeaseLost(w.group.group_id, w.worker_id)])
 
-    def forget(self, w: WorkerHandle) -> None:
+    def forget_locked(self, w: WorkerHandle) -> None:
         """``w`` is no longer lent (the lease ended, or the worker is gone)."""
         w.leased = None
         if self.lent.pop(w.worker_id, None) is None:
             return
-        s = self._s
         self._recalled.discard(w.worker_id)
         g = w.group
-        g.outstanding -= 1
-        if g.outstanding == 0 and g.closed:
-            s._retire_group(g)
+        g.outstanding -= 1  # (the lease's share of the group's work: see ``grant``)
+        if g.closed:
+            self._s.close_group_locked(g)  # its work may be done now
 
-    def _on_leased_task(self, d: WorkerHandle, msg: m.LeasedTask) -> None:
+    def _on_leased_task_locked(self, d: WorkerHandle, msg: m.LeasedTask) -> None:
         """A task of the driver's runs on its lease: its result is an object the driver
         owns (as it owns what it puts), pending until ``LeasedResult``."""
-        obj = Obj()
-        obj.refs = 1  # the driver's handle
-        self._s._objects[msg.object_id] = obj
+        self._s.pending_object_locked(msg.object_id)
         d.owned.add(msg.object_id)
 
-    def _on_leased_result(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
-        s = self._s
-        oid = msg.object_id
-        obj = s._objects.get(oid)
-        if obj is None or obj.ready:  # released meanwhile: nobody can use it
-            s.store.discard(msg.payload if msg.ok else None)
-            return
-        ok, payload = s._adopt_result(msg.ok, msg.payload)
-        obj.ready, obj.ok, obj.payload = True, ok, payload
-        s._ctl.add_object(oid, len(payload), "host")
-        if obj.waiters:
-            s._wake_waiters(obj, oid)
-        if obj.refs <= 0:
-            s._drop_object(oid)
+    def _on_leased_result_locked(self, d: WorkerHandle, msg: m.LeasedResult) -> None:
+        self._s.resolve_object_locked(msg.object_id, msg.ok, msg.payload)
 
-    def _on_leased_lost(self, d: WorkerHandle, msg: m.LeasedLost) -> None:
+    def _on_leased_lost_locked(self, d: WorkerHandle, msg: m.LeasedLost) -> None:
         """The lent worker died running this task; the driver sends it here next, under
         the same id: a result segment the dead worker began must not be in the way."""
         s = self._s
         s.store.unlink_unadopted(_segment.segment_name(s.store.owner_pid, msg.object_id))
-        obj = s._objects.pop(msg.object_id, None)
+        obj = s.take_object_locked(msg.object_id)
         if obj is not None and not obj.ready:
             self.resubmitted[msg.object_id] = obj  # its waiters wait for the rerun
 
-    def rerun(self, oid: int) -> None:
+    def rerun_locked(self, oid: int) -> None:
         """The task of a dead lent worker was submitted here (``SubmitTask`` handled):
         what waited for its pending object waits for the task's now."""
         old = self.resubmitted.pop(oid)
-        new = self._s._objects.get(oid)
+        new = self._s.object_locked(oid)
         if new is None:
             return
         new.refs = old.refs  # the driver's handle (counted in both) and the waiters'

@@ -16,22 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from dpool.errors import Error
 from dpool.node._attach import PeerHandle
-from dpool.protocol import (
-    PROTOCOL_VERSION,
-    Channel,
-    ChannelClosed,
-    _auth,
-    decode_batch,
-    encode_batch,
-)
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, _dial, encode_batch
 from dpool.protocol import _messages as m
-from dpool.protocol._dial import parse_hostport
+from dpool.protocol._ioloop import IOLoop
 
 log = logging.getLogger("dpool.node")
 
@@ -41,31 +33,20 @@ CONNECT_TIMEOUT = 5.0
 def dial(address: str, token: bytes, hello: m.PeerHello,
          timeout: float = CONNECT_TIMEOUT) -> tuple[Channel, m.PeerWelcome]:
     """Connect to a cluster process as a peer (blocking); a clear ``dpool.Error``."""
-    host, port = parse_hostport(address, "peer address")
+    host, port = _dial.parse_hostport(address, "peer address")
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except OSError as exc:
-        raise Error(f"cannot reach {address}: {exc}") from exc
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _auth.client_handshake(sock, token, address, timeout)
-        chan = Channel(sock, blocking=True)
-        chan.send(encode_batch([hello]))
-        frames = chan.recv_frames(timeout=timeout)
-        msgs = decode_batch(frames[0]) if frames else []
-        if not msgs or not isinstance(msgs[0], m.PeerWelcome):
-            raise Error(f"{address} did not welcome this peer within {timeout:g} s")
-        return chan, msgs[0]
-    except (ChannelClosed, OSError) as exc:
-        sock.close()
-        raise Error(f"connection to {address} failed: {exc}") from exc
-    except BaseException:
-        sock.close()
-        raise
+        sock = _dial.connect(host, port, token, address, timeout)
+        return _dial.greet(sock, hello, m.PeerWelcome, timeout)
+    except _dial.Unreachable as exc:
+        raise Error(f"cannot reach {address}: {exc}") from exc.cause
+    except _dial.Broken as exc:
+        raise Error(f"connection to {address} failed: {exc}") from exc.cause
+    except _dial.NotAnswered:
+        raise Error(f"{address} did not welcome this peer within {timeout:g} s") from None
 
 
 class Links:
-    def __init__(self, token: bytes, hello: m.PeerHello, io: Any,
+    def __init__(self, token: bytes, hello: m.PeerHello, io: IOLoop,
                  on_unreachable: Callable[[str, list], None]) -> None:
         self._token = token
         self._hello = hello

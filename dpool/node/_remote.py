@@ -5,8 +5,10 @@ worker group (one per origin node and group: same ``max_workers``, initializer,
 start method and ``max_tasks_per_child``; the origin's working directory and
 ``sys.path``), under this node's CPU limit like any local task. Its function is
 registered under a local id and the task gets a local id, so ids of different origins
-never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` (the value
-inline) when it is done; the local record of the result is dropped right after.
+never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` when it is
+done: the value inline, its local record dropped right after; or, for a result of
+``REFERENCE_MIN`` bytes or more, a reference the origin pulls (the value is *lent*,
+kept here until the origin says ``ReleaseLent`` or ``lend_timeout_s`` passes).
 
 Large inputs held by another node are copied into this node's store once, whatever
 number of its tasks need them (``transfer._pull``), and kept for later tasks until
@@ -17,6 +19,10 @@ went away without saying so).
 Mirror groups never spill again (the global scheduler already chose this node) and are
 retired when idle for ``idle_retire_s``. A worker dying under a remote task retries it
 here, as for any task, up to the group's ``max_attempts``.
+
+Handlers and ``tick_locked`` run with the scheduler's lock held; fetching a driver's
+code or another node's input runs on a thread of its own, which takes the lock to run
+the tasks that waited for it.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from dpool.control._interface import ClusterControlStore
 from dpool.errors import Error, ObjectLostError
+from dpool.node._workdirs import WorkdirCache
 from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
 from dpool.protocol._workdir import map_path
-from dpool.scheduling import _resources
-from dpool.scheduling._records import Group, Task
+from dpool.scheduling import Group, SchedulerAPI, Task, _resources
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
@@ -57,9 +64,9 @@ class _Copy:
 
 
 class RemoteRunner:
-    def __init__(self, scheduler: Any, node_id: str,
+    def __init__(self, scheduler: SchedulerAPI, node_id: str,
                  send: Callable[[str, list], None], idle_retire_s: float = 30.0,
-                 workdirs: Any = None,
+                 workdirs: Optional[WorkdirCache] = None,
                  fetch_workdir: Optional[Callable[[str], Optional[bytes]]] = None) -> None:
         self._s = scheduler
         self.node_id = node_id
@@ -71,13 +78,13 @@ class RemoteRunner:
         self._fns: dict[tuple, int] = {}  # (origin, fn id) -> local fn id
         self.mirror_ids: set[int] = set()
         self._origin: dict[int, tuple] = {}  # mirror group id -> (origin, its group id)
-        self.workdirs = workdirs  # node._workdirs.WorkdirCache
+        self.workdirs = workdirs
         self.fetch_workdir = fetch_workdir  # digest -> archive (the control store's copy)
         self._fetching: dict[str, list] = {}  # digest -> tasks waiting for its code
         self.token = b""  # the cluster token, for fetching inputs from other nodes
         # The control store (a node in a cluster): the object table lists this node's
         # copies, and a fetch that fails at the holder tries the nodes it lists.
-        self.control: Any = None
+        self.control: Optional[ClusterControlStore] = None
         self._copies: dict[tuple, _Copy] = {}  # remote inputs fetched (or being fetched)
         self._held: list = []  # tasks waiting for their remote inputs
         # An input copy is freed when its holder says it freed the object (ReleaseLent),
@@ -87,9 +94,9 @@ class RemoteRunner:
         self.address = node_id  # where other nodes reach this one (its node id)
         self._lent: dict[str, tuple] = {}  # result segments lent: name -> (local id, since)
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
-        scheduler._handlers[m.RemoteTask.CODE] = self._on_task
-        scheduler._handlers[m.DropGroup.CODE] = self._on_drop
-        scheduler._handlers[m.ReleaseLent.CODE] = self._on_release_lent
+        scheduler.register_handler(m.RemoteTask.CODE, self._on_task_locked)
+        scheduler.register_handler(m.DropGroup.CODE, self._on_drop_locked)
+        scheduler.register_handler(m.ReleaseLent.CODE, self._on_release_lent_locked)
 
     def set_id_base(self, base: int) -> None:
         """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
@@ -102,10 +109,10 @@ class RemoteRunner:
         """(origin node address, the origin's group id) of a mirror group, else None."""
         return self._origin.get(g.group_id)
 
-    def _group(self, msg: m.RemoteTask) -> Group:
+    def _group_locked(self, msg: m.RemoteTask) -> Group:
         key = (msg.origin, msg.group_id)
         g = self._groups.get(key)
-        if g is not None and g.group_id in self._s._groups and not g.closed:
+        if g is not None and self._s.group(g.group_id) is not None and not g.closed:
             return g
         max_workers, method, initializer, max_tasks, max_attempts = msg.group_cfg
         try:
@@ -122,12 +129,12 @@ class RemoteRunner:
             g.sys_path = [here, *(map_path(p, root, here) for p in msg.sys_path)]
             g.workdir = (digest, here)
         self._groups[key] = g
-        self._s._groups[g.group_id] = g
+        self._s.insert_group_locked(g)
         self.mirror_ids.add(g.group_id)
         self._origin[g.group_id] = key
         return g
 
-    def _on_task(self, h: Any, msg: m.RemoteTask) -> None:
+    def _on_task_locked(self, h: Any, msg: m.RemoteTask) -> None:
         if msg.workdir and self.workdirs is not None and \
                 self.workdirs.path(msg.workdir[0]) is None:
             self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
@@ -139,7 +146,7 @@ class RemoteRunner:
             threading.Thread(target=self._fetch, args=(msg.workdir[0],), daemon=True,
                              name="dpool-fetch-workdir").start()
             return
-        self._run(msg)
+        self._run_locked(msg)
 
     def _fetch(self, digest: str) -> None:
         """Bring a driver's code from the control store, then run what waited for it."""
@@ -147,22 +154,22 @@ class RemoteRunner:
         error: Optional[BaseException] = None
         try:
             archive = self.fetch_workdir(digest) if self.fetch_workdir else None
-            if archive is None:
+            if archive is None or self.workdirs is None:
                 raise Error(f"the driver's working directory {digest} is not in the "
                             "control store (expired or never stored)")
             self.workdirs.add(digest, archive)
         except Exception as exc:  # noqa: BLE001 - reported on each waiting task
             error = exc
-        with s._lock:
+        with s.lock:
             waiting = self._fetching.pop(digest, [])
             for msg in waiting:
                 if error is None:
-                    self._run(msg, accepted=True)
+                    self._run_locked(msg, accepted=True)
                 else:
                     self._send(msg.origin, [m.TaskResult(
                         msg.task_id, False, _payload.dumps_error(error), 0.0)])
-            out = s._take_out()
-        s._deliver(out)
+            out = s.take_out_locked()
+        s.deliver(out)
 
     # -- large inputs held by other nodes (transfer._pull) ------------------------------
     def _remote_inputs(self, msg: m.RemoteTask) -> dict:
@@ -180,7 +187,7 @@ class RemoteRunner:
                 keys[("dep", ref[1], ref[2], 0)] = ref[0]
         return keys
 
-    def _start_fetch(self, key: tuple, size: int) -> None:
+    def _start_fetch_locked(self, key: tuple, size: int) -> None:
         if key in self._copies:
             return
         self._copies[key] = _Copy(next(self._ids), size)
@@ -200,10 +207,10 @@ class RemoteRunner:
             else None
         try:
             payload = _pull.fetch(address, self.token, name, copy.oid, s.store.owner_pid,
-                                     copy.size, others=others)
+                                  copy.size, others=others)
         except Exception as exc:  # noqa: BLE001 - reported on each task that needed it
             error = exc
-        with s._lock:
+        with s.lock:
             if payload is not None and kind == "dep":
                 try:
                     s.store.adopt(payload)  # the node's copy, shared by its tasks
@@ -217,11 +224,11 @@ class RemoteRunner:
                 self.control.add_copy(held_oid, self.node_id)
             held, self._held = self._held, []
             for msg in held:
-                self._run(msg, accepted=True)
-            out = s._take_out()
-        s._deliver(out)
+                self._run_locked(msg, accepted=True)
+            out = s.take_out_locked()
+        s.deliver(out)
 
-    def _localize(self, msg: m.RemoteTask, keys: dict) -> Optional[m.RemoteTask]:
+    def _localize_locked(self, msg: m.RemoteTask, keys: dict) -> Optional[m.RemoteTask]:
         """``msg`` with its remote inputs replaced by this node's copies (None: one of
         them could not be fetched; the origin has been told)."""
         s = self._s
@@ -259,17 +266,17 @@ class RemoteRunner:
                             msg.fn_payload, args, deps, msg.cwd, msg.sys_path, msg.workdir,
                             msg.req)
 
-    def _on_release_lent(self, h: Any, msg: m.ReleaseLent) -> None:
+    def _on_release_lent_locked(self, h: Any, msg: m.ReleaseLent) -> None:
         lent = self._lent.pop(msg.name, None)
         if lent is not None:
-            self._s._decref(lent[0])  # the result's only reference was the lend
+            self._s.decref_locked(lent[0])  # the result's only reference was the lend
             return
         # The holder freed an object of its own that this node copied (segment names
         # are unique in the cluster: owner pid and a cluster-unique id).
         for key, copy in self._copies.items():
             if key[0] == "dep" and key[2] == msg.name:
                 copy.released = True
-        self._drop_idle_copies(time.monotonic())
+        self._drop_idle_copies_locked(time.monotonic())
 
     def _other_copies(self, held: int) -> list:
         """Nodes the object table lists as keeping a copy of object ``held`` (any
@@ -293,9 +300,9 @@ class RemoteRunner:
         return tuple(f"{k[1]}|{k[2]}" for k, c in list(self._copies.items())
                      if k[0] == "dep" and c.payload is not None)
 
-    def _drop_idle_copies(self, now: float) -> None:
+    def _drop_idle_copies_locked(self, now: float) -> None:
         """Shared copies that no task has pinned are freed once their holder freed the
-        object, or after ``copy_ttl_s`` unused (lock held)."""
+        object, or after ``copy_ttl_s`` unused."""
         s = self._s
         for key, copy in list(self._copies.items()):
             if key[0] != "dep" or copy.payload is None and copy.error is None:
@@ -310,7 +317,7 @@ class RemoteRunner:
                     if self.control is not None and held:
                         self.control.remove_copy(held, self.node_id)
 
-    def _run(self, msg: m.RemoteTask, accepted: bool = False) -> None:
+    def _run_locked(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
         keys = self._remote_inputs(msg)
         if keys:
@@ -321,19 +328,19 @@ class RemoteRunner:
                     self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
                 self._held.append(msg)
                 for k, size in keys.items():
-                    self._start_fetch(k, size)
+                    self._start_fetch_locked(k, size)
                 return
-            localized = self._localize(msg, keys)
+            localized = self._localize_locked(msg, keys)
             if localized is None:
                 return
             msg = localized
-        g = self._group(msg)
+        g = self._group_locked(msg)
         self._last_used[g.group_id] = time.monotonic()
         fkey = (msg.origin, msg.fn_id)
         fn_id = self._fns.get(fkey)
         if fn_id is None:
             fn_id = self._fns[fkey] = next(self._ids)
-            s._functions[fn_id] = msg.fn_payload
+            s.set_function_locked(fn_id, msg.fn_payload)
         local_id = next(self._ids)
         origin, origin_id = msg.origin, msg.task_id
 
@@ -351,7 +358,7 @@ class RemoteRunner:
                 finally:
                     s.release(local_id)  # the origin holds the result now
             self._send(origin, [m.TaskResult(origin_id, ok, value,
-                                             s._batch.estimate(fn_id))])
+                                             s.batch.estimate(fn_id))])
 
         t = Task(local_id, fn_id, msg.args, None, g, None, done)
         if msg.req is not None:  # the global scheduler chose this node for it
@@ -360,35 +367,34 @@ class RemoteRunner:
         t.deps = msg.deps
         if not accepted:
             self._send(origin, [m.Accepted(origin_id, self.node_id)])
-        s._admit(t)
+        s.admit_locked(t)
 
-    def _on_drop(self, h: Any, msg: m.DropGroup) -> None:
+    def _on_drop_locked(self, h: Any, msg: m.DropGroup) -> None:
         """The origin's group is gone: terminate its mirror here (lock held, so in a
         thread: terminating takes the lock and waits for workers)."""
         g = self._groups.pop((msg.origin, msg.group_id), None)
         if g is not None:
-            self._forget(g)
+            self._forget_locked(g)
             threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
                              daemon=True, name="dpool-drop-group").start()
 
-    def _forget(self, g: Group) -> None:
-        """A mirror group ends: drop what this runner kept for it (lock held)."""
+    def _forget_locked(self, g: Group) -> None:
+        """A mirror group ends: drop what this runner kept for it."""
         self._last_used.pop(g.group_id, None)
         self._origin.pop(g.group_id, None)
         self.mirror_ids.discard(g.group_id)
 
-    def tick(self) -> None:
-        """Retire mirror groups idle for a while, free idle input copies (lock held)."""
+    def tick_locked(self) -> None:
+        """Retire mirror groups idle for a while, free idle input copies."""
         now = time.monotonic()
-        self._drop_idle_copies(now)
+        self._drop_idle_copies_locked(now)
         for name, (oid, since) in list(self._lent.items()):
             if now - since > self.lend_timeout_s:  # the origin never came for it
                 del self._lent[name]
-                self._s._decref(oid)
+                self._s.decref_locked(oid)
         for key, g in list(self._groups.items()):
             if g.outstanding == 0 and now - self._last_used.get(g.group_id, now) \
                     > self.idle_retire_s:
                 del self._groups[key]
-                self._forget(g)
-                g.closed = True
-                self._s._retire_group(g)
+                self._forget_locked(g)
+                self._s.close_group_locked(g)  # (idle: its workers stop now)

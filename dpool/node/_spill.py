@@ -3,7 +3,7 @@
     local queue ──(estimated wait > threshold)──▶ RemoteTask ──▶ global scheduler
         ▲                                                              │ places it
         │ requeue (rejected / GS lost / node lost)                      ▼
-    _finish(task) ◀── TaskResult ◀── Accepted ◀───────────── another node runs it
+    finish_locked(task) ◀── TaskResult ◀── Accepted ◀──────── another node runs it
 
 A node runs a task locally unless it would wait too long for one of the node's CPUs:
 the k-th queued task (with ``free`` CPUs idle, ``cpus`` in all, tasks of ``avg`` s) waits
@@ -37,7 +37,8 @@ every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 
 for such a node to join) it fails with ``ResourceError``, saying what it asked and what
 the nodes offer.
 
-Runs under the scheduler's lock (called from its handlers and ticks).
+Runs under the scheduler's lock (called from its handlers and ticks: the ``_locked``
+methods); ``_pull_result`` runs on a thread of its own and takes the lock.
 """
 
 from __future__ import annotations
@@ -52,16 +53,15 @@ from typing import Any, Callable, Optional
 from dpool.errors import ObjectLostError, WorkerCrashedError
 from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
-from dpool.scheduling import _resources
-from dpool.scheduling._records import Group, Task
+from dpool.scheduling import Group, SchedulerAPI, Task, _resources
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
 
 _BACKOFF_S = 0.2
 # Stored inputs this large go by reference (pulled by the runner): every stored value, at
-# the default store threshold. A 512 KB input inline took 4.4 ms from put to result (its
-# bytes cross the peers' IO loops), by reference 1.8 ms (a pull on a kept connection).
+# the default store threshold. Inline, a large input's bytes cross both peers' IO loops;
+# by reference the runner pulls them on a kept connection (bench/NOTES.md).
 REFERENCE_MIN = 256 << 10
 GRACE_S = 10.0  # default of DPOOL_RESOURCE_GRACE_S
 
@@ -88,7 +88,10 @@ class _Away:
 
 
 class Spiller:
-    def __init__(self, scheduler: Any, node_address: str,
+    """The node's ``SpillService``: decides what leaves, and keeps each task's record
+    until its outcome comes back."""
+
+    def __init__(self, scheduler: SchedulerAPI, node_address: str,
                  send: Callable[[str, list], None], schedulers: Callable[[], list],
                  threshold_s: float = 0.005, place_timeout_s: float = 10.0,
                  local_groups: Optional[Callable[[Group], bool]] = None,
@@ -107,18 +110,17 @@ class Spiller:
         self._rr = 0
         self.token = b""  # the cluster token, to pull lent results
         self._borrowers: dict[str, set] = {}  # our segment -> nodes that may hold a copy
-        scheduler.store.on_freed = self._freed
+        scheduler.store.on_freed = self._freed_locked
         self.grace_s = resource_grace_s()
         self._unmet: dict[int, list] = {}  # task id -> [first seen, why not placed]
         self._parked: list = []  # (when to offer again, group, task): resources unmet
-        h = scheduler._handlers
-        h[m.SpillRejected.CODE] = self._on_rejected
-        h[m.Accepted.CODE] = self._on_accepted
-        h[m.TaskResult.CODE] = self._on_result
-        scheduler.spiller = self
+        scheduler.register_handler(m.SpillRejected.CODE, self._on_rejected_locked)
+        scheduler.register_handler(m.Accepted.CODE, self._on_accepted_locked)
+        scheduler.register_handler(m.TaskResult.CODE, self._on_result_locked)
+        scheduler.attach_services(spiller=self)
 
     # -- deciding ------------------------------------------------------------------------
-    def consider(self, g: Group) -> None:
+    def consider_locked(self, g: Group) -> None:
         """Spill the tasks of ``g``'s queue that would wait too long here."""
         q = g.queue
         if not q or g.broken is not None or self._keep_local(g):
@@ -128,10 +130,10 @@ class Spiller:
             return
         s = self._s
         cpus = s.cpu_limit or 0
-        busy = s.busy_cpus()
+        busy = s.busy_cpus_locked()
         free = max(0, cpus - busy)
-        if cpus and s._batch.known(q[0].fn_id):
-            est = max(s._batch.estimate(q[0].fn_id), 1e-6)
+        if cpus and s.batch.known(q[0].fn_id):
+            est = max(s.batch.estimate(q[0].fn_id), 1e-6)
             keep = free + int(self.threshold_s / est * cpus)
         else:
             keep = free  # never measured: it may be long, so what cannot start now goes
@@ -142,18 +144,18 @@ class Spiller:
         # Tasks away per CPU of the cap: one when they are long (so max_workers bounds
         # how many run at once, cluster-wide); a batch's worth when they are short, so a
         # node busy with them never idles a round trip between two.
-        est = max(s._batch.estimate(q[-1].fn_id), 1e-6)
-        per_slot = max(1, min(64, int(s._batch.target_s / est)))
+        est = max(s.batch.estimate(q[-1].fn_id), 1e-6)
+        per_slot = max(1, min(64, int(s.batch.target_s / est)))
         room = g.max_workers * per_slot - local_busy - self._away_per_group.get(g.group_id, 0)
         n = min(excess, room)
         batches: dict[str, list] = {}
         for _ in range(max(0, n)):
             t = q.pop()  # the tail: the task that would wait longest
-            gs = self._start(t, gss)
+            gs = self._start_locked(t, gss)
             if gs is None:
                 continue
             try:
-                msg = self._spill(t, g, gs)
+                msg = self._spill_locked(t, g, gs)
             except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
                 log.warning("could not spill task %#x (%s): it stays here", t.task_id, exc)
                 q.append(t)
@@ -162,19 +164,19 @@ class Spiller:
         for gs, msgs in batches.items():
             self._send(gs, msgs)
 
-    def _start(self, t: Task, gss: list) -> Optional[str]:
+    def _start_locked(self, t: Task, gss: list) -> Optional[str]:
         """``t`` leaves for another node: its future runs (None: it was cancelled, and
         is skipped); the global scheduler to send it to, in turn."""
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
-                self._s._skip_cancelled(t)
+                self._s.skip_cancelled_locked(t)
                 return None
         t.started = True
         gs = gss[self._rr % len(gss)]
         self._rr += 1
         return gs
 
-    def _spill(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
+    def _spill_locked(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
         """The message for ``t`` (raises, leaving ``t`` unchanged, if its values cannot be
         read); records it as away."""
         s = self._s
@@ -191,17 +193,17 @@ class Spiller:
         cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
                g.initializer, g.max_tasks, g.max_attempts)
         msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
-                           s._functions[t.fn_id],
+                           s.function_payload(t.fn_id),
                            self._outgoing(t.args) if t.args else t.args, deps,
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir,
                            _resources.to_wire(t.req))
         t.attempts += 1
-        t.est = s._batch.estimate(t.fn_id)
+        t.est = s.batch.estimate(t.fn_id)
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
         a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
                        if ok and (ref := _pull.parse_remote(p)) is not None)
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
-        s._ctl.log_event(t.task_id, "spill", time.time(), 0)
+        s.control.log_event(t.task_id, "spill", time.time(), 0)
         return msg
 
     def _outgoing(self, payload: bytes) -> bytes:
@@ -213,7 +215,7 @@ class Spiller:
         return _inline.inline_payload(payload)
 
     # -- outcomes ------------------------------------------------------------------------
-    def _take(self, task_id: int) -> Optional[Task]:
+    def _take_locked(self, task_id: int) -> Optional[Task]:
         a = self.away.pop(task_id, None)
         if a is None:
             return None
@@ -225,16 +227,14 @@ class Spiller:
             self._away_per_group.pop(gid, None)
         return a.task
 
-    def _home(self, t: Task, charge: bool) -> None:
+    def _home_locked(self, t: Task, charge: bool) -> None:
         """Back into the local queue (front: it has waited already)."""
         if not charge:
             t.attempts -= 1
-        g = t.group
-        g.queue.appendleft(t)
-        self._s._dispatch(g)
+        self._s.return_task_locked(t)
 
-    def _on_rejected(self, h: Any, msg: m.SpillRejected) -> None:
-        t = self._take(msg.task_id)
+    def _on_rejected_locked(self, h: Any, msg: m.SpillRejected) -> None:
+        t = self._take_locked(msg.task_id)
         if t is not None:
             log.debug("spill of task %#x rejected: %s", msg.task_id, msg.reason)
             unmet = self._unmet.get(t.task_id)
@@ -244,10 +244,10 @@ class Spiller:
                 self._parked.append((time.monotonic() + _BACKOFF_S, t.group, t))
                 return
             self._paused_until = time.monotonic() + _BACKOFF_S
-            self._home(t, charge=False)
+            self._home_locked(t, charge=False)
 
     # -- resources this node lacks ---------------------------------------------------------
-    def unmet(self, g: Group, t: Task, reason: str) -> bool:
+    def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:
         """``t`` asks for resources this node never has (``reason``): send it to a node
         that has them, or park it until one joins; after the grace period, fail it.
         False: not this spiller's (a mirror group's task: the caller fails it)."""
@@ -259,8 +259,9 @@ class Spiller:
             unmet = self._unmet[t.task_id] = [now, reason]
         if now - unmet[0] >= self.grace_s:
             del self._unmet[t.task_id]
-            self._s._fail_res(t, f"{unmet[1]}; no node of the cluster offered it within "
-                                 f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S)")
+            self._s.fail_unmet_locked(t, f"{unmet[1]}; no node of the cluster offered it "
+                                         f"within {self.grace_s:g} s "
+                                         "(DPOOL_RESOURCE_GRACE_S)")
             return True
         gss = self._schedulers()
         if not gss or self._keep_local(g):  # (its code is not published for others yet)
@@ -268,20 +269,21 @@ class Spiller:
                 unmet[1] = f"{reason} (and no global scheduler is linked to place it)"
             self._parked.append((now + _BACKOFF_S, g, t))
             return True
-        gs = self._start(t, gss)
+        gs = self._start_locked(t, gss)
         if gs is None:
             del self._unmet[t.task_id]
             return True
         try:
-            msg = self._spill(t, g, gs)
+            msg = self._spill_locked(t, g, gs)
         except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
             del self._unmet[t.task_id]
-            self._s._fail_res(t, f"{reason}; it could not be sent to another node: {exc}")
+            self._s.fail_unmet_locked(
+                t, f"{reason}; it could not be sent to another node: {exc}")
             return True
         self._send(gs, [msg])
         return True
 
-    def _retry_parked(self, now: float) -> None:
+    def _retry_parked_locked(self, now: float) -> None:
         due = [p for p in self._parked if p[0] <= now]
         if not due:
             return
@@ -291,12 +293,12 @@ class Spiller:
                 continue  # failed with its group
             if t.future is not None and not t.started and t.future.cancelled():
                 self._unmet.pop(t.task_id, None)
-                self._s._skip_cancelled(t)
+                self._s.skip_cancelled_locked(t)
                 continue
             reason = self._unmet.get(t.task_id, [0.0, ""])[1]
-            self.unmet(g, t, reason)
+            self.unmet_locked(g, t, reason)
 
-    def _on_accepted(self, h: Any, msg: m.Accepted) -> None:
+    def _on_accepted_locked(self, h: Any, msg: m.Accepted) -> None:
         a = self.away.get(msg.task_id)
         if a is not None:
             a.node = h.address if h.address else msg.node_id
@@ -304,19 +306,19 @@ class Spiller:
             for name in a.refs:  # it will copy these inputs, and keep them for later tasks
                 self._borrowers.setdefault(name, set()).add(a.node)
 
-    def _freed(self, name: str) -> None:
+    def _freed_locked(self, name: str) -> None:
         """Segment ``name`` of this node's store was freed (its last reference died):
         the nodes that may keep a copy of it free theirs (``_remote``)."""
         for node in self._borrowers.pop(name, ()):
             self._send(node, [m.ReleaseLent(name)])
 
-    def _on_result(self, h: Any, msg: m.TaskResult) -> None:
-        t = self._take(msg.task_id)
+    def _on_result_locked(self, h: Any, msg: m.TaskResult) -> None:
+        t = self._take_locked(msg.task_id)
         if t is None:
             return  # a late duplicate: it was retried and finished already
         self._unmet.pop(t.task_id, None)
         s = self._s
-        s._batch.observe(t.fn_id, msg.duration)
+        s.batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
         ref = _pull.parse_remote(payload) if ok else None
         if ref is not None:  # a large result, lent: pull it into this node's store
@@ -338,10 +340,10 @@ class Spiller:
                 if stored is not None and stored is not payload:
                     _segment.unlink(name)
                 ok, payload = False, _payload.dumps_error(exc)
-        s._finish(t, ok, payload)
+        s.finish_locked(t, ok, payload)
         g = t.group
         if g.queue:
-            self.consider(g)  # room away again: do not wait for the next tick
+            self.consider_locked(g)  # room away again: do not wait for the next tick
 
     def _pull_result(self, t: Task, ref: tuple) -> None:
         """Fetch a lent result (own thread), then finish its task and release the lend."""
@@ -350,7 +352,7 @@ class Spiller:
         lost: Optional[ObjectLostError] = None
         try:
             payload = _pull.fetch(holder, self.token, name, t.task_id, s.store.owner_pid,
-                                     size)
+                                  size)
             ok = True
         except ObjectLostError as exc:  # the holder died (part-way) or freed it
             lost = ObjectLostError(
@@ -360,8 +362,8 @@ class Spiller:
             payload, ok = _payload.dumps_error(lost), False
         except Exception as exc:  # noqa: BLE001 - the task fails with it
             payload, ok = _payload.dumps_error(exc), False
-        with s._lock:
-            t_away = self._take(t.task_id)
+        with s.lock:
+            t_away = self._take_locked(t.task_id)
             g = t.group
             if t_away is None:  # the group failed meanwhile: the task is finished
                 if ok:
@@ -369,7 +371,7 @@ class Spiller:
             elif lost is not None and t.attempts < g.max_attempts and g.broken is None:
                 # As if the node had died running it (``_lost``): run it again.
                 log.warning("%s: running it again", lost)
-                self._home(t, charge=True)
+                self._home_locked(t, charge=True)
             else:
                 if ok:
                     try:
@@ -377,60 +379,60 @@ class Spiller:
                     except Exception as exc:  # noqa: BLE001 - e.g. the store is full
                         _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
                         payload, ok = _payload.dumps_error(exc), False
-                s._finish(t, ok, payload)
-            out = s._take_out()
-        s._deliver(out)
+                s.finish_locked(t, ok, payload)
+            out = s.take_out_locked()
+        s.deliver(out)
         self._send(holder, [m.ReleaseLent(name)])
 
-    def unreachable(self, address: str, msgs: list) -> None:
+    def unreachable_locked(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
         for msg in msgs:
             if isinstance(msg, m.RemoteTask):
-                t = self._take(msg.task_id)
+                t = self._take_locked(msg.task_id)
                 if t is not None:
-                    self._home(t, charge=False)
+                    self._home_locked(t, charge=False)
 
-    def peer_closed(self, h: Any) -> None:
+    def peer_closed_locked(self, h: Any) -> None:
         """A link closed: a global scheduler's (unplaced tasks come home) or a node's
         (its tasks are retried)."""
-        self._lost({h.address, h.peer_id})
+        self._lost_locked({h.address, h.peer_id})
 
-    def node_lost(self, address: str) -> None:
+    def node_lost_locked(self, address: str) -> None:
         """The node table says ``address`` stopped heartbeating: retry its tasks."""
-        self._lost({address}, gs_too=False)
+        self._lost_locked({address}, gs_too=False)
 
-    def _lost(self, names: set, gs_too: bool = True) -> None:
+    def _lost_locked(self, names: set, gs_too: bool = True) -> None:
         lost = [a for a in self.away.values()  # (a result being pulled: its puller decides)
                 if (gs_too and a.node is None and a.gs in names) or
                 (a.node is not None and a.node in names and not a.pulling)]
         for a in lost:
-            t = self._take(a.task.task_id)
+            t = self._take_locked(a.task.task_id)
             if t is None:
                 continue
             if a.node is None:
-                self._home(t, charge=False)
+                self._home_locked(t, charge=False)
                 continue
             g = t.group
             if t.attempts < g.max_attempts and g.broken is None:
                 log.warning("node %s went away running task %#x: retrying it", a.node,
                             t.task_id)
-                self._home(t, charge=True)
+                self._home_locked(t, charge=True)
             else:
                 err = WorkerCrashedError(
                     f"the node running this task ({a.node}) went away, on attempt "
                     f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
-                self._s._finish(t, False, _payload.dumps_error(err))
+                self._s.finish_locked(t, False, _payload.dumps_error(err))
 
-    def fail_group(self, g: Group, err: bytes) -> None:
+    def fail_group_locked(self, g: Group, err: bytes) -> None:
         """The group broke or was terminated: its tasks away fail now (late results are
         dropped)."""
         nodes = set()
         for a in [a for a in self.away.values() if a.task.group is g]:
             if a.node is not None:
                 nodes.add(a.node)
-            t = self._take(a.task.task_id)
+            t = self._take_locked(a.task.task_id)
             if t is not None:
-                self._s._finish(t, False, err)
+                self._s.finish_locked(t, False, err)
         parked = [p for p in self._parked if p[1] is g]
         if parked:
             self._parked = [p for p in self._parked if p[1] is not g]
@@ -439,24 +441,24 @@ class Spiller:
                 if t.future is not None and not t.started:
                     t.future.set_running_or_notify_cancel()
                     t.started = True
-                self._s._finish(t, False, err)
+                self._s.finish_locked(t, False, err)
         for node in nodes:  # they stop running its tasks, and free its workers there
             self._send(node, [m.DropGroup(self.address, g.group_id,
                                           g.broken or "the pool was terminated")])
 
     # -- periodic ------------------------------------------------------------------------
-    def tick(self) -> None:
+    def tick_locked(self) -> None:
         now = time.monotonic()
         if self._parked:
-            self._retry_parked(now)
+            self._retry_parked_locked(now)
         stale = [a for a in self.away.values()
                  if a.node is None and now - a.sent_at > self.place_timeout_s]
         for a in stale:
-            t = self._take(a.task.task_id)
+            t = self._take_locked(a.task.task_id)
             if t is not None:
                 log.warning("no node accepted spilled task %#x within %g s: taking it back",
                             t.task_id, self.place_timeout_s)
-                self._home(t, charge=False)
-        for g in list(self._s._groups.values()):
+                self._home_locked(t, charge=False)
+        for g in list(self._s.groups_locked()):
             if g.queue:
-                self.consider(g)
+                self.consider_locked(g)

@@ -1,11 +1,30 @@
-"""dpool's shared-memory object store.
+"""dpool's object store: values as bytes, and the shared-memory store on each host.
 
-The modules are imported on demand (``import dpool.objects._store``); this package
-imports nothing itself so that importing it stays cheap:
+The modules are imported on demand (``import dpool.objects._hoststore``); this package
+imports nothing itself so that importing it stays cheap. Moving stored values between
+hosts is ``dpool.transfer``'s; this package imports no other part of dpool but
+``errors``.
+
+Values as bytes:
 
 - ``_serialization``: cloudpickle protocol 5 with large buffers kept out-of-band.
 - ``_mainref``: functions and classes of the main script by reference (by-value fallback),
   and the one main namespace that functions pickled by value share in a process.
+- ``_payload``: how arguments, results, errors and functions become payloads (the
+  encoding every process uses on the wire).
+- ``_values``: the payload layouts -- a plain pickle, inline with its buffers, or stored
+  (naming a segment) -- and the store threshold between them.
+- ``_inline``: payloads that must mean something off this host (inline forms of stored
+  values), and the serialization of a process with no store of its own.
+
+The store:
+
 - ``_segment``: one object per POSIX shared-memory segment; zero-copy, copy-on-write reads.
-- ``_store``: the per-host bookkeeping (capacity, LRU eviction, reference and pin counts).
+- ``_mapping``: this process's read mappings of large segments (in-use locks, cache).
+- ``_recycle``: the pages of freed large segments, reused for the next large write.
+- ``_forkguard``: no ``fork()`` while a thread holds a segment's descriptor.
+- ``_accounting``: the per-host bookkeeping (capacity, LRU eviction, reference and pin
+  counts).
+- ``_hoststore``: the host's store as the scheduler uses it (adopt, pin, drop; eviction
+  as spilling to disk, and restoring).
 """

@@ -11,7 +11,8 @@ what a process without a store (a driver in cluster mode) serializes with.
 A driver that reaches its node over TCP passes ``push``: a value whose buffers reach
 the store threshold is then uploaded into the node's store (``transfer._push``) and the
 payload names the segment there; below it, nothing changes. :func:`loads_fetched` reads
-a large result that such a driver pulled into its own memory (``_pull.fetch_into``).
+a large result that such a driver pulled into its own memory
+(``transfer._pull.fetch_into``).
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ _HUGE_MIN = 4 << 20  # a buffer this large asks for huge pages
 def private_memory(size: int) -> Any:
     """A writable buffer of ``size`` zero bytes, this process's own, to pull a large
     value into. A large one is an anonymous mapping that asks for transparent huge pages:
-    the kernel then faults in 2 MB at a time instead of 4 KB, and receiving 64 MB into it
-    costs ~5 ms of faults instead of ~30 ms here (a bytearray's pages, one fault each).
-    Where huge pages are not to be had it gets ordinary pages; a first use that finds
-    memory fragmented may pay once for compacting it (150 ms seen)."""
+    the kernel then faults in 2 MB at a time instead of 4 KB, so receiving a large value
+    into it costs a fraction of the faults of a bytearray's pages (one fault each). Where
+    huge pages are not to be had it gets ordinary pages; a first use that finds memory
+    fragmented may pay once for compacting it."""
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     if size < _HUGE_MIN or advise is None:
         return bytearray(size)

@@ -19,10 +19,10 @@ reported missing, not misread.
 
 Cache. When the last view is gone, the mapping is kept (``CACHE_ENTRIES``, LRU) so the
 next read of the same object here -- a worker running many tasks on one big argument --
-reuses its page tables instead of faulting every page in again (~5 ms per 64 MB on the
-reference machine, a third of a task that sums it). It also serves the next object that
-reuses the same pages (``_recycle`` keeps the inode): a private mapping whose pages were
-never written maps the file's own pages, so it shows whatever the file holds now. A
+reuses its page tables instead of faulting every page in again (a good part of the time
+of a task that only reads it). It also serves the next object that reuses the same
+pages (``_recycle`` keeps the inode): a private mapping whose pages were never written
+maps the file's own pages, so it shows whatever the file holds now. A
 cached mapping is reused only if (1) the segment is the same inode with the same size
 and (2) no page of the mapping was written: copy-on-write gives a written page a private
 anonymous copy, and ``/proc/self/pagemap`` tells those from the file's pages. Otherwise

@@ -1,8 +1,8 @@
-"""Values on the wire: how arguments, results, errors and functions become bytes.
+"""Payloads: how arguments, results, errors and functions become bytes, and back.
 
 Everything is pickle protocol 5. Small, plain values (top-level ints, floats, strings,
-bytes, None) go through the C pickler directly -- cloudpickle costs ~4 us more per call,
-which is most of a no-op task's budget. Anything else goes through cloudpickle, so
+bytes, None) go through the C pickler directly -- cloudpickle's setup per call would be
+most of a no-op task's budget. Anything else goes through cloudpickle, so
 lambdas and closures travel by value, functions and classes of the main script by
 reference with a by-value fallback (``objects._mainref``), and values with large buffers
 (numpy arrays) go through the shared-memory store (``objects._values``).

@@ -1,8 +1,8 @@
 """Reuse the pages of freed large segments for the next large write.
 
 Allocating shared-memory pages is most of the cost of writing a large object on a VM:
-on the reference machine ``posix_fallocate`` of 64 MB takes ~20 ms (~1.2 us per 4 KiB
-page), the copy into the allocated pages ~12 ms. So when an object of at least
+``posix_fallocate`` (a page at a time) takes longer than the copy into the allocated
+pages. So when an object of at least
 ``_mapping.LARGE`` bytes is freed, its store does not unlink the segment at once but
 :meth:`SegmentPool.retire` moves it into the host's pool, a directory of its own
 (``/dev/shm/dpool_<owner>_pool/<n>``, so finding one costs a listing of the pool only).

@@ -191,7 +191,7 @@ def _create(name: str, size: int, *, allocate: bool = True) -> int:
     full ``/dev/shm`` (SIGBUS). A writer that fills the segment with ``pwrite`` passes
     False: a full ``/dev/shm`` is then an ``ENOSPC`` error of the write, and the pages are
     allocated once, as they are written -- allocating first zeroes every page, which costs
-    about as much as the write itself (0.27 s per GB here).
+    about as much as the write itself.
     """
     free = shm_free_bytes()
     if free is not None and size > free:

@@ -1,4 +1,4 @@
-"""Values on the wire, large ones through the shared-memory store.
+"""Payload layouts: a value inline in its message, or stored in shared memory.
 
 A payload (task argument block, result, put value) is one of:
 

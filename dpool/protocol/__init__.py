@@ -1,8 +1,15 @@
-"""The wire protocol between dpool processes: typed messages, one codec, framing.
+"""The wire protocol between dpool processes, and what every connection starts with.
 
-``messages`` defines every message as a slotted dataclass with a numeric ``CODE``;
-``codec`` turns a batch of messages into one frame and back (the only encoder and the only
-dispatch table); ``channel`` moves frames over a stream socket.
+- ``_messages``: every message, a slotted dataclass with a numeric ``CODE``.
+- ``_codec``: a batch of messages to one frame and back (the only encoder and the only
+  dispatch table; ``PROTOCOL_VERSION``).
+- ``_channel``: frames over a stream socket, blocking or non-blocking.
+- ``_auth``: the token handshake every connection starts with (mutual HMAC).
+- ``_dial``: addresses, and dialing another process: connect, handshake, hello.
+- ``_ioloop``: one selector thread over many channels (the local scheduler's, which a
+  node's links share; the global scheduler's; a driver's leased workers).
+- ``_startup``: what a worker process is told when it starts, and its entry module.
+- ``_workdir``: the driver's working directory, packed by content hash for the nodes.
 """
 
 from dpool.protocol._channel import Channel, ChannelClosed

@@ -36,7 +36,7 @@ class Channel:
         self.sock = sock
         self._buf = bytearray()
         # recv_into a buffer kept for the channel's life: sock.recv(256 KiB) would
-        # allocate (and with glibc, mmap and fault in) 256 KiB per call -- ~50 us here.
+        # allocate (and with glibc, mmap and fault in) 256 KiB per call.
         self._chunk = memoryview(bytearray(_RECV_CHUNK))
         self._out = bytearray()
         self._send_lock = threading.Lock()
@@ -81,9 +81,6 @@ class Channel:
                 return True
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise ChannelClosed(str(exc)) from exc
-
-    def has_pending_output(self) -> bool:
-        return bool(self._out)
 
     def flush(self) -> bool:
         """Write queued output (non-blocking mode). True when nothing is left queued."""

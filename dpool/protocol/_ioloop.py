@@ -8,7 +8,7 @@ Leader/follower reads: a driver thread about to block on a task's result may tak
 worker socket over (``suspend``): the loop stops polling it for input (one ``epoll_ctl``,
 safe while this thread sits in ``epoll_wait``) and the waiting thread reads it itself, so
 the result wakes the thread that wants it, not this one (which would then have to wake
-that one: a futex wake and a GIL hand-off, ~15 us a round trip on 2 cores). ``resume``
+that one: a futex wake and a GIL hand-off; bench/NOTES.md has the figure). ``resume``
 gives the socket back. Every read of a socket, here or by a leader, holds its channel's
 ``read_lock`` until its frames are handled, so one peer's messages are handled in order.
 """
@@ -124,8 +124,8 @@ class IOLoop:
         ``LEAD_S`` and ``timeout``), the loop leaving it alone meanwhile: each read's
         frames go to ``handle_frames`` (under the channel's read lock), what that
         returns (if anything) to ``deliver`` after it. ``spin``: poll without sleeping
-        for the first ``SPIN_S`` -- waking a thread that sleeps costs ~20-30 us on this
-        VM (its vCPU halts); a round trip went 85 -> 55 us with a 30 us spin. An error
+        for the first ``SPIN_S`` -- waking a sleeping thread is slow on a VM whose idle
+        vCPU halts (bench/NOTES.md: what the spin saves a round trip). An error
         is logged and ``on_error()`` called. Returns what is left of ``timeout``
         (``timeout`` itself if the socket could not be taken over)."""
         now = time.monotonic()
@@ -175,7 +175,7 @@ class IOLoop:
             self._thread.join(timeout=5)
 
     def is_io_thread(self) -> bool:
-        # get_ident(): one C call; current_thread() costs ~0.5 us more on every submit
+        # get_ident(): one C call; current_thread() costs more, on every submit
         return threading.get_ident() == self._thread.ident
 
     def _command(self, cmd: tuple) -> None:

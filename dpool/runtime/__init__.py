@@ -1,6 +1,22 @@
-"""This process's connection to its host's runtime: start or attach, current runtime.
+"""This process's runtime, as the public API (executor, Pool, ``dpool.wait``) reaches it.
 
-In a driver, the runtime (local scheduler, control store, later the object store) starts
-on first use. In a worker, the "runtime" is the worker's client of its scheduler, so task
-code that submits, waits or gets talks to the scheduler that runs it.
+Every process that runs user code has one client of its runtime (``_current``): a driver
+has a ``Driver``, started on first use -- the embedded runtime, or a connection to a
+cluster node -- and a worker has the client of the scheduler that runs its tasks.
+
+- ``_client``: the interface the public API calls: ``Client`` (submit, put, get, release)
+  and ``Driver`` (adds the worker groups and the runtime's settings).
+- ``_current``: which client this process has; starts the driver's on first use.
+- ``_api``: ``dpool.wait``, ``dpool.get``, ``dpool.put`` on the current client.
+- ``_driver``: ``DriverRuntime``, the embedded runtime (local scheduler, store, control
+  store in this process).
+- ``_cluster``: ``ClusterRuntime``, a driver attached to a node (``DPOOL_ADDRESS``).
+- ``_channel_client``: what the cluster driver and a worker's client
+  (``dpool.worker._client``) share: ids, gets by message, the release queue.
+- ``_lease``: a cluster driver's leased workers (tasks straight to a lent worker).
+- ``_tcp_objects``: a cluster driver's large values over TCP (no shared store).
+- ``_address``: where the cluster is (``DPOOL_ADDRESS``, this host's record).
+- ``_calls``, ``_functions``, ``_argcache``: turning a ``submit`` into what the scheduler
+  takes: the argument payload and dependencies, function ids, large arguments stored
+  once.
 """

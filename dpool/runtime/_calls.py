@@ -1,15 +1,18 @@
 """Turning a submit() call into what the scheduler needs: fn id, args payload, deps.
 
-Shared by the driver runtime and the worker client, so a task submitted from a task is
-prepared exactly like one submitted from the driver.
+Shared by the runtime's clients (embedded, cluster driver, worker), so a task submitted
+from a task is prepared exactly like one submitted from the driver.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dpool.futures import Future, ObjectRef
 from dpool.objects import _payload
+
+if TYPE_CHECKING:
+    from dpool.runtime._client import Client
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 
@@ -33,7 +36,7 @@ def dependency_ids(args: tuple, kwargs: dict) -> Optional[tuple]:
     return deps
 
 
-def serialize_args(client: Any, args: tuple, kwargs: dict) -> Optional[bytes]:
+def serialize_args(client: Client, args: tuple, kwargs: dict) -> Optional[bytes]:
     """The call's arguments as bytes; pickling errors propagate with a note saying where."""
     try:
         return _payload.dumps_call(args, kwargs, client.new_id, client.owner_pid)
@@ -48,7 +51,7 @@ def failed_future(future: Future, exc: BaseException) -> Future:
     return future
 
 
-def submit_prepared(client: Any, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, ...]:
+def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, ...]:
     """(fn_id, payload, dep_ids) or raises what serializing raised."""
     fn_id = client.functions.fn_id(fn)
     return fn_id, serialize_args(client, args, kwargs), dependency_ids(args, kwargs)

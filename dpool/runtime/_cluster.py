@@ -3,15 +3,15 @@
     user threads ──submit/put/get──▶ ClusterRuntime ──SubmitTask/PutObject/...──▶ node
     Futures ◀── set_result ── reader thread ◀────── ObjectValue/GroupExited ────── node
 
-It has the driver runtime's interface (``submit``, ``put``, ``future_for``, ``release``,
-``add_group`` and a ``scheduler`` with the executor-facing calls), so executors and Pools
-work unchanged; no worker runs in this process. It connects over the node's unix socket
+It is a ``Driver`` (``_client``), as the embedded runtime is, so executors and Pools work
+unchanged; no worker runs in this process. What it shares with a worker's client (ids,
+gets, releases) is in ``_channel_client``. It connects over the node's unix socket
 when the node is on this host (``dpool start``'s record says so), else over TCP; both
 start with the token handshake.
 
 On the node's host, large values go through the node's store, zero-copy both ways.
 Over TCP, small values go inline and large ones on transfer connections of their own
-(``_far``): pushed into the node's store before the message that names them, and
+(``_tcp_objects``): pushed into the node's store before the message that names them, and
 pulled by a fetch thread when a result is one.
 
 Releases and the closing of collected executors are queued without a lock (they may
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import codecs
-import itertools
 import logging
 import os
 import socket
@@ -45,7 +44,7 @@ from dpool.protocol import (
     PROTOCOL_VERSION,
     Channel,
     ChannelClosed,
-    _auth,
+    _dial,
     _workdir,
     decode_batch,
     encode_batch,
@@ -53,9 +52,9 @@ from dpool.protocol import (
 from dpool.protocol import _messages as m
 from dpool.runtime import _calls
 from dpool.runtime._address import Target
-from dpool.runtime._functions import FunctionTable
+from dpool.runtime._channel_client import ChannelClient
 from dpool.runtime._lease import DriverLeases
-from dpool.runtime._tcp_objects import FarValues
+from dpool.runtime._tcp_objects import TcpValues
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.runtime")
@@ -90,6 +89,8 @@ class RemoteGroup:
 class _ClusterFuture(Future):
     """A future whose task runs on the node: ``cancel()`` also tells the node."""
 
+    _client: Optional[ClusterRuntime]
+
     def cancel(self) -> bool:
         if not super().cancel():
             return False
@@ -102,44 +103,32 @@ class _ClusterFuture(Future):
 def connect(target: Target, timeout: float = CONNECT_TIMEOUT) -> tuple[Channel, m.Attached]:
     """Connect, authenticate and attach; a clear ``dpool.Error`` within ``timeout``."""
     where = f"the dpool node at {target.address}"
+    hello = m.Attach(PROTOCOL_VERSION, os.getpid(), socket.gethostname(), os.getcwd(),
+                     tuple(sys.path))
     try:
         if target.unix_path:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(target.unix_path)
+            sock = _dial.connect_unix(target.unix_path, target.token, where, timeout)
         else:
-            sock = socket.create_connection((target.host, target.port), timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except socket.timeout as exc:
-        raise Error(f"cannot reach {where}: no answer within {timeout:g} s "
-                    "(check DPOOL_ADDRESS and that `dpool start` runs there)") from exc
-    except OSError as exc:
-        raise Error(f"cannot reach {where}: {exc.strerror or exc} (check DPOOL_ADDRESS "
-                    "and that `dpool start` runs there)") from exc
-    try:
-        _auth.client_handshake(sock, target.token, where, timeout)
-        chan = Channel(sock, blocking=True)
-        chan.send(encode_batch([m.Attach(PROTOCOL_VERSION, os.getpid(), socket.gethostname(),
-                                         os.getcwd(), tuple(sys.path))]))
-        frames = chan.recv_frames(timeout=timeout)
-        msgs = decode_batch(frames[0]) if frames else []
-        if not msgs or not isinstance(msgs[0], m.Attached):
-            raise Error(f"{where} did not accept this driver within {timeout:g} s")
-        sock.settimeout(None)
-        return chan, msgs[0]
-    except (ChannelClosed, OSError) as exc:  # reset, refused mid-way, timed out
-        sock.close()
-        raise Error(f"{where} closed the connection while attaching: {exc}") from exc
-    except BaseException:
-        sock.close()
-        raise
+            sock = _dial.connect(target.host, target.port, target.token, where, timeout)
+        return _dial.greet(sock, hello, m.Attached, timeout)
+    except _dial.Unreachable as exc:
+        cause = exc.cause
+        if isinstance(cause, socket.timeout):
+            raise Error(f"cannot reach {where}: no answer within {timeout:g} s "
+                        "(check DPOOL_ADDRESS and that `dpool start` runs there)") from cause
+        raise Error(f"cannot reach {where}: {cause.strerror or cause} (check DPOOL_ADDRESS "
+                    "and that `dpool start` runs there)") from cause
+    except _dial.Broken as exc:  # reset, refused mid-way, timed out
+        raise Error(f"{where} closed the connection while attaching: {exc}") from exc.cause
+    except _dial.NotAnswered:
+        raise Error(f"{where} did not accept this driver within {timeout:g} s") from None
 
 
-class ClusterRuntime:
-    gives_back_slot = False
+class ClusterRuntime(ChannelClient):
+    """The ``Driver`` of a process attached to a node (see ``_client``)."""
 
     def __init__(self, target: Target) -> None:
-        self.pid = self.owner_pid = os.getpid()
+        self.pid = os.getpid()
         self.target = target
         self._chan, hello = connect(target)
         self.node_id = hello.node_id
@@ -148,15 +137,9 @@ class ClusterRuntime:
         # (segments named for it, adopted by it) and maps results in place: zero-copy
         # both ways, as on the embedded runtime. Elsewhere values travel inline.
         self.store_owner = hello.store_owner
-        if self.store_owner:
-            self.owner_pid = self.store_owner
-        self._ids = itertools.count((hello.id_prefix << 40) + 1)
-        self._far = FarValues(self)  # (used only when there is no shared store)
-        self.functions = FunctionTable(self.new_id, self._register_function)
-        self.scheduler = _RemoteScheduler(self)
-        self._futures: dict[int, Future] = {}
+        super().__init__((hello.id_prefix << 40) + 1, self.store_owner or self.pid)
+        self._tcp_values = TcpValues(self)  # (used only when there is no shared store)
         self._groups: dict[int, RemoteGroup] = {}
-        self._releases: deque = deque()
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._decoders: dict[tuple, Any] = {}
         self._print_lock = threading.Lock()
@@ -183,9 +166,6 @@ class ClusterRuntime:
         log.debug("attached to node %s (%d CPUs in the cluster)", self.node_id,
                   self.cluster_cpus)
 
-    def new_id(self) -> int:
-        return next(self._ids)
-
     # -- sending ---------------------------------------------------------------------------
     def _send(self, msgs: list) -> None:
         try:
@@ -206,12 +186,7 @@ class ClusterRuntime:
         out = []
         while self._pending:
             out.append(self._pending.popleft())
-        if self._releases:
-            rel = []
-            while self._releases:
-                rel.append(self._releases.popleft())
-            out.append(m.Release(tuple(rel)))
-        return out
+        return out + self.take_releases()
 
     def _flush_loop(self) -> None:
         while not self._closed and self._lost is None:
@@ -228,7 +203,7 @@ class ClusterRuntime:
     def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         if self.leases is not None:
             self._fn_payloads[fn_id] = payload  # for leased workers
-        self._send([m.RegisterFunction(fn_id, payload)])
+        super()._register_function(fn_id, name, payload)
 
     def function_payload(self, fn_id: int) -> bytes:
         return self._fn_payloads[fn_id]
@@ -260,6 +235,67 @@ class ClusterRuntime:
             self.leases.request(g)
         return g
 
+    def close_group_soon(self, group: RemoteGroup) -> None:
+        """(From a finalizer: no lock may be taken here.)"""
+        group.lease_closed = True
+        if group.lease is not None:
+            self._ending.append(group)
+        self.queue(m.GroupOp(group.group_id, "close", ""))
+
+    def close_group(self, group: RemoteGroup) -> None:
+        self._end_lease(group)
+        self.send([m.GroupOp(group.group_id, "close", "")])
+
+    def _end_lease(self, group: RemoteGroup) -> None:
+        if self.leases is not None:
+            self.leases.end(group, closed=True)
+
+    def cancel_queued(self, group: RemoteGroup) -> None:
+        group.cancelled.clear()
+        self.send([m.GroupOp(group.group_id, "cancel_queued", "")])
+        if not self.is_io_thread():
+            group.cancelled.wait(CONNECT_TIMEOUT)
+
+    def wait_group_exited(self, group: RemoteGroup, timeout: float = 30.0) -> None:
+        """Until the group's tasks are done and its workers exited (the node answers
+        then, however long its tasks run, as ``shutdown(wait=True)`` waits in the
+        stdlib), or the connection to the node is lost."""
+        if group.exited.is_set():
+            return
+        try:
+            self.send([m.GroupOp(group.group_id, "close_notify", "")])
+        except NodeLostError:
+            return
+        while not group.exited.wait(1.0) and self._lost is None:
+            pass
+
+    def terminate_group(self, group: RemoteGroup, reason: str) -> None:
+        group.broken = group.broken or reason
+        self._end_lease(group)
+        try:
+            self.send([m.GroupOp(group.group_id, "terminate", reason)])
+        except NodeLostError:
+            return
+        if not self.is_io_thread():
+            self.wait_group_exited(group)
+
+    def is_io_thread(self) -> bool:
+        if threading.current_thread() is self._reader:
+            return True
+        return self.leases is not None and self.leases.is_io_thread()
+
+    # -- the runtime's settings: the node's ------------------------------------------------
+    def estimate(self, fn_id: int, default: Any = ...) -> Any:
+        return 0.001 if default is ... else default
+
+    def set_store_capacity(self, capacity: int) -> None:
+        log.debug("object_store_memory is the node's (`dpool start "
+                  "--object-store-memory`); ignored on a cluster driver")
+
+    def set_resource_offer(self, spec: Optional[dict]) -> None:
+        log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
+                  "ignored on a cluster driver")
+
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
                kwargs: dict, req: Any = None) -> Future:
@@ -271,7 +307,7 @@ class ClusterRuntime:
             else:
                 fn_id = self.functions.fn_id(fn)
                 try:
-                    payload = self._far.dumps_call(args, kwargs)
+                    payload = self._tcp_values.dumps_call(args, kwargs)
                 except Exception as exc:
                     if hasattr(exc, "add_note"):
                         exc.add_note("dpool: this happened while pickling the task's "
@@ -319,24 +355,9 @@ class ClusterRuntime:
         if self.store_owner:
             payload = _payload.dumps_value(value, oid, self.store_owner)
         else:
-            payload = self._far.dumps_value(value, oid)
+            payload = self._tcp_values.dumps_value(value, oid)
         self._send([m.PutObject(oid, payload)])
         return ObjectRef(oid, self)
-
-    def future_for(self, ref: ObjectRef) -> Future:
-        pending = self._futures.get(ref.id)
-        if pending is not None:
-            return pending
-        fut = Future()
-        fut.set_running_or_notify_cancel()
-        self._futures[ref.id] = fut
-        self._send([m.GetObjects((ref.id,))])
-        return fut
-
-    def release(self, object_id: int) -> None:
-        """Drop one handle. Safe from ``__del__`` in any thread: no lock is taken."""
-        if object_id:
-            self._releases.append(object_id)
 
     def cancel_task(self, task_id: int) -> None:
         self._futures.pop(task_id, None)
@@ -375,7 +396,7 @@ class ClusterRuntime:
                 payload = msg.payload
                 if msg.ok and payload and payload[0] == _pull.TAG_REMOTE:
                     ref = _pull.parse_remote(payload)  # large: pulled off this thread
-                    self._far.fetch(fut, msg.object_id, ref)  # type: ignore[arg-type]
+                    self._tcp_values.fetch(fut, msg.object_id, ref)  # type: ignore[arg-type]
                 else:
                     self.complete(fut, msg.ok, payload)
         elif code == m.Output.CODE:
@@ -496,72 +517,3 @@ class ClusterRuntime:
         except OSError:
             pass
         self._chan.close()
-
-
-class _RemoteScheduler:
-    """The calls executors make on ``runtime.scheduler``, as messages to the node."""
-
-    def __init__(self, rt: ClusterRuntime) -> None:
-        self._rt = rt
-
-    def set_store_capacity(self, capacity: int) -> None:
-        log.debug("object_store_memory is the node's (`dpool start "
-                  "--object-store-memory`); ignored on a cluster driver")
-
-    def estimate(self, fn_id: int, default: Any = ...) -> Any:
-        return 0.001 if default is ... else default
-
-    def set_resource_offer(self, spec: Any) -> None:
-        log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
-                  "ignored on a cluster driver")
-
-    def close_group_soon(self, group: RemoteGroup) -> None:
-        """(From a finalizer: no lock may be taken here.)"""
-        group.lease_closed = True
-        if group.lease is not None:
-            self._rt._ending.append(group)
-        self._rt.queue(m.GroupOp(group.group_id, "close", ""))
-
-    def close_group(self, group: RemoteGroup) -> None:
-        self._end_lease(group)
-        self._rt.send([m.GroupOp(group.group_id, "close", "")])
-
-    def _end_lease(self, group: RemoteGroup) -> None:
-        if self._rt.leases is not None:
-            self._rt.leases.end(group, closed=True)
-
-    def cancel_queued(self, group: RemoteGroup) -> None:
-        group.cancelled.clear()
-        self._rt.send([m.GroupOp(group.group_id, "cancel_queued", "")])
-        if not self.is_io_thread():
-            group.cancelled.wait(CONNECT_TIMEOUT)
-
-    def wait_group_exited(self, group: RemoteGroup, timeout: float = 30.0) -> None:
-        """Until the group's tasks are done and its workers exited (the node answers
-        then, however long its tasks run, as ``shutdown(wait=True)`` waits in the
-        stdlib), or the connection to the node is lost."""
-        if group.exited.is_set():
-            return
-        try:
-            self._rt.send([m.GroupOp(group.group_id, "close_notify", "")])
-        except NodeLostError:
-            return
-        while not group.exited.wait(1.0) and self._rt._lost is None:
-            pass
-
-    def terminate_group(self, group: RemoteGroup, reason: str) -> None:
-        group.broken = group.broken or reason
-        self._end_lease(group)
-        try:
-            self._rt.send([m.GroupOp(group.group_id, "terminate", reason)])
-        except NodeLostError:
-            return
-        if not self.is_io_thread():
-            self.wait_group_exited(group)
-
-    def is_io_thread(self) -> bool:
-        rt = self._rt
-        if threading.current_thread() is rt._reader:
-            return True
-        io = rt.leases._io if rt.leases is not None else None
-        return io is not None and io.is_io_thread()

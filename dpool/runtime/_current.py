@@ -4,47 +4,52 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+
+if TYPE_CHECKING:
+    from dpool.runtime._client import Client, Driver
+    from dpool.runtime._cluster import ClusterRuntime
 
 _lock = threading.Lock()
-_driver: Any = None
+_driver: Optional[Driver] = None
 _worker: Any = None  # the _Worker of this process when it is a dpool worker
-_worker_client: Any = None
-_client_class: Any = None  # the worker's client class, given by the worker at start
+_worker_client: Optional[Client] = None
+_client_class: Optional[Callable[[Any], Client]] = None  # given by the worker at start
 _inherited: list = []  # a forked worker's copy of the parent's runtime, kept unreachable
 
 
-def driver() -> Any:
+def driver() -> Driver:
     """The driver runtime of this process, started on first use."""
     global _driver
     d = _driver
     if d is not None and d.pid == os.getpid():
         return d
     with _lock:
-        if _driver is None or _driver.pid != os.getpid():
-            if _driver is not None:
+        d = _driver
+        if d is None or d.pid != os.getpid():
+            if d is not None:
                 # A fork of a driver (the user's own child process): the parent's threads
                 # and sockets are not ours. Keep the copy alive so its sockets are never
                 # closed from here, and start afresh.
-                _inherited.append(_driver)
+                _inherited.append(d)
             address = os.environ.get("DPOOL_ADDRESS")
             if address:
                 from dpool.runtime._address import resolve
                 from dpool.runtime._cluster import ClusterRuntime
 
-                _driver = ClusterRuntime(resolve(address))
+                d = _driver = ClusterRuntime(resolve(address))
             else:
                 from dpool.runtime._driver import DriverRuntime
 
-                _driver = DriverRuntime()
-        return _driver
+                d = _driver = DriverRuntime()
+        return d
 
 
 def cluster_cpus() -> int:
     """CPUs the pools of this driver can use: the cluster's when ``DPOOL_ADDRESS`` is
     set (``max_workers=None``, ``cpu_count()``), else this machine's (as the stdlib)."""
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
-        return driver().cluster_cpus
+        return cast("ClusterRuntime", driver()).cluster_cpus
     if os.environ.get("DPOOL_NUM_CPUS"):
         from dpool.scheduling._detect import embedded_cpus
 
@@ -59,7 +64,7 @@ def node_id() -> str:
     if here:
         return here
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
-        return driver().node_id
+        return cast("ClusterRuntime", driver()).node_id
     return "local"
 
 
@@ -74,20 +79,28 @@ def gpu_ids() -> list:
     return [int(n) if n.isdigit() else n for n in _worker.cfg.gpu_ids]
 
 
-def client() -> Any:
+def client() -> Client:
     """The runtime API for this process: the worker client inside a task, else the driver."""
     if _worker is not None:
         return worker_client()
     return driver()
 
 
-def worker_client() -> Any:
+def worker_client() -> Client:
     global _worker_client
-    if _worker_client is None:
+    c = _worker_client
+    if c is None:
         with _lock:  # task code may make its first nested call from several threads
-            if _worker_client is None:
-                _worker_client = _client_class(_worker)
-    return _worker_client
+            c = _worker_client
+            if c is None:
+                assert _client_class is not None, "not a worker"
+                c = _worker_client = _client_class(_worker)
+    return c
+
+
+def group_id() -> int:
+    """The worker group that runs the task in this process (``in_worker()`` only)."""
+    return _worker.cfg.group_id  # type: ignore[no-any-return]
 
 
 def enter_worker(cfg: Any) -> None:
@@ -99,7 +112,7 @@ def enter_worker(cfg: Any) -> None:
     _worker_client = None
 
 
-def set_worker(worker: Any, client_class: Any) -> None:
+def set_worker(worker: Any, client_class: Callable[[Any], Client]) -> None:
     """This process is a worker: ``client_class(worker)`` is its runtime API (the worker
     hands it over, so the runtime never imports worker code)."""
     global _worker, _client_class

@@ -1,7 +1,8 @@
 """The driver's runtime: local scheduler + control store, in this process.
 
 Started on first use (``_current.driver()``); one per driver process. Executors and Pools
-are views onto it (a worker group each), so futures and refs pass between them.
+are views onto it (a worker group each), so futures and refs pass between them. It is a
+``Driver`` (``_client``): the executor-facing calls go to its ``LocalScheduler``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional, TypeVar
 
 from dpool.control import InProcessControlStore
 from dpool.futures import Future, ObjectRef
@@ -26,8 +27,12 @@ log = logging.getLogger("dpool.runtime")
 
 _REAP_EVERY_S = 1.0  # new executors look for dead drivers' segments at most this often
 
+T = TypeVar("T")
+
 
 class DriverRuntime:
+    """The ``Driver`` of a process that runs its own workers (see ``_client``)."""
+
     gives_back_slot = False  # the driver is not a worker: waiting blocks nobody's slot
 
     def __init__(self) -> None:
@@ -55,6 +60,34 @@ class DriverRuntime:
         self._executors.add(executor)
         return self.scheduler.add_group(cfg)
 
+    def close_group_soon(self, group: Any) -> None:
+        self.scheduler.close_group_soon(group)
+
+    def close_group(self, group: Any) -> None:
+        self.scheduler.close_group(group)
+
+    def cancel_queued(self, group: Any) -> None:
+        self.scheduler.cancel_queued(group)
+
+    def wait_group_exited(self, group: Any) -> None:
+        self.scheduler.wait_group_exited(group)
+
+    def terminate_group(self, group: Any, reason: str) -> None:
+        self.scheduler.terminate_group(group, reason)
+
+    def is_io_thread(self) -> bool:
+        return self.scheduler.is_io_thread()
+
+    # -- the runtime's settings ----------------------------------------------------------------
+    def estimate(self, fn_id: int, default: Any = ...) -> Any:
+        return self.scheduler.estimate(fn_id, default)
+
+    def set_store_capacity(self, capacity: int) -> None:
+        self.scheduler.set_store_capacity(capacity)
+
+    def set_resource_offer(self, spec: Optional[dict]) -> None:
+        self.scheduler.set_resource_offer(spec)
+
     # -- the task API --------------------------------------------------------------------------
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
                req: Any = None) -> Future:
@@ -74,6 +107,9 @@ class DriverRuntime:
         """Wait a while for ``future`` by reading its worker's socket on this thread
         (see ``LocalScheduler.lead``); returns what is left of ``timeout``."""
         return self.scheduler.lead(future, timeout)
+
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)  # a driver holds no worker's slot
 
     def put(self, value: Any) -> ObjectRef:
         return self._put(value)[0]

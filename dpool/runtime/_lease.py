@@ -240,6 +240,11 @@ class DriverLeases:
         if self._io is not None:
             self._io.stop()
 
+    def is_io_thread(self) -> bool:
+        """Whether this is the thread that reads the leased workers (done-callbacks)."""
+        io = self._io
+        return io is not None and io.is_io_thread()
+
     # -- leading -----------------------------------------------------------------------
     def lead(self, fut: Any, timeout: Optional[float]) -> Optional[float]:
         """Wait for ``fut`` by reading its lease's socket on this thread (see

@@ -6,21 +6,21 @@
                                                  the message names the node's segment
     reader thread ◀── ObjectValue ── small: inline, completed right there
                                    └ a reference (a stored result on the node):
-    Fetches: up to _FETCHERS threads ── FetchSegment ranges ──▶ node (``_manager``)
+    Fetches: up to _FETCHERS threads ── FetchSegment ranges ──▶ node (``transfer._pull``)
        ──▶ recv_into memory of this process ──▶ unpickled onto it ──▶ future set
 
 A large result is pulled by a fetch thread, not by the reader: the reader is the only
-thread that takes the node's messages, so 30 ms spent on a 64 MB pull there would hold up
-every other result, and the output and group notices behind it. Nor by the thread that
-waits in ``result()``: a future is also waited on through ``as_completed``, ``wait``,
-callbacks and Pools, where nobody calls ``result()``; a fetch thread serves them all, and
-the hand-off costs one thread wake-up (~50 us), noise next to moving the value.
+thread that takes the node's messages, so the time a large pull takes there would hold
+up every other result, and the output and group notices behind it. Nor by the thread
+that waits in ``result()``: a future is also waited on through ``as_completed``,
+``wait``, callbacks and Pools, where nobody calls ``result()``; a fetch thread serves
+them all, and the hand-off costs one thread wake-up, noise next to moving the value.
 
-A 64 MB result of a task on another node (``bench/cluster.py``, get64_tcp): 269-284 ms
-when it came inline, 57-63 ms now; a driver on the node's host takes 38-41 ms. The rest
-is a second hop: the driver's node pulls the result from the node that ran the task
-(``node._spill``) before this driver pulls it from there (~20 ms for 64 MB into
-huge pages: ``_inline.private_memory``).
+A result that comes this way crosses once, with no Python-level copy (``bench/cluster.py``,
+get64_tcp, against a result that came inline in its message). A result of a task on
+another node makes a second hop first: the driver's node pulls it from the node that
+ran the task (``node._spill``) before this driver pulls it from there (into huge pages:
+``_inline.private_memory``).
 
 The node keeps the segment while this driver holds a handle (future or ref) to the
 object, and the fetch thread holds the future until it is set: the value is there to
@@ -45,12 +45,12 @@ from dpool.transfer import _pull, _push
 
 log = logging.getLogger("dpool.runtime")
 
-_FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``_pull._ranges``)
+_FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``transfer._ranges.split``)
 _LINGER_S = 2.0  # an idle fetch thread waits this long for the next result, then ends
 _ASK_AGAIN = 2  # times a result found gone (spilled) on the node is asked for again
 
 
-class FarValues:
+class TcpValues:
     """The large-value paths of one ``ClusterRuntime`` attached over TCP."""
 
     def __init__(self, rt: Any) -> None:

@@ -1,6 +1,43 @@
-"""Scheduling: the per-host local scheduler, its worker groups, spilling and placement."""
+"""The local scheduler: one per host (a driver's embedded runtime, or a node daemon).
 
+- ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
+  built from ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (what
+  workers and attached drivers send), ``_resdispatch`` (tasks with resource requests)
+  and ``_objtable`` (the object table), over the state ``_core`` declares.
+- ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and
+  what the scheduler calls on them (``DriverService``, ``SpillService``,
+  ``LeaseService``), and the lock rule (``_locked`` names expect the lock held).
+- ``_records``: tasks, objects, worker handles, groups; ``_policy``: how many tasks a
+  worker may hold (``BatchPolicy``).
+- ``_resources``: resource requests and a runtime's ledger; ``_detect``: CPUs, GPUs
+  and memory of this host.
+
+Whether a task runs on this host at all is the node's business (``node._spill``), and
+where a spilled one goes, the global scheduler's (``dpool.global_scheduler``).
+"""
+
+from dpool.scheduling._api import (
+    DriverService,
+    Handler,
+    LeaseService,
+    SchedulerAPI,
+    SpillService,
+)
 from dpool.scheduling._policy import BatchPolicy
+from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._scheduler import GroupConfig, LocalScheduler
 
-__all__ = ["LocalScheduler", "GroupConfig", "BatchPolicy"]
+__all__ = [
+    "BatchPolicy",
+    "DriverService",
+    "Group",
+    "GroupConfig",
+    "Handler",
+    "LeaseService",
+    "LocalScheduler",
+    "Obj",
+    "SchedulerAPI",
+    "SpillService",
+    "Task",
+    "WorkerHandle",
+]

@@ -1,81 +1,99 @@
 """The state every part of the local scheduler shares, declared once for the type checker.
 
 ``LocalScheduler`` (``_scheduler``) is assembled from parts that each own one
-responsibility -- ``_workers.WorkerPool`` (dispatch, worker processes, deaths) and
-``_handlers.WorkerMessages`` (what workers and attached drivers send) -- over the records
-and the lock that ``LocalScheduler.__init__`` creates. This base names that shared state
-and the methods the parts call on one another, so each part type-checks on its own; it
-has no behaviour.
+responsibility -- ``_workers.WorkerPool`` (dispatch, worker processes, deaths),
+``_handlers.WorkerMessages`` (what workers and attached drivers send),
+``_resdispatch.ResourceDispatch`` (tasks with resource requests) and
+``_objtable.ObjectTable`` (the object table) -- over the records and the lock that
+``LocalScheduler.__init__`` creates. This base names that shared state and the methods
+the parts call on one another, so each part type-checks on its own; it has no
+behaviour. (What the node's services may use is ``_api.SchedulerAPI``, a narrower view.)
 """
 
 from __future__ import annotations
 
+import itertools
+import socket
 import threading
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from dpool.objects._host import HostStore
+from dpool.control import ControlStore
+from dpool.objects._hoststore import HostStore
 from dpool.protocol._ioloop import IOLoop
+from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.scheduling._resources import Ledger
 
 
 class SchedulerCore:
-    _lock: threading.Lock
-    _ctl: Any
+    lock: threading.Lock
+    control: ControlStore
+    batch: BatchPolicy
+    closed: bool
+    io: IOLoop
+    store: HostStore
+    cpu_limit: Optional[int]
+    id_prefix: Optional[Callable[[], int]]
+    ledger: Optional[Ledger]
+    ledger_spec: Optional[dict]
     _groups: dict[int, Group]
     _objects: dict[int, Obj]
     _functions: dict[int, bytes]
-    _worker_ids: Any
-    _batch: BatchPolicy
+    _worker_ids: itertools.count
     _releases: deque
-    _closed: bool
     _out: list
     _exited: threading.Condition
     _refill: list[Group]
-    _handlers: dict[int, Callable[[WorkerHandle, Any], None]]
-    _io: IOLoop
-    store: HostStore
-    sessions: Any
-    spiller: Any
-    cpu_limit: Optional[int]
-    id_prefix: Optional[Callable[[], int]]
-    leases: dict
-    recall_leases: Callable[[], None]
+    _handlers: dict[int, Handler]
+    _sessions: Optional[DriverService]
+    _spiller: Optional[SpillService]
+    _leases: Optional[LeaseService]
 
-    # -- implemented by LocalScheduler ---------------------------------------------------
-    def _admit(self, t: Task) -> None: raise NotImplementedError
-    def _finish(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
+    # -- LocalScheduler --------------------------------------------------------------------
+    def finish_locked(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
         raise NotImplementedError
-    def _skip_cancelled(self, t: Task) -> None: raise NotImplementedError
-    def _decref(self, oid: int, n: int = 1) -> None: raise NotImplementedError
-    def _drain_releases(self) -> None: raise NotImplementedError
-    def _send_object(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
-        raise NotImplementedError
-    def _take_out(self) -> list: raise NotImplementedError
-    def _deliver(self, out: list) -> None: raise NotImplementedError
+    def admit_locked(self, t: Task) -> None: raise NotImplementedError
+    def skip_cancelled_locked(self, t: Task) -> None: raise NotImplementedError
+    def _wake_waiters_locked(self, obj: Obj, oid: int) -> None: raise NotImplementedError
+    def take_out_locked(self) -> list: raise NotImplementedError
+    def deliver(self, out: list) -> None: raise NotImplementedError
 
-    # -- implemented by WorkerPool -------------------------------------------------------
-    def _dispatch(self, g: Group, idle_only: bool = False) -> None: raise NotImplementedError
-    def _send(self, w: WorkerHandle, msgs: list) -> None: raise NotImplementedError
-    def _fail_group(self, g: Group, reason: str) -> None: raise NotImplementedError
-    def _retire_group(self, g: Group) -> None: raise NotImplementedError
-    def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None: raise NotImplementedError
-    def busy_cpus(self) -> int: raise NotImplementedError
-    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
-               lease: Any = None) -> WorkerHandle:
+    # -- ObjectTable -----------------------------------------------------------------------
+    def decref_locked(self, oid: int, n: int = 1) -> None: raise NotImplementedError
+    def _drain_releases_locked(self) -> None: raise NotImplementedError
+    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
         raise NotImplementedError
 
-    # -- implemented by ResourceDispatch -------------------------------------------------
-    def resources(self) -> Any: raise NotImplementedError
-    def spawn_env(self) -> tuple: raise NotImplementedError
-    def _route_res(self, g: Group, t: Task) -> None: raise NotImplementedError
-    def _dispatch_res(self, g: Group) -> None: raise NotImplementedError
-    def _release_res(self, t: Task, w: Optional[WorkerHandle]) -> None:
+    # -- WorkerPool ------------------------------------------------------------------------
+    def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
         raise NotImplementedError
-    def _fence(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
-    def _retire_worker(self, w: WorkerHandle) -> None: raise NotImplementedError
-    def slots_used(self, g: Group) -> int: raise NotImplementedError
-    def _fail_waiting_res(self, g: Group, err: bytes) -> None: raise NotImplementedError
-    def _on_blocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError
-    def _on_unblocked_res(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def send_locked(self, w: WorkerHandle, msgs: list) -> None: raise NotImplementedError
+    def fail_group_locked(self, g: Group, reason: str) -> None: raise NotImplementedError
+    def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
+        raise NotImplementedError
+    def busy_cpus_locked(self) -> int: raise NotImplementedError
+    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+                     lease: Optional[socket.socket] = None) -> WorkerHandle:
+        raise NotImplementedError
+
+    # -- WorkerMessages --------------------------------------------------------------------
+    def _adopt_result_locked(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
+        raise NotImplementedError
+
+    # -- ResourceDispatch ------------------------------------------------------------------
+    def resources_locked(self) -> Ledger: raise NotImplementedError
+    def spawn_env_locked(self) -> tuple[Optional[dict], Optional[frozenset]]:
+        raise NotImplementedError
+    def _route_res_locked(self, g: Group, t: Task) -> None: raise NotImplementedError
+    def _dispatch_res_locked(self, g: Group) -> None: raise NotImplementedError
+    def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
+        raise NotImplementedError
+    def _fence_locked(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
+    def _retire_worker_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def slots_used_locked(self, g: Group) -> int: raise NotImplementedError
+    def _fail_waiting_res_locked(self, g: Group, err: bytes) -> None:
+        raise NotImplementedError
+    def _on_blocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def _on_unblocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError

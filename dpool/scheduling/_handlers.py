@@ -1,10 +1,11 @@
 """What the local scheduler does with each message a worker (or attached driver) sends.
 
 The IO loop hands every read to ``_on_frames``; each message goes to its handler through
-the one dispatch table (``_handlers``, built by ``LocalScheduler.__init__``; cluster
-parts add theirs); an unknown message raises ``ProtocolError``, never ignored. Handlers
-run on the IO thread with the scheduler's lock held; completions are delivered after it
-is released. Groups whose workers freed room during a read are refilled once, after the
+the one dispatch table (``_handlers``, built by ``LocalScheduler.__init__``; a node's
+services add theirs with ``register_handler``); an unknown message raises
+``ProtocolError``, never ignored. Handlers (``_on_*_locked``) run on the IO thread with
+the scheduler's lock held, taken by ``_handle_frames``; completions are delivered after
+it is released. Groups whose workers freed room during a read are refilled once, after the
 whole read (one frame per worker, not one per result).
 """
 
@@ -26,13 +27,13 @@ log = logging.getLogger("dpool.scheduling")
 
 class WorkerMessages(SchedulerCore):
     def _on_frames(self, w: WorkerHandle, frames: list) -> None:
-        self._deliver(self._handle_frames(w, frames))
+        self.deliver(self._handle_frames(w, frames))
 
     def _handle_frames(self, w: WorkerHandle, frames: list) -> list:
         """Handle a worker's frames; returns the completions to deliver (takes the lock)."""
-        with self._lock:
+        with self.lock:
             if self._releases:
-                self._drain_releases()
+                self._drain_releases_locked()
             handlers = self._handlers
             try:
                 for frame in frames:
@@ -47,13 +48,13 @@ class WorkerMessages(SchedulerCore):
                 while refill:
                     g = refill.pop(0)
                     if g.queue or g.rq:
-                        self._dispatch(g)
-            return self._take_out()
+                        self._dispatch_locked(g)
+            return self.take_out_locked()
 
-    def _on_hello(self, w: WorkerHandle, msg: m.Hello) -> None:
+    def _on_hello_locked(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
 
-    def _on_task_done(self, w: WorkerHandle, msg: m.TaskDone) -> None:
+    def _on_task_done_locked(self, w: WorkerHandle, msg: m.TaskDone) -> None:
         t = w.inflight.pop(msg.task_id, None)
         if t is None:
             # handed back or already failed over; its outcome is decided elsewhere
@@ -61,18 +62,19 @@ class WorkerMessages(SchedulerCore):
             return
         w.load = w.load - t.est if w.inflight else 0.0
         if t.alloc is not None:  # it held resources (``_resdispatch``)
-            self._release_res(t, w)
-        self._batch.observe(t.fn_id, msg.duration)
-        ok, payload = self._adopt_result(msg.ok, msg.payload)
-        self._finish(t, ok, payload)
+            self._release_res_locked(t, w)
+        self.batch.observe(t.fn_id, msg.duration)
+        ok, payload = self._adopt_result_locked(msg.ok, msg.payload)
+        self.finish_locked(t, ok, payload)
         g = w.group
         if (g.queue or g.rq) and g not in self._refill:
             # Refilled once the whole read is handled (``_handle_frames``): one frame to
             # each worker for the room a batch of results freed, not one per result (one
-            # send() each: a third of the IO thread's time in a 10k no-op burst).
+            # send() each: a large share of the IO thread's time in a burst of no-ops,
+            # bench/NOTES.md).
             self._refill.append(g)
 
-    def _adopt_result(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
+    def _adopt_result_locked(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
         """A task's outcome as the object table keeps it: a value a worker wrote into
         the store is accounted for (or, the store being full, the task failed)."""
         if ok:
@@ -82,75 +84,76 @@ class WorkerMessages(SchedulerCore):
                 return False, _payload.dumps_error(exc)
         return ok, payload
 
-    def _on_init_failed(self, w: WorkerHandle, msg: m.InitFailed) -> None:
+    def _on_init_failed_locked(self, w: WorkerHandle, msg: m.InitFailed) -> None:
         g = w.group
         err = _payload.loads_error(msg.error)
         g.broken = ("A child process terminated abruptly, the process pool is not usable "
                     f"anymore (the initializer raised {type(err).__name__}: {err})")
-        self._fail_group(g, g.broken)
+        self.fail_group_locked(g, g.broken)
         if g.owner is not None and g.owner.alive:  # an attached driver's executor
-            self._send(g.owner, [m.GroupBroken(g.group_id, g.broken)])
+            self.send_locked(g.owner, [m.GroupBroken(g.group_id, g.broken)])
 
-    def _on_register_function(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
+    def _on_register_function_locked(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
         self._functions[msg.fn_id] = msg.payload
         w.fns.add(msg.fn_id)
-        self._ctl.register_function(msg.fn_id, "", msg.payload)
+        self.control.register_function(msg.fn_id, "", msg.payload)
 
-    def _on_submit(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
+    def _on_submit_locked(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id, w.group)
         if g is None:  # an attached driver's group that is gone
-            self._send(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
+            self.send_locked(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
                 _broken_error("the pool this task was submitted to was shut down")))])
             return
         w.owned.add(msg.task_id)
         t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)
         if msg.req is not None:
             t.req = _resources.from_wire(msg.req)
-        self._admit(t)
+        self.admit_locked(t)
 
-    def _on_output(self, w: WorkerHandle, msg: m.Output) -> None:
+    def _on_output_locked(self, w: WorkerHandle, msg: m.Output) -> None:
         """What a worker printed (node daemons only): to the driver that owns its group."""
-        if self.sessions is not None:
-            self.sessions.forward_output(w, msg)
+        if self._sessions is not None:
+            self._sessions.forward_output_locked(w, msg)
 
-    def _on_blocked(self, w: WorkerHandle, msg: m.Blocked) -> None:
+    def _on_blocked_locked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:
             w.group.n_blocked += 1
             if w.rcpus:
-                self._on_blocked_res(w)
+                self._on_blocked_res_locked(w)
         w.blocked = True
-        self._requeue(w, msg.returned)
-        self._dispatch(w.group)
+        self._requeue_locked(w, msg.returned)
+        self._dispatch_locked(w.group)
 
-    def _on_unblocked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
+    def _on_unblocked_locked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
         if w.blocked:
             w.group.n_blocked -= 1
             if w.rcpus:
-                self._on_unblocked_res(w)
+                self._on_unblocked_res_locked(w)
         w.blocked = False
 
-    def _on_return_tasks(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
-        self._requeue(w, msg.task_ids)
-        self._dispatch(w.group)
+    def _on_return_tasks_locked(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
+        self._requeue_locked(w, msg.task_ids)
+        self._dispatch_locked(w.group)
 
-    def _on_get_objects(self, w: WorkerHandle, msg: m.GetObjects) -> None:
+    def _on_get_objects_locked(self, w: WorkerHandle, msg: m.GetObjects) -> None:
         for oid in msg.object_ids:
             obj = self._objects.get(oid)
             if obj is None:
-                self._send(w, [m.ObjectValue(oid, False, _payload.dumps_error(ObjectLostError(
-                    f"object {oid:#x} is unknown: its last reference was released")))])
+                self.send_locked(w, [m.ObjectValue(oid, False, _payload.dumps_error(
+                    ObjectLostError(f"object {oid:#x} is unknown: its last reference "
+                                    "was released")))])
             elif obj.ready:
-                self._send_object(w, oid, obj)
+                self._send_object_locked(w, oid, obj)
             else:
                 obj.add_waiter(w)
 
-    def _on_release(self, w: WorkerHandle, msg: m.Release) -> None:
+    def _on_release_locked(self, w: WorkerHandle, msg: m.Release) -> None:
         for oid in msg.object_ids:
             if oid in w.owned:
                 w.owned.discard(oid)
-                self._decref(oid)
+                self.decref_locked(oid)
 
-    def _on_put(self, w: WorkerHandle, msg: m.PutObject) -> None:
+    def _on_put_locked(self, w: WorkerHandle, msg: m.PutObject) -> None:
         obj = Obj()
         obj.ready = True
         obj.payload = msg.payload
@@ -161,4 +164,4 @@ class WorkerMessages(SchedulerCore):
             obj.ok, obj.payload = False, _payload.dumps_error(exc)
         self._objects[msg.object_id] = obj
         w.owned.add(msg.object_id)
-        self._ctl.add_object(msg.object_id, len(msg.payload), "host")
+        self.control.add_object(msg.object_id, len(msg.payload), "host")

@@ -5,7 +5,7 @@ resources (``_resources.Request``).
       ▲ (no request: the ordinary path)        │ impossible: ResourceError at once
                                                ▼ (a node: spilled, or after a grace)
 
-A task without a request never comes here: ``_dispatch`` looks at ``t.req`` and that is
+A task without a request never comes here: ``_dispatch_locked`` looks at ``t.req`` and that is
 all. One with a request leaves the group's queue for its ``rq`` and starts only when
 everything it needs is free: its CPUs within the group's ``max_workers`` (busy workers
 plus ``Group.extra``, the CPUs running tasks hold beyond one worker each) and, on a
@@ -24,7 +24,8 @@ worker takes no task while a device it can see is held by another task (it is
 process slot, idle fenced workers are retired first. What this cannot cover -- a task
 already running when a GPU it sees is taken -- is in compat/DIFFERENCES.md.
 
-Lock rule: every method here expects the scheduler's lock held.
+Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
+``_res_waiting`` is read without it (a hint).
 """
 
 from __future__ import annotations
@@ -50,16 +51,16 @@ class ResourceDispatch(SchedulerCore):
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]
 
-    def resources(self) -> Ledger:
-        """This runtime's (or node's) ledger, detected on first use (lock held)."""
+    def resources_locked(self) -> Ledger:
+        """This runtime's (or node's) ledger, detected on first use."""
         if self.ledger is None:
             from dpool.scheduling import _detect
 
             self.ledger = _detect.embedded_ledger(self.ledger_spec)
         return self.ledger
 
-    def set_resources(self, ledger: Ledger) -> None:
-        """What this runtime offers from now on (lock held; nothing may be held)."""
+    def set_resources_locked(self, ledger: Ledger) -> None:
+        """What this runtime offers from now on (nothing may be held)."""
         if self.ledger is not None and self.ledger.held:
             raise ResourceError("cannot change the runtime's resources while tasks hold "
                                 "some of them")
@@ -70,30 +71,30 @@ class ResourceDispatch(SchedulerCore):
             for w in g.workers:
                 if w.alive and not w.inflight and w.leased is None and (
                         w.gpus is not None or w.sees is not None):
-                    self._retire_worker(w)
+                    self._retire_worker_locked(w)
 
     # -- entering ------------------------------------------------------------------------
-    def _route_res(self, g: Group, t: Task) -> None:
+    def _route_res_locked(self, g: Group, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
         try:
-            reason = self._impossible(g, t.req)
+            reason = self._impossible_locked(g, t.req)
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed DPOOL_NUM_GPUS
-            self._fail_res(t, f"cannot tell what this runtime offers: {exc}")
+            self.fail_unmet_locked(t, f"cannot tell what this runtime offers: {exc}")
             return
         if reason is not None:
-            if self.spiller is not None and self.spiller.unmet(g, t, reason):
+            if self._spiller is not None and self._spiller.unmet_locked(g, t, reason):
                 return  # a node of a cluster: another node may have it
-            self._fail_res(t, reason)
+            self.fail_unmet_locked(t, reason)
             return
         waiting = g.rq.get(t.req)
         if waiting is None:
             waiting = g.rq[t.req] = deque()
         waiting.append(t)
-        self._dispatch_res(g)
+        self._dispatch_res_locked(g)
 
-    def _impossible(self, g: Group, r: Request) -> Optional[str]:
+    def _impossible_locked(self, g: Group, r: Request) -> Optional[str]:
         """Why ``r`` can never run here (None: it can, once enough is released)."""
-        led = self.resources()
+        led = self.resources_locked()
         problems = []
         cap = g.max_workers if self.cpu_limit is None else min(g.max_workers,
                                                                self.cpu_limit)
@@ -106,25 +107,25 @@ class ResourceDispatch(SchedulerCore):
             return None
         where = "this executor (max_workers) and runtime offer" if self.cpu_limit is None \
             else "this node offers"
-        return f"the task asks for {r} but {where} {self.offer(g)}: {'; '.join(problems)}"
+        return f"the task asks for {r} but {where} {self.offer_locked(g)}: {'; '.join(problems)}"
 
-    def offer(self, g: Optional[Group] = None) -> str:
+    def offer_locked(self, g: Optional[Group] = None) -> str:
         from dpool.scheduling._resources import _describe
 
         cpus = self.cpu_limit if g is None else (
             g.max_workers if self.cpu_limit is None else min(g.max_workers, self.cpu_limit))
-        return _describe(self.resources().offer(cpus))
+        return _describe(self.resources_locked().offer(cpus))
 
-    def _fail_res(self, t: Task, reason: str) -> None:
+    def fail_unmet_locked(self, t: Task, reason: str) -> None:
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
-                self._skip_cancelled(t)
+                self.skip_cancelled_locked(t)
                 return
             t.started = True
-        self._finish(t, False, _payload.dumps_error(ResourceError(reason)))
+        self.finish_locked(t, False, _payload.dumps_error(ResourceError(reason)))
 
     # -- starting ------------------------------------------------------------------------
-    def _dispatch_res(self, g: Group) -> None:
+    def _dispatch_res_locked(self, g: Group) -> None:
         """Start the waiting tasks of ``g`` whose resources are free: first come, first
         served among tasks asking the same; a request that must wait does not hold back
         a different one (``rq`` has a queue per distinct request, so this costs the
@@ -139,76 +140,77 @@ class ResourceDispatch(SchedulerCore):
                 # again (a dependent of it), which must find the queue consistent
                 t = waiting.popleft()
                 if t.future is not None and not t.started and t.future.cancelled():
-                    self._skip_cancelled(t)
+                    self.skip_cancelled_locked(t)
                     continue
-                if not self._start_res(g, t):
+                if not self._start_res_locked(g, t):
                     waiting.appendleft(t)
                     break
             if not waiting and rq.get(req) is waiting:
                 del rq[req]
 
-    def _cpus_busy(self, g: Group) -> int:
+    def _cpus_busy_locked(self, g: Group) -> int:
         return sum(1 for w in g.workers if w.alive and (w.inflight or w.leased is not None)
                    and not w.blocked) + g.extra
 
-    def _starve(self, g: Group) -> None:
+    def _starve_locked(self, g: Group) -> None:
         """A request waits for CPUs (or a worker): a worker lent to a driver may hold
         what it needs -- ask for it back (``_leases``)."""
         g.starved = True
-        if self.leases:
-            self.recall_leases()
+        leases = self._leases
+        if leases is not None and leases.lent:
+            leases.recall_locked()
 
-    def _start_res(self, g: Group, t: Task) -> bool:
+    def _start_res_locked(self, g: Group, t: Task) -> bool:
         r: Request = t.req
-        if r.cpus and self._cpus_busy(g) + r.cpus > g.max_workers:
-            self._starve(g)
+        if r.cpus and self._cpus_busy_locked(g) + r.cpus > g.max_workers:
+            self._starve_locked(g)
             return False
         if r.cpus and self.cpu_limit is not None and \
-                self.busy_cpus() + r.cpus > self.cpu_limit:  # type: ignore[attr-defined]
-            self._starve(g)
+                self.busy_cpus_locked() + r.cpus > self.cpu_limit:
+            self._starve_locked(g)
             return False
-        led = self.resources()
+        led = self.resources_locked()
         idle = [w for w in g.workers if w.alive and not w.inflight and not w.blocked
                 and not w.retiring and w.leased is None]
         a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False
-        w = self._res_worker(g, a.gpu_ids, idle, r.cpus)
+        w = self._res_worker_locked(g, a.gpu_ids, idle, r.cpus)
         if w is None:
             led.release(a)
-            self._starve(g)
+            self._starve_locked(g)
             return False
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
                 led.release(a)
-                self._skip_cancelled(t)
+                self.skip_cancelled_locked(t)
                 return True
             t.started = True
         t.started = True
         t.alloc = a
         t.attempts += 1
-        t.est = self._batch.estimate(t.fn_id)
+        t.est = self.batch.estimate(t.fn_id)
         msgs: list = []
         if t.fn_id not in w.fns:
             w.fns.add(t.fn_id)
             msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
         msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
         w.inflight[t.task_id] = t
-        self._ctl.log_event(t.task_id, "start", _now(), w.worker_id)
+        self.control.log_event(t.task_id, "start", _now(), w.worker_id)
         w.load += t.est
         w.assigned += 1
         if g.max_tasks is not None and w.assigned >= g.max_tasks:
             w.retiring = True  # it exits after this task (max_tasks_per_child)
         w.rcpus = r.cpus - 1
         g.extra += w.rcpus
-        self._fence(w, True)
+        self._fence_locked(w, True)
         if a.gpu_ids:
-            self._refence_all()
-        self._send(w, msgs)
+            self._refence_all_locked()
+        self.send_locked(w, msgs)
         return True
 
-    def _res_worker(self, g: Group, gpu_ids: tuple, idle: list,
-                    cpus: int) -> Optional[WorkerHandle]:
+    def _res_worker_locked(self, g: Group, gpu_ids: tuple, idle: list,
+                           cpus: int) -> Optional[WorkerHandle]:
         """An idle worker that may run a task given ``gpu_ids`` (bound to exactly them,
         or, for none, one that sees no held GPU), or a new one; None: no process slot.
         (A task holding no CPU needs a process but no slot.)"""
@@ -219,32 +221,32 @@ class ResourceDispatch(SchedulerCore):
                     return w
             elif w.gpus is None and not self._clashes(w, held):
                 return w
-        if self.slots_used(g) >= g.max_workers:
+        if self.slots_used_locked(g) >= g.max_workers:
             victim = next((w for w in idle if w.fenced), None) or (idle[0] if idle else None)
             if victim is not None:
-                self._retire_worker(victim)
+                self._retire_worker_locked(victim)
             elif cpus:
                 return None
         try:
-            return self._spawn(g, gpu_ids or None)  # type: ignore[attr-defined]
+            return self.spawn_locked(g, gpu_ids or None)
         except Exception as exc:  # noqa: BLE001 - out of processes: wait, as for any task
             log.error("dpool: cannot start a worker process: %s", exc)
             return None
 
     @staticmethod
-    def slots_used(g: Group) -> int:
+    def slots_used_locked(g: Group) -> int:
         """Worker processes that count against ``max_workers``: not those blocked in a
         nested wait, nor those running a task that holds no CPU."""
         return sum(1 for w in g.workers if w.alive and not w.blocked
                    and not (w.rcpus < 0 and w.inflight))
 
-    def _retire_worker(self, w: WorkerHandle) -> None:
+    def _retire_worker_locked(self, w: WorkerHandle) -> None:
         w.alive = False
-        self._fence(w, False)
-        self._send(w, [m.Shutdown()])
+        self._fence_locked(w, False)
+        self.send_locked(w, [m.Shutdown()])
 
     # -- fences --------------------------------------------------------------------------
-    def _fence(self, w: WorkerHandle, on: bool) -> None:
+    def _fence_locked(self, w: WorkerHandle, on: bool) -> None:
         if w.fenced != on:
             w.fenced = on
             w.group.n_fenced += 1 if on else -1
@@ -255,20 +257,20 @@ class ResourceDispatch(SchedulerCore):
             return False
         return w.sees is None or bool(w.sees & held)
 
-    def _refence(self, w: WorkerHandle, held: frozenset) -> None:
-        self._fence(w, w.alive and (
+    def _refence_locked(self, w: WorkerHandle, held: frozenset) -> None:
+        self._fence_locked(w, w.alive and (
             w.gpus is not None or self._clashes(w, held)
             or any(t.alloc is not None for t in w.inflight.values())))
 
-    def _refence_all(self) -> None:
+    def _refence_all_locked(self) -> None:
         """The held GPUs changed: fence the workers that can see one, unfence the rest."""
         held = self.ledger.held_gpus() if self.ledger is not None else frozenset()
         for g in self._groups.values():
             for w in g.workers:
                 if w.gpus is None:
-                    self._refence(w, held)
+                    self._refence_locked(w, held)
 
-    def spawn_env(self) -> tuple[Optional[dict], Optional[frozenset]]:
+    def spawn_env_locked(self) -> tuple[Optional[dict], Optional[frozenset]]:
         """(environment changes, devices it sees) for a new worker that asks no GPU."""
         led = self.ledger
         if led is None or not led.num_gpus:
@@ -280,7 +282,7 @@ class ResourceDispatch(SchedulerCore):
         return {"CUDA_VISIBLE_DEVICES": led.names(sorted(sees))}, sees
 
     # -- ending --------------------------------------------------------------------------
-    def _release_res(self, t: Task, w: Optional[WorkerHandle]) -> None:
+    def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
         """``t`` ended or left its worker: what it held is free again."""
         a, t.alloc = t.alloc, None
         led = self.ledger
@@ -290,35 +292,35 @@ class ResourceDispatch(SchedulerCore):
             if not w.blocked:
                 w.group.extra -= w.rcpus
             w.rcpus = 0
-            self._refence(w, led.held_gpus() if led is not None else frozenset())
+            self._refence_locked(w, led.held_gpus() if led is not None else frozenset())
         if a.gpu_ids:
-            self._refence_all()
+            self._refence_all_locked()
         refill = self._refill
         for g in self._groups.values():
             if (g.rq or (g.queue and g.n_fenced)) and g not in refill:
                 refill.append(g)
 
-    def _on_blocked_res(self, w: WorkerHandle) -> None:
+    def _on_blocked_res_locked(self, w: WorkerHandle) -> None:
         w.group.extra -= w.rcpus  # its CPUs are given back while it waits; GPUs are not
 
-    def _on_unblocked_res(self, w: WorkerHandle) -> None:
+    def _on_unblocked_res_locked(self, w: WorkerHandle) -> None:
         w.group.extra += w.rcpus
 
-    def _fail_waiting_res(self, g: Group, err: bytes) -> None:
+    def _fail_waiting_res_locked(self, g: Group, err: bytes) -> None:
         waiting = [t for q in g.rq.values() for t in q]
         g.rq.clear()
         for t in waiting:
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
-            self._finish(t, False, err)
+            self.finish_locked(t, False, err)
 
     @property
     def _res_waiting(self) -> bool:
         """Whether tasks wait for resources (read without the lock: a hint)."""
         return self.ledger is not None and any(g.rq for g in list(self._groups.values()))
 
-    def _refill_now(self) -> None:
+    def _refill_now_locked(self) -> None:
         """Dispatch the groups a release left work for, and those with tasks waiting for
         resources (from the IO thread's tick)."""
         refill = self._refill
@@ -328,5 +330,5 @@ class ResourceDispatch(SchedulerCore):
         while refill:
             g = refill.pop(0)
             if g.queue or g.rq:
-                self._dispatch(g)
+                self._dispatch_locked(g)
 

@@ -26,8 +26,6 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest request)
 
-_BUILTIN = ("CPU", "GPU", "memory")
-
 
 class Request(NamedTuple):
     """A task's needs. Travels on the wire as a plain tuple (``tuple(req)``)."""

@@ -11,10 +11,11 @@ A worker's socket closing means it exited or died (``_on_closed``): the first ta
 held may have started and is charged an attempt, the others go back uncharged; a task out
 of attempts fails with ``WorkerCrashedError``. Its handles die with it. A group whose
 initializer failed, or that is terminated, fails its queued and held tasks
-(``_fail_group``); a closed group whose work is done stops its workers (``_retire_group``).
+(``fail_group_locked``); a closed group whose work is done stops its workers
+(``_retire_group_locked``).
 
-Lock rule: every method here expects the scheduler's lock held, except ``_on_closed``
-(called by the IO loop), which takes it.
+Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
+``_on_closed`` (called by the IO loop) takes it.
 """
 
 from __future__ import annotations
@@ -40,20 +41,20 @@ _now = time.time
 
 
 class WorkerPool(SchedulerCore):
-    def _dispatch(self, g: Group, idle_only: bool = False) -> None:
+    def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
         """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
         busy workers get theirs in batches when their results come back)."""
         q = g.queue
         if g.broken is not None:
-            self._fail_group(g, g.broken)
+            self.fail_group_locked(g, g.broken)
             return
         if g.rq:  # tasks with resource requests first: what was released is theirs
-            self._dispatch_res(g)
-        batch = self._batch
-        log_event = self._ctl.log_event
+            self._dispatch_res_locked(g)
+        batch = self.batch
+        log_event = self.control.log_event
         while q:
             if q[0].req is not None:  # asks for resources: ``_resdispatch``
-                self._route_res(g, q.popleft())
+                self._route_res_locked(g, q.popleft())
                 continue
             if g.starved and g.rq:
                 # A task with a request waits for the CPUs (or worker slot) that tasks
@@ -61,11 +62,12 @@ class WorkerPool(SchedulerCore):
                 # starts (else a stream of short tasks would hold it back for good).
                 return
             prefetch = len(q) >= 2 * g.max_workers
-            w = self._pick_worker(g, idle_only, prefetch)
+            w = self._pick_worker_locked(g, idle_only, prefetch)
             if w is None:
-                if not self._maybe_spawn(g):
-                    if self.leases:  # a lent worker may hold the CPU these tasks need
-                        self.recall_leases()
+                if not self._maybe_spawn_locked(g):
+                    leases = self._leases
+                    if leases is not None and leases.lent:
+                        leases.recall_locked()  # a lent worker may hold the CPU they need
                     return
                 continue
             quota = None if g.max_tasks is None else g.max_tasks - w.assigned
@@ -81,7 +83,7 @@ class WorkerPool(SchedulerCore):
                 q.popleft()
                 if not t.started:
                     if t.future is not None and not t.future.set_running_or_notify_cancel():
-                        self._skip_cancelled(t)
+                        self.skip_cancelled_locked(t)
                         continue
                     t.started = True
                 t.attempts += 1
@@ -99,15 +101,15 @@ class WorkerPool(SchedulerCore):
             if g.max_tasks is not None and w.assigned >= g.max_tasks:
                 w.retiring = True
             if msgs:
-                self._send(w, msgs)
+                self.send_locked(w, msgs)
 
-    def _pick_worker(self, g: Group, idle_only: bool = False,
-                     prefetch: bool = False) -> Optional[WorkerHandle]:
+    def _pick_worker_locked(self, g: Group, idle_only: bool = False,
+                            prefetch: bool = False) -> Optional[WorkerHandle]:
         """The least-loaded worker of ``g`` that can take the head task, within slots."""
         busy = 0
         best = None
-        est = self._batch.estimate(g.queue[0].fn_id)
-        fits = self._batch.fits
+        est = self.batch.estimate(g.queue[0].fn_id)
+        fits = self.batch.fits
         for w in g.workers:
             if not w.alive or w.blocked:
                 continue
@@ -125,74 +127,74 @@ class WorkerPool(SchedulerCore):
         if best is not None and not best.inflight:
             if busy + g.extra >= g.max_workers:  # (extra: CPUs of multi-CPU tasks)
                 return None  # an extra worker (started while others were blocked) stays idle
-            if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
+            if self.cpu_limit is not None and self.busy_cpus_locked() >= self.cpu_limit:
                 return None  # the node's CPUs are all in use (by other groups too)
         return best
 
-    def busy_cpus(self) -> int:
-        """Workers running tasks now, over every group (lock held)."""
+    def busy_cpus_locked(self) -> int:
+        """Workers running tasks now, over every group."""
         return sum(1 for g in self._groups.values() for w in g.workers
                    if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
             sum(g.extra for g in self._groups.values())
 
-    def _maybe_spawn(self, g: Group) -> bool:
-        if self._closed or g.broken is not None:
+    def _maybe_spawn_locked(self, g: Group) -> bool:
+        if self.closed or g.broken is not None:
             return False
-        if self.cpu_limit is not None and self.busy_cpus() >= self.cpu_limit:
+        if self.cpu_limit is not None and self.busy_cpus_locked() >= self.cpu_limit:
             return False
         if len(g.workers) < g.max_workers:
-            return self._try_spawn(g)
+            return self._try_spawn_locked(g)
         if g.n_blocked == 0 and g.max_tasks is None and not g.n_fenced:
             return False  # the common case: every worker counts against max_workers
         if g.n_fenced:
-            return self._spawn_past_fenced(g)
+            return self._spawn_past_fenced_locked(g)
         active = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring)
         if active >= g.max_workers:
             return False
-        return self._try_spawn(g)
+        return self._try_spawn_locked(g)
 
-    def _spawn_past_fenced(self, g: Group) -> bool:
+    def _spawn_past_fenced_locked(self, g: Group) -> bool:
         """Some workers take no task without a request (``_resdispatch``): a worker for
         one if CPUs are left, retiring an idle fenced one to stay within the slots."""
         busy = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring
                    and (w.inflight or not w.fenced))
         if busy + g.extra >= g.max_workers:
             return False
-        if self.slots_used(g) >= g.max_workers:
+        if self.slots_used_locked(g) >= g.max_workers:
             victim = next((w for w in g.workers if w.alive and w.fenced and not w.inflight
                            and w.leased is None), None)
             if victim is None:
                 return False
-            self._retire_worker(victim)
-        return self._try_spawn(g)
+            self._retire_worker_locked(victim)
+        return self._try_spawn_locked(g)
 
-    def _try_spawn(self, g: Group) -> bool:
+    def _try_spawn_locked(self, g: Group) -> bool:
         try:
-            self._spawn(g)
+            self.spawn_locked(g)
             return True
         except (OSError, Error) as exc:  # out of processes / fds / memory / id prefixes
             log.error("dpool: cannot start a worker process: %s", exc)
             if not any(w.alive for w in g.workers):
-                self._fail_group(g, f"cannot start a worker process: {exc}")
+                self.fail_group_locked(g, f"cannot start a worker process: {exc}")
             return False
 
-    def _spawn(self, g: Group, gpus: Optional[tuple] = None,
-               lease: Optional[socket.socket] = None) -> WorkerHandle:
+    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+                     lease: Optional[socket.socket] = None) -> WorkerHandle:
         """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``);
         ``lease``: a driver's connection it is lent to."""
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         if gpus is not None:
-            led = self.resources()
+            led = self.resources_locked()
             gpu_names = tuple(led.gpu_names[i] for i in gpus)
             env: Optional[dict] = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_names)}
             sees: Optional[frozenset] = frozenset(gpus)
         else:
             gpu_names = ()
-            env, sees = self.spawn_env()
+            env, sees = self.spawn_env_locked()
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
-                           self.store.capacity, self.sessions is not None,
+                           self.store.capacity, self._sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0,
                            env, gpu_names)
         args = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
@@ -209,25 +211,25 @@ class WorkerPool(SchedulerCore):
         g.workers.append(w)
         if gpus is not None:
             w.gpus = gpus
-            self._fence(w, True)  # for good: it runs only tasks given these devices
+            self._fence_locked(w, True)  # for good: it runs only tasks given these devices
         w.sees = sees
-        self._io.add(w)
+        self.io.add(w)
         log.debug("started worker %d (pid %s) for group %d", wid, w.pid, g.group_id)
         return w
 
-    def _send(self, w: WorkerHandle, msgs: list) -> None:
+    def send_locked(self, w: WorkerHandle, msgs: list) -> None:
         try:
             if not w.chan.send(encode_batch(msgs)):
-                self._io.want_write(w)
+                self.io.want_write(w)
         except ChannelClosed:
             pass  # the IO loop sees the EOF and handles the death
 
-    def _requeue(self, w: WorkerHandle, task_ids: tuple) -> None:
+    def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         for tid in reversed(task_ids):
             t = w.inflight.pop(tid, None)
             if t is not None:
                 if t.alloc is not None:
-                    self._release_res(t, w)
+                    self._release_res_locked(t, w)
                 w.load = w.load - t.est if w.inflight else 0.0
                 w.assigned -= 1
                 if w.retiring and w.assigned < (w.group.max_tasks or 0):
@@ -238,30 +240,31 @@ class WorkerPool(SchedulerCore):
     def _on_closed(self, w: WorkerHandle) -> None:
         """The IO loop saw a worker's socket close: it exited or died."""
         if w.process is None:  # an attached driver or a peer (cluster mode)
-            with self._lock:
-                self.sessions.handle_closed(w)
-                out = self._take_out()
+            with self.lock:
+                if self._sessions is not None:
+                    self._sessions.handle_closed_locked(w)
+                out = self.take_out_locked()
             w.chan.close()
-            self._deliver(out)
+            self.deliver(out)
             return
         exitcode = _reap(w, kill_after=0.2)
-        with self._lock:
+        with self.lock:
             was_alive = w.alive
             w.alive = False
             g = w.group
-            if w.leased is not None:
-                self.sessions.leases.lost(w)
+            if w.leased is not None and self._leases is not None:
+                self._leases.lost_locked(w)
             if w.blocked:
                 w.blocked = False
                 g.n_blocked -= 1
                 g.extra += w.rcpus  # taken off while blocked; released with its task
             if w in g.workers:
                 g.workers.remove(w)
-            self._fence(w, False)
+            self._fence_locked(w, False)
             held = list(w.inflight.values())
             for t in held:
                 if t.alloc is not None:
-                    self._release_res(t, w)
+                    self._release_res_locked(t, w)
                 # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
                     _segment.segment_name(self.store.owner_pid, t.task_id))
@@ -270,7 +273,7 @@ class WorkerPool(SchedulerCore):
                 # A worker runs its tasks in order: those behind the first it held had
                 # not started (unless the first had just finished, its result not yet
                 # sent). They go back to the queue, behind it, uncharged.
-                self._requeue(w, tuple(t.task_id for t in held[1:]))
+                self._requeue_locked(w, tuple(t.task_id for t in held[1:]))
                 lost = held[:1]
             w.inflight.clear()
             w.load = 0.0
@@ -288,45 +291,45 @@ class WorkerPool(SchedulerCore):
                         f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
                         f"{g.max_attempts}",
                         exitcode=exitcode, attempts=t.attempts)
-                    self._finish(t, False, _payload.dumps_error(err))
-            self._drop_handles(w)
+                    self.finish_locked(t, False, _payload.dumps_error(err))
+            self.drop_handles_locked(w)
             if g.queue or g.rq:
-                self._dispatch(g)
+                self._dispatch_locked(g)
             elif g.closed and not g.workers and g.outstanding == 0:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
             self._exited.notify_all()
-            out = self._take_out()
+            out = self.take_out_locked()
         w.chan.close()
-        self._deliver(out)
+        self.deliver(out)
 
-    def _drop_handles(self, w: WorkerHandle) -> None:
+    def drop_handles_locked(self, w: WorkerHandle) -> None:
         """A worker (or attached driver) is gone: the objects it held a handle to (nested
-        futures, puts) lose that reference, and it waits for none of them (lock held)."""
+        futures, puts) lose that reference, and it waits for none of them."""
         for oid in w.owned:
-            self._decref(oid)
+            self.decref_locked(oid)
         w.owned.clear()
         for obj in self._objects.values():
             if obj.waiters and w in obj.waiters:
                 obj.waiters = [x for x in obj.waiters if x is not w] or None
 
-    def _fail_group(self, g: Group, reason: str) -> None:
+    def fail_group_locked(self, g: Group, reason: str) -> None:
         err = _payload.dumps_error(_broken_error(reason))
-        if self.spiller is not None:  # its tasks running on other nodes fail too
-            self.spiller.fail_group(g, err)
+        if self._spiller is not None:  # its tasks running on other nodes fail too
+            self._spiller.fail_group_locked(g, err)
         while g.queue:
             t = g.queue.popleft()
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
-            self._finish(t, False, err)
+            self.finish_locked(t, False, err)
         if g.rq:
-            self._fail_waiting_res(g, err)
+            self._fail_waiting_res_locked(g, err)
         for w in g.workers:
             for t in list(w.inflight.values()):
                 w.inflight.pop(t.task_id)
                 if t.alloc is not None:
-                    self._release_res(t, w)
-                self._finish(t, False, err)
+                    self._release_res_locked(t, w)
+                self.finish_locked(t, False, err)
         # tasks still waiting for their inputs (maybe another executor's results)
         waiting: dict[int, Task] = {}
         for obj in self._objects.values():
@@ -341,14 +344,14 @@ class WorkerPool(SchedulerCore):
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
-            self._finish(t, False, err)
+            self.finish_locked(t, False, err)
 
-    def _retire_group(self, g: Group) -> None:
+    def _retire_group_locked(self, g: Group) -> None:
         """All of a closed group's work is done: stop its workers, run on_idle hooks."""
         for w in g.workers:
             if w.alive:
                 w.alive = False
-                self._send(w, [m.Shutdown()])
+                self.send_locked(w, [m.Shutdown()])
         self._exited.notify_all()
         if not g.workers:
             self._groups.pop(g.group_id, None)

@@ -129,7 +129,7 @@ class Backend:
         cluster = bool(os.environ.get("DPOOL_ADDRESS"))
         kwargs: dict = {"max_workers": n, "max_attempts": 1}
         if cluster:
-            runtime = _current.driver()
+            runtime: Any = _current.driver()  # a ClusterRuntime: it has a target
             host = _reachable_host(runtime.target)
             tcp = socket.create_server((host, 0), backlog=256)
             self._listeners.append(tcp)

@@ -1,15 +1,15 @@
 """Authenticated transfer connections to other nodes, kept for reuse.
 
 A connection to a node's object port costs a TCP connect and the token handshake
-(``protocol._auth``: two round trips and two HMACs) -- more than copying a 1 MB value.
-So a process keeps the connections its transfers used, a few per holder, and the next
-transfer from the same node takes one: the holder's ``NodeServer`` serves any number of
-``FetchSegment`` requests on a connection, one after the other.
+(``protocol._dial``: two round trips and two HMACs) -- more than copying a 1 MB value.
+So a process keeps the connections its transfers used, a few per node, and the next
+transfer with the same node takes one: the node's ``NodeServer`` serves any number of
+requests (``FetchSegment``, ``PushSegment``) on a connection, one after the other.
 
 A kept connection may have been closed by the holder meanwhile (it drops connections
 idle for ``node._server.FETCH_IDLE_S``, and it may have died): a transfer on a kept
 connection that gets no answer at all is retried once on a fresh one
-(``transfer._pull``). Kept connections are dropped after ``IDLE_S`` unused, and in a
+(``_ranges.asked``). Kept connections are dropped after ``IDLE_S`` unused, and in a
 child after a fork (they are the parent's).
 """
 
@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from dpool.protocol import _auth
+from dpool.protocol import _dial
 
 IDLE_S = 20.0  # a kept connection unused this long is closed (the holder waits 30 s)
 _PER_HOLDER = 4  # connections kept per holder (one per transfer running at once)
@@ -31,8 +31,8 @@ _idle: dict[str, list[tuple[socket.socket, float]]] = {}  # address -> [(sock, s
 
 def take(host: str, port: int, token: bytes, timeout: float) -> tuple[socket.socket, bool]:
     """A connection to the node at ``host:port`` that has passed the handshake, and
-    whether it is a kept one (False: new). ``OSError`` or ``dpool.Error`` if a new one
-    cannot be made."""
+    whether it is a kept one (False: new). A ``dpool.Error`` if a new one cannot be made
+    (``protocol._dial``: ``Unreachable``, ``Broken``, ``AuthenticationError``)."""
     key = f"{host}:{port}"
     now = time.monotonic()
     stale = []
@@ -49,14 +49,7 @@ def take(host: str, port: int, token: bytes, timeout: float) -> tuple[socket.soc
         s.close()
     if sock is not None:
         return sock, True
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _auth.client_handshake(sock, token, f"node {key}", timeout)
-    except BaseException:
-        sock.close()
-        raise
-    return sock, False
+    return _dial.connect(host, port, token, f"node {key}", timeout), False
 
 
 def give_back(host: str, port: int, sock: socket.socket) -> None:

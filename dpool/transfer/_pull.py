@@ -20,6 +20,9 @@ segment; the reader then tries the other nodes that keep a copy (the object tabl
 them; a node serves its copy under the holder's segment name), and raises
 ``ObjectLostError`` naming the object and the node when none can give it: a torn value
 is never used. A kept connection the holder had closed is retried once on a fresh one.
+The ranges, their threads and the kept connections are ``_ranges``' (``_push`` uploads
+the same way); this module holds what only a pull does: the request and its answer, the
+holder's ``sendfile``, the receive loops, the other copies to try.
 
 A spilled task refers to its large inputs by ``remote_ref`` payloads (the holder's
 address and segment name) instead of carrying their bytes; the executing node fetches
@@ -33,28 +36,24 @@ import logging
 import os
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Optional
 
 from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
 from dpool.objects import _forkguard, _segment, _values
-from dpool.protocol import _auth
-from dpool.transfer import _conns
+from dpool.protocol import PROTOCOL_VERSION, _auth
+from dpool.protocol import _messages as m
+from dpool.protocol._dial import parse_hostport
+from dpool.transfer import _conns, _ranges
 
 log = logging.getLogger("dpool.objects")
 
 TAG_REMOTE = 0x03  # a stored value held by another node: (size, address, segment name)
 _REMOTE_HEAD = struct.Struct("!BQH")  # tag, size, length of the address
 _SIZE = struct.Struct("!Q")
-_BUFFER = 8 << 20  # bytes received per pwrite (1 MB: 1.9 GB/s, 8 MB: 2.2 GB/s here)
-_SPARE_BUFFERS = 4
-_STREAMS = max(1, min(4, os.cpu_count() or 1))  # connections one large transfer uses
-_STREAM_MIN = 16 << 20  # bytes each of them moves at least
 _SEND_CHUNK = 8 << 20  # bytes sent per open of the segment (``serve``)
 _FORK_WAIT_S = 0.5  # the longest one send or write holds off a fork of this process
-_PAGE = 4096
 FETCH_TIMEOUT = 30.0
 _OTHER_TIMEOUT = 5.0  # the limit on a call that makes no progress, with a listed copy
 
@@ -108,7 +107,7 @@ def serve(sock: socket.socket, name: str, offset: int = 0, length: int = -1) -> 
         return 0
     end = size if length < 0 else min(size, offset + length)
     timeout = sock.gettimeout() or FETCH_TIMEOUT
-    _blocking(sock, socket.SO_SNDTIMEO, min(timeout, _FORK_WAIT_S))
+    _ranges.blocking(sock, socket.SO_SNDTIMEO, min(timeout, _FORK_WAIT_S))
     pos, stalled = offset, 0.0
     while pos < end:  # the kernel copies from tmpfs to the socket
         with _forkguard.no_fork():
@@ -151,23 +150,10 @@ def _open_held(path: str, ino: int) -> Optional[int]:
     return fd
 
 
-def _blocking(sock: socket.socket, option: int, timeout: float) -> None:
-    """Put ``sock`` in blocking mode, with the kernel's ``option`` (``SO_SNDTIMEO`` or
-    ``SO_RCVTIMEO``) as the limit on a call that makes no progress. In a daemon with
-    busy threads, a call per socket-buffer's worth (what a socket with a Python timeout
-    does: wait until ready, then move what fits) waits for the GIL each time -- 64 MB
-    took 60 ms in a node that way, 27 ms without its other threads; a blocking call
-    moves it all (``sendfile``, ``MSG_WAITALL``) with the GIL released once."""
-    sock.settimeout(None)
-    sec = int(timeout)
-    sock.setsockopt(socket.SOL_SOCKET, option,
-                    struct.pack("ll", sec, int((timeout - sec) * 1e6)))
-
-
 # -- the reader's side -----------------------------------------------------------------
-class _NoAnswer(ObjectLostError):
-    """The holder closed the connection before answering at all (a kept connection it
-    had dropped, or it died): worth one more try on a fresh connection."""
+class _NoAnswer(_ranges.NoAnswer, ObjectLostError):
+    """The holder closed the connection before answering at all (``_ranges.asked``
+    tries a fresh connection)."""
 
 
 def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
@@ -181,10 +167,10 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
     keep a copy of it, as the object table lists them: they serve it under the holder's
     name). The partial copy is removed first: never a torn value.
 
-    A large segment comes in ranges over several connections at once (``_ranges``): on
-    loopback one TCP stream moves ~2 GB/s with a core to spare on each side. The pages
-    it lands in are a freed segment's when the store has one (``_recycle``): allocating
-    fresh tmpfs pages costs about as much as the copy.
+    A large segment comes in ranges over several connections at once (``_ranges``): one
+    TCP stream leaves a core to spare on each side. The pages it lands in are a freed
+    segment's when the store has one (``_recycle``): allocating fresh tmpfs pages costs
+    about as much as the copy.
     """
     try:
         return _fetch_from(address, token, name, object_id, owner_pid, size, timeout)
@@ -218,8 +204,6 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
 def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
                 size: int, timeout: float) -> bytes:
     """``fetch`` from one node."""
-    from dpool.protocol._dial import parse_hostport
-
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
     src = _Source(host, port, address, token, name, _held_id(name), size, timeout, local)
@@ -227,22 +211,13 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
         fd = _segment._claim_recycled(local, size)
         if fd is None:
             fd = _segment._create(local, size, allocate=False)
-        os.close(fd)  # each chunk opens it again (``_Source._write``)
+        os.close(fd)  # each chunk opens it again (``_ranges.write_chunk``)
     try:
         src.pull_all()
     except BaseException:
         _segment.unlink(local)  # never a torn value
         raise
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id, size) + local.encode()
-
-
-def _ranges(size: int) -> list[tuple[int, int]]:
-    """(offset, length) of the parts of a ``size``-byte segment fetched at once."""
-    if size <= 0:
-        return [(0, 0)]
-    n = max(1, min(_STREAMS, size // _STREAM_MIN))
-    step = -(-size // n // _PAGE) * _PAGE
-    return [(off, min(step, size - off)) for off in range(0, size, step)] or [(0, 0)]
 
 
 class Gone(ObjectLostError):
@@ -264,70 +239,35 @@ class _Source:
                    object_id=self.held, node=self.address)
 
     def pull_all(self) -> None:
-        """Every range of the segment at once: the first in this thread, the others in
-        threads of their own, all joined before this returns, whatever happens (then
-        the first error is raised; the caller removes what was written)."""
-        errors: list[BaseException] = []
-        ranges = _ranges(self.size)
-        started: list[threading.Thread] = []
-        try:
-            for off, n in ranges[1:]:
-                t = threading.Thread(target=self.pull, args=(off, n, errors), daemon=True,
-                                     name="dpool-fetch-range")
-                t.start()
-                started.append(t)  # (only what started is joined: a failed start raises)
-            self.pull(*ranges[0], errors)
-        finally:
-            for t in started:
-                t.join()
+        """Every range of the segment at once (``_ranges.in_parallel``), then the first
+        error raised (the caller removes what was written)."""
+        errors = _ranges.in_parallel(self._pull, _ranges.split(self.size),
+                                     "dpool-fetch-range")
         if errors:
             raise errors[0]
 
-    def pull(self, offset: int, length: int, errors: list) -> None:
-        """Receive ``length`` bytes from ``offset`` into the copy; an error goes to
-        ``errors`` (so that helper threads report theirs the same way)."""
-        try:
-            self._pull(offset, length)
-        except BaseException as exc:  # noqa: BLE001 - the caller raises it
-            errors.append(exc)
-
     def _pull(self, offset: int, length: int) -> None:
-        for attempt in (0, 1):
-            try:
-                sock, kept = _conns.take(self.host, self.port, self.token, self.timeout)
-            except AuthenticationError:
-                raise
-            except (OSError, Error) as exc:
-                raise self.lost(f"its node {self.address} cannot be reached ({exc})") \
-                    from exc
-            try:
-                self._pull_on(sock, offset, length)
-            except _NoAnswer:
-                sock.close()
-                if kept and attempt == 0:
-                    continue  # the holder had dropped the kept connection: a fresh one
-                raise
-            except BaseException:
-                sock.close()  # the answer was not read to its end: never reuse it
-                raise
-            _conns.give_back(self.host, self.port, sock)
-            return
+        """Receive ``length`` bytes from ``offset`` into the copy."""
+        sock = _ranges.asked(self.host, self.port, self.token, self.timeout,
+                             lambda s: self._ask(s, offset, length), self._unreachable)
+        try:
+            self._receive(sock, offset, length)
+        except BaseException:
+            sock.close()  # the answer was not read to its end: never reuse it
+            raise
+        _conns.give_back(self.host, self.port, sock)
 
-    def _pull_on(self, sock: socket.socket, offset: int, length: int) -> None:
-        self._ask(sock, offset, length)
-        self._receive(sock, offset, length)
+    def _unreachable(self, exc: BaseException) -> None:
+        if not isinstance(exc, AuthenticationError):
+            raise self.lost(f"its node {self.address} cannot be reached ({exc})") from exc
 
     def _ask(self, sock: socket.socket, offset: int, length: int) -> None:
         """Request a range; the holder's answer must say it has the whole segment."""
-        from dpool.protocol import PROTOCOL_VERSION, encode_batch
-        from dpool.protocol import _messages as m
-
         address, timeout = self.address, self.timeout
         sock.settimeout(timeout)
         try:
-            request = encode_batch([m.FetchSegment(PROTOCOL_VERSION, self.name, offset,
-                                                   length)])
-            sock.sendall(_SIZE.pack(len(request)) + request)  # one frame (protocol._channel)
+            _ranges.request(sock, m.FetchSegment(PROTOCOL_VERSION, self.name, offset,
+                                                 length))
             head = _auth._recv_exact(sock, _SIZE.size, time.monotonic() + timeout)
         except OSError as exc:
             raise self.lost(f"node {address} did not answer ({exc})", _NoAnswer) from exc
@@ -345,16 +285,16 @@ class _Source:
         address, timeout = self.address, self.timeout
         got = 0
         # pwrite from a buffer, not recv_into a mapping: pages of a mapping fault in one
-        # at a time (0.3 s per GB here), and a fresh mapping needs them allocated first.
-        buf = _take_buffer()
+        # at a time, and a fresh mapping needs them allocated first.
+        buf = _ranges.take_buffer()
         try:
-            _blocking(sock, socket.SO_RCVTIMEO, timeout)
+            _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
             while got < length:
                 n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
                 if n == 0:
                     raise self.lost(f"node {address} went away after {got} of the "
                                     f"{length} bytes from {offset}")
-                self._write(buf[:n], offset + got)
+                _ranges.write_chunk(self.path, buf[:n], offset + got)
                 got += n
         except OSError as exc:
             if exc.errno in _segment._NO_SPACE_ERRNOS:
@@ -362,41 +302,7 @@ class _Source:
             raise self.lost(f"the transfer from node {address} broke after {got} of the "
                             f"{length} bytes from {offset} ({exc})") from exc
         finally:
-            _give_buffer(buf)
-
-    def _write(self, data: memoryview, offset: int) -> None:
-        write_chunk(self.path, data, offset)
-
-
-def write_chunk(path: str, data: memoryview, offset: int) -> None:
-    """Write a received chunk into segment ``path``, the segment open only meanwhile and
-    no fork meanwhile (a worker must not inherit it: ``serve``); never while waiting for
-    the bytes, which may take as long as the sender does."""
-    with _forkguard.no_fork():
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            _segment._pwrite_all(fd, data, offset)
-        finally:
-            os.close(fd)
-
-
-_spare: list[memoryview] = []  # receive buffers between transfers (faulted in already)
-_spare_lock = threading.Lock()
-
-
-def _take_buffer() -> memoryview:
-    """A receive buffer: a kept one (transfers run in short-lived threads, and a new
-    8 MB buffer faults its pages in again: ~1 ms), else a new one."""
-    with _spare_lock:
-        if _spare:
-            return _spare.pop()
-    return memoryview(bytearray(_BUFFER))
-
-
-def _give_buffer(buf: memoryview) -> None:
-    with _spare_lock:
-        if len(_spare) < _SPARE_BUFFERS:
-            _spare.append(buf)
+            _ranges.give_buffer(buf)
 
 
 def _held_id(name: str) -> int:
@@ -416,8 +322,6 @@ def fetch_into(address: str, token: bytes, name: str, buf: memoryview,
     as ``fetch`` does, each straight into its part of the buffer (``recv_into``: no copy
     in Python); a value unpickled from it keeps its arrays there, zero-copy. ``Gone`` if
     the holder does not have it, ``ObjectLostError`` if it goes away part-way."""
-    from dpool.protocol._dial import parse_hostport
-
     host, port = parse_hostport(address, "object holder")
     size = buf.nbytes
     src = _IntoMemory(host, port, address, token, name, _held_id(name), size, timeout, "")
@@ -435,7 +339,7 @@ class _IntoMemory(_Source):
         part = self.view[offset:offset + length]
         got = 0
         try:
-            _blocking(sock, socket.SO_RCVTIMEO, timeout)
+            _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
             while got < length:
                 n = sock.recv_into(part[got:], length - got, socket.MSG_WAITALL)
                 if n == 0:

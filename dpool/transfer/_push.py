@@ -13,18 +13,18 @@ segment of the node's store, off the control connection.
                                                                  a local driver's value
 
 A large value goes in ranges on up to four connections at once (one per core, 16 MB or
-more each: ``_pull._ranges``), as node-to-node fetches do: the range at offset 0 is asked for
-first and creates the segment; once the node said go ahead to it, the others are asked
-for on connections of their own, each written by its own node thread at its offset;
-the first range's thread waits for them all and answers last, with the name.
+more each: ``_ranges.split``), as node-to-node fetches do: the range at offset 0 is
+asked for first and creates the segment; once the node said go ahead to it, the others
+are asked for on connections of their own, each written by its own node thread at its
+offset; the first range's thread waits for them all and answers last, with the name.
+The ranges, their threads and the kept connections are ``_ranges``' (``_pull`` fetches
+the same way); this module holds what only an upload does.
 
 Before this, a TCP driver's large value went inline in its control message: joined
 (one copy), pickled into the frame (another), sent on the one connection every other
 message waits behind, unpickled and written into the store by the node under its
-scheduler lock. 64 MB cost 91 ms that way; the bytes now cross once, from the user's
-array into the node's segment, with no Python-level copy on either side. A 64 MB put
-read by a task on another node (``bench/cluster.py``, put64_tcp): 200-206 ms before,
-43-45 ms now (one stream: 51-56 ms), a driver on the node's host 34-41 ms.
+scheduler lock. The bytes now cross once, from the user's array into the node's
+segment, with no Python-level copy on either side (``bench/cluster.py``, put64_tcp).
 
 The bytes are the segment, verbatim (``_segment``'s self-describing layout), so the node
 unpickles nothing and needs none of the user's modules. Which segment is the node's
@@ -51,12 +51,13 @@ from typing import Callable, Optional
 from dpool.errors import Error, NodeLostError, ObjectStoreFullError, ProtocolError
 from dpool.objects import _forkguard, _segment, _values
 from dpool.objects._serialization import Serialized
-from dpool.protocol import _auth
-from dpool.transfer import _conns, _pull
+from dpool.protocol import PROTOCOL_VERSION, _auth
+from dpool.protocol import _messages as m
+from dpool.protocol._dial import DialError
+from dpool.transfer import _conns, _ranges
 
 PUSH_TIMEOUT = 30.0  # a push that moves no byte for this long fails
 _REPLY = struct.Struct("!BI")  # status, length of the text that follows
-_SIZE = struct.Struct("!Q")
 OK, FULL, REFUSED, LOST = 0, 1, 2, 3  # LOST: a connection of the upload broke
 _MAX_TEXT = 4096
 _IOV = 512  # parts per sendmsg call (Linux takes up to 1024)
@@ -64,9 +65,9 @@ _ZEROS = bytes(64)  # alignment padding between parts (``_segment._ALIGN``)
 
 
 # -- the driver's side -------------------------------------------------------------------
-class _NoAnswer(NodeLostError):
-    """The node closed the connection before answering the request (a kept connection
-    it had dropped, or it died): worth one more try on a fresh one."""
+class _NoAnswer(_ranges.NoAnswer, NodeLostError):
+    """The node closed the connection before answering the request (``_ranges.asked``
+    tries a fresh connection)."""
 
 
 def push(host: str, port: int, token: bytes, object_id: int, ser: Serialized,
@@ -76,13 +77,13 @@ def push(host: str, port: int, token: bytes, object_id: int, ser: Serialized,
     ``ObjectStoreFullError`` if the node has no room, ``NodeLostError`` if it cannot be
     reached or the transfer breaks (the node then keeps nothing of it).
 
-    A large value goes in ranges over several connections at once, as ``_manager``
-    fetches (one TCP stream moves ~2 GB/s on loopback with a core to spare)."""
+    A large value goes in ranges over several connections at once, as ``_pull``
+    fetches (one TCP stream leaves a core to spare on each side)."""
     views = [_segment._as_bytes_view(b) for b in ser.buffers]
     layout = _segment._layout(len(ser.meta), [v.nbytes for v in views])
     up = _Upload(host, port, token, object_id, layout.size,
                  _parts(layout, ser.meta, views), timeout)
-    name = up.run(_pull._ranges(layout.size))
+    name = up.run(_ranges.split(layout.size))
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id,
                                      layout.size) + name.encode()
 
@@ -100,17 +101,9 @@ class _Upload:
         """Send every range; the segment's name on the node. The range at offset 0 goes
         first (it creates the segment) and is answered last, when all are in."""
         sock = self._open(*ranges[0])
-        errors: list[BaseException] = []
-        helpers = [threading.Thread(target=self._range, args=(off, n, errors), daemon=True,
-                                    name="dpool-push-range") for off, n in ranges[1:]]
         try:
-            for t in helpers:
-                t.start()
-            try:
-                self._send(sock, *ranges[0])
-            finally:
-                for t in helpers:
-                    t.join()
+            errors = _ranges.in_parallel(self._range, ranges, "dpool-push-range",
+                                         first=lambda: self._send(sock, *ranges[0]))
             if errors:
                 raise _worst(errors)  # (closing ``sock`` tells the node to drop the value)
             name = self._done(sock)
@@ -120,49 +113,32 @@ class _Upload:
         _conns.give_back(self.host, self.port, sock)
         return name
 
-    def _range(self, offset: int, length: int, errors: list) -> None:
+    def _range(self, offset: int, length: int) -> None:
+        """A range after the first: asked for, sent and answered on its own connection."""
+        sock = self._open(offset, length)
         try:
-            sock = self._open(offset, length)
-            try:
-                self._send(sock, offset, length)
-                self._done(sock)
-            except BaseException:
-                sock.close()
-                raise
-            _conns.give_back(self.host, self.port, sock)
-        except BaseException as exc:  # noqa: BLE001 - the caller raises it
-            errors.append(exc)
+            self._send(sock, offset, length)
+            self._done(sock)
+        except BaseException:
+            sock.close()
+            raise
+        _conns.give_back(self.host, self.port, sock)
 
     def _open(self, offset: int, length: int) -> socket.socket:
         """A connection on which the node said go ahead for this range."""
-        for attempt in (0, 1):
-            try:
-                sock, kept = _conns.take(self.host, self.port, self.token, self.timeout)
-            except OSError as exc:
-                raise NodeLostError(f"cannot upload a value of {self.size} bytes: "
-                                    f"{self.where} cannot be reached ({exc})") from exc
-            try:
-                self._ask(sock, offset, length)
-            except _NoAnswer:
-                sock.close()
-                if kept and attempt == 0:
-                    continue  # the node had dropped the kept connection: a fresh one
-                raise
-            except BaseException:
-                sock.close()
-                raise
-            return sock
-        raise AssertionError("unreachable")  # pragma: no cover
+        return _ranges.asked(self.host, self.port, self.token, self.timeout,
+                             lambda sock: self._ask(sock, offset, length), self._unreachable)
+
+    def _unreachable(self, exc: BaseException) -> None:
+        if isinstance(exc, (OSError, DialError)):
+            raise NodeLostError(f"cannot upload a value of {self.size} bytes: "
+                                f"{self.where} cannot be reached ({exc})") from exc
 
     def _ask(self, sock: socket.socket, offset: int, length: int) -> None:
-        from dpool.protocol import PROTOCOL_VERSION, encode_batch
-        from dpool.protocol import _messages as m
-
         sock.settimeout(self.timeout)
         try:
-            request = encode_batch([m.PushSegment(PROTOCOL_VERSION, self.object_id,
-                                                  self.size, offset, length)])
-            sock.sendall(_SIZE.pack(len(request)) + request)  # one frame (_channel)
+            _ranges.request(sock, m.PushSegment(PROTOCOL_VERSION, self.object_id,
+                                                self.size, offset, length))
             status, text = _reply(sock, self.timeout)
         except OSError as exc:
             raise _NoAnswer(f"{self.where} did not answer an upload request ({exc})") \
@@ -173,7 +149,7 @@ class _Upload:
 
     def _send(self, sock: socket.socket, offset: int, length: int) -> None:
         try:
-            _pull._blocking(sock, socket.SO_SNDTIMEO, self.timeout)
+            _ranges.blocking(sock, socket.SO_SNDTIMEO, self.timeout)
             _send_parts(sock, _slice(self.parts, offset, length))
         except OSError as exc:
             raise NodeLostError(f"the upload of a value of {self.size} bytes to "
@@ -353,7 +329,7 @@ class Receiver:
                 return _answer(sock, FULL, str(exc))
             except FileExistsError as exc:
                 return _answer(sock, REFUSED, str(exc))
-            os.close(fd)  # each chunk opens it again (``_pull.write_chunk``)
+            os.close(fd)  # each chunk opens it again (``_ranges.write_chunk``)
         inc = _Incoming(size, offsets={0})
         with self._cv:
             self._incoming[name] = inc
@@ -478,16 +454,16 @@ def _path(name: str) -> str:
 def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size: int,
                   timeout: float, moved: Callable[[int], None]) -> Optional[Error]:
     """Receive ``length`` bytes into segment ``name`` from ``offset`` (each chunk written
-    with ``_pull.write_chunk``: no fork is held off while the bytes come). If the store fills
-    up part-way, the rest is read and dropped (the driver is still sending it; closing
-    on it would reset the connection before it reads the answer) and the error
+    with ``_ranges.write_chunk``: no fork is held off while the bytes come). If the store
+    fills up part-way, the rest is read and dropped (the driver is still sending it;
+    closing on it would reset the connection before it reads the answer) and the error
     returned."""
     full: Optional[Error] = None
     path = _path(name)
-    buf = _pull._take_buffer()  # kept between transfers: its pages are faulted in
+    buf = _ranges.take_buffer()  # kept between transfers: its pages are faulted in
     got = 0
     try:
-        _pull._blocking(sock, socket.SO_RCVTIMEO, timeout)
+        _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
         while got < length:
             n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
             if n == 0:
@@ -495,7 +471,7 @@ def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size
                                       f"{length} bytes from {offset}")
             if full is None:
                 try:
-                    _pull.write_chunk(path, buf[:n], offset + got)
+                    _ranges.write_chunk(path, buf[:n], offset + got)
                 except OSError as exc:
                     if exc.errno not in _segment._NO_SPACE_ERRNOS:
                         raise
@@ -503,7 +479,7 @@ def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size
             got += n
             moved(n)
     finally:
-        _pull._give_buffer(buf)
+        _ranges.give_buffer(buf)
     return full
 
 

@@ -1,1 +1,9 @@
-"""The worker process: runs one task at a time for its local scheduler."""
+"""The worker process: runs one task at a time for its scheduler (an entry point).
+
+- ``_main``: the process's start and main loop (take a task, run it, send its result).
+- ``_client``: ``WorkerClient``, the runtime client of task code that submits, waits and
+  gets (a ``dpool.runtime._client.Client``); waiting gives the worker's slot back.
+- ``_lease``: a worker lent to a driver on its node's host (a second channel).
+- ``_output``: a node's worker sends its stdout/stderr to the driver.
+- ``_watchdog``: the worker exits, and cleans up, when its driver dies.
+"""

@@ -16,11 +16,9 @@ even with ``max_workers=1``.
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import threading
-from collections import deque
 from typing import Any, Callable, Optional, TypeVar
 
 from dpool.futures import Future, ObjectRef
@@ -28,25 +26,23 @@ from dpool.objects import _mapping, _payload
 from dpool.protocol import ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.runtime import _calls
-from dpool.runtime._functions import FunctionTable
+from dpool.runtime._channel_client import ChannelClient
 
 T = TypeVar("T")
 
 _CLOSED = object()
 
 
-class WorkerClient:
+class WorkerClient(ChannelClient):
+    """The ``Client`` of a worker process (see ``dpool.runtime._client``)."""
+
     gives_back_slot = True
 
     def __init__(self, worker: Any) -> None:
-        self.worker = worker
-        self.group_id = worker.cfg.group_id
-        self.owner_pid = worker.cfg.parent_pid  # the store's owner names every segment
         base = worker.cfg.id_base or (worker.cfg.worker_id << 32)
-        self._ids = itertools.count(base + 1)
-        self.functions = FunctionTable(self.new_id, self._register_function)
-        self._futures: dict[int, Future] = {}
-        self._releases: deque = deque()
+        # the scheduler's process owns the store: it names every segment written here
+        super().__init__(base + 1, worker.cfg.parent_pid)
+        self.worker = worker
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._block_lock = threading.Lock()
         self._depth = 0
@@ -55,17 +51,11 @@ class WorkerClient:
         self.wake_fd: int | None = None  # a lent worker's main loop waits on it (_lease)
         worker.client = self
 
-    def new_id(self) -> int:
-        return next(self._ids)
-
     # -- sending ---------------------------------------------------------------------------
     def _send(self, msgs: list) -> None:
         if self._releases:
             msgs = [*msgs, *self.take_releases()]
         self.worker.chan.send(encode_batch(msgs))
-
-    def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
-        self._send([m.RegisterFunction(fn_id, payload)])
 
     @property
     def receiving(self) -> bool:
@@ -80,15 +70,6 @@ class WorkerClient:
                                          name="dpool-worker-receiver")
                     t.start()
                     self._thread = t
-
-    def take_releases(self) -> list:
-        """A Release message for the handles dropped so far (or nothing)."""
-        if not self._releases:
-            return []
-        rel = []
-        while self._releases:
-            rel.append(self._releases.popleft())
-        return [m.Release(tuple(rel))]
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
@@ -115,20 +96,8 @@ class WorkerClient:
         return ObjectRef(oid, self)
 
     def future_for(self, ref: ObjectRef) -> Future:
-        self._ensure_receiver()
-        pending = self._futures.get(ref.id)
-        if pending is not None:
-            return pending  # a nested task's future (or a get already in flight)
-        fut = Future(0, self)
-        fut._client = self  # result() gives the slot back
-        fut.set_running_or_notify_cancel()
-        self._futures[ref.id] = fut
-        self._send([m.GetObjects((ref.id,))])
-        return fut
-
-    def release(self, object_id: int) -> None:
-        if object_id:
-            self._releases.append(object_id)
+        self._ensure_receiver()  # the value arrives while the task waits
+        return super().future_for(ref)
 
     # -- blocking --------------------------------------------------------------------------
     def blocking(self, fn: Callable[..., T], *args: Any) -> T:

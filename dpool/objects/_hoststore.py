@@ -1,6 +1,6 @@
 """The host's object store as the scheduler uses it: adopt, pin, drop, spill, restore.
 
-``ObjectStore`` (``_store``) does the accounting; this layer speaks in *payloads*
+``ObjectStore`` (``_accounting``) does the accounting; this layer speaks in *payloads*
 (``_values``), so the scheduler never parses one itself, and it implements eviction as
 spilling: an evicted object's segment is copied to a spill directory on disk and brought
 back into shared memory when a task or a reader needs it again. Nothing is lost to
@@ -39,7 +39,7 @@ import tempfile
 from typing import Callable, Optional
 
 from dpool.objects import _mapping, _recycle, _segment, _values
-from dpool.objects._store import ObjectStore, default_capacity
+from dpool.objects._accounting import ObjectStore, default_capacity
 
 log = logging.getLogger("dpool.objects")
 

@@ -1,0 +1,74 @@
+"""What the two clients that talk to a scheduler by messages share: ``ChannelClient``.
+
+A cluster driver (``_cluster.ClusterRuntime``, to its node) and a worker's client
+(``dpool.worker._client.WorkerClient``, to its scheduler) both send ``SubmitTask``,
+``PutObject``, ``GetObjects`` and ``Release`` and get ``ObjectValue`` back. This base
+holds the part that is the same for both: object ids, function registration, futures for
+refs (``GetObjects``) and the lock-free release queue. Each subclass sends (``_send``),
+submits, puts and reads its connection its own way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any, Callable, Optional, TypeVar
+
+from dpool.futures import Future, ObjectRef
+from dpool.protocol import _messages as m
+from dpool.runtime._functions import FunctionTable
+
+T = TypeVar("T")
+
+
+class ChannelClient:
+    """The shared half of a client whose runtime is at the other end of a channel."""
+
+    gives_back_slot = False
+
+    def __init__(self, first_id: int, owner_pid: int) -> None:
+        self.owner_pid = owner_pid  # the store's owner: it names every segment written
+        self._ids = itertools.count(first_id)
+        self.functions = FunctionTable(self.new_id, self._register_function)
+        self._futures: dict[int, Future] = {}  # object id -> future awaiting its value
+        self._releases: deque = deque()  # object ids whose handles were dropped
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def _send(self, msgs: list) -> None:
+        raise NotImplementedError
+
+    def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
+        self._send([m.RegisterFunction(fn_id, payload)])
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        pending = self._futures.get(ref.id)
+        if pending is not None:
+            return pending  # a task's future (or a get already in flight)
+        # in a worker, the future's result() gives the slot back (it needs the client)
+        fut = Future(0, self) if self.gives_back_slot else Future()
+        fut.set_running_or_notify_cancel()
+        self._futures[ref.id] = fut
+        self._send([m.GetObjects((ref.id,))])
+        return fut
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle. Safe from ``__del__`` in any thread: no lock is taken."""
+        if object_id:
+            self._releases.append(object_id)
+
+    def take_releases(self) -> list:
+        """A Release message for the handles dropped so far (or nothing)."""
+        if not self._releases:
+            return []
+        rel = []
+        while self._releases:
+            rel.append(self._releases.popleft())
+        return [m.Release(tuple(rel))]
+
+    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+        return timeout  # results come from the reader thread
+
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)

@@ -1,0 +1,107 @@
+"""The interface between the public API and this process's runtime: ``Client``, ``Driver``.
+
+    executor / Pool / dpool.wait,get,put ──▶ Client ◀── WorkerClient (inside a task)
+                                              ▲
+                                           Driver ◀── DriverRuntime (embedded)
+                                                  ◀── ClusterRuntime (attached to a node)
+
+``Client`` is what futures, ``dpool.wait``/``get``/``put`` and an executor's ``submit``
+call: every process that runs user code has one (``_current.client()``). ``Driver`` adds
+what only a driver does: own worker groups (one per executor or Pool) and the settings of
+its runtime. The public API calls nothing else of the runtime; it never sees a scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
+
+from dpool.futures import FutureClient
+
+if TYPE_CHECKING:
+    from dpool.futures import Future, ObjectRef
+    from dpool.runtime._functions import FunctionTable
+
+T = TypeVar("T")
+
+
+class Group(Protocol):
+    """A driver's worker group, as an executor reads it (the scheduler's or the node's)."""
+
+    broken: Optional[str]  # why it cannot run tasks (None while it can)
+    workers: list  # its worker records (``.process``, ``.pid``); the node's are not here
+    max_tasks: Optional[int]  # tasks per worker before it is replaced (None: no limit)
+
+
+class Client(FutureClient, Protocol):
+    """This process's runtime, as user code reaches it: submit, put, get, release."""
+
+    gives_back_slot: bool  # True in a worker: waiting hands its CPU slot back
+    owner_pid: int  # the pid that names the shared-memory segments this process writes
+    functions: FunctionTable  # functions pickled once, by id
+
+    def new_id(self) -> int:
+        """A fresh object id (a task's result, a put value, a function)."""
+
+    def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
+               req: Any = None) -> Future:
+        """Run ``fn(*args, **kwargs)`` in ``group`` (a driver's ``Group``; inside a task,
+        the id of the group running it), asking ``req`` (a resource request) if given."""
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` once; the ref holds it alive."""
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        """A future that gets ``ref``'s value."""
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle of the object (from ``__del__``: takes no lock)."""
+
+    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+        """Wait a while for ``future`` by reading its result on this thread (where the
+        runtime can); what is left of ``timeout``."""
+
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a wait); in a worker, with its slot given back meanwhile."""
+
+
+class Driver(Client, Protocol):
+    """A driver's runtime (embedded or attached to a node): it also owns worker groups."""
+
+    pid: int  # the process it was started in (a fork starts its own)
+
+    def add_group(self, cfg: Any, executor: object) -> Group:
+        """A new worker group for ``executor`` (as ``cfg``, a ``scheduling.GroupConfig``,
+        says); the executor is shut down when the driver closes. The calls below take the
+        group this returned."""
+
+    def close_group_soon(self, group: Any) -> None:
+        """Close ``group`` once it is idle (from a finalizer: takes no lock)."""
+
+    def close_group(self, group: Any) -> None:
+        """No more tasks for ``group``; its workers exit once its tasks are done."""
+
+    def cancel_queued(self, group: Any) -> None:
+        """Cancel the futures of ``group``'s tasks not yet started."""
+
+    def wait_group_exited(self, group: Any) -> None:
+        """Until ``group``'s tasks are done and its workers have exited."""
+
+    def terminate_group(self, group: Any, reason: str) -> None:
+        """Kill ``group``'s workers now; its unfinished futures fail with ``reason``."""
+
+    def is_io_thread(self) -> bool:
+        """Whether this thread is the runtime's own (a done-callback runs there)."""
+
+    def estimate(self, fn_id: int, default: Any = ...) -> Any:
+        """Measured run time of one call of function ``fn_id`` (``default`` if never
+        measured)."""
+
+    def set_store_capacity(self, capacity: int) -> None:
+        """Bytes the host's object store may hold (``object_store_memory``)."""
+
+    def set_resource_offer(self, spec: Optional[dict]) -> None:
+        """What the runtime offers every executor (``runtime_resources``, as
+        ``scheduling._resources.spec`` gives it); None: detect."""
+
+    def close(self) -> None:
+        """End of the driver: shut its executors down (as the stdlib does at exit)."""

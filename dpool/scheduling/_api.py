@@ -1,0 +1,288 @@
+"""What plugs into the local scheduler, and what it offers them: typed interfaces.
+
+A node daemon builds its cluster services around one ``LocalScheduler``: the attached
+drivers (``node._attach``), worker leases (``node._leases``), spilling to other nodes
+(``node._spill``), running what other nodes spilled (``node._remote``), the node's agent
+and the daemon itself. They see the scheduler only through ``SchedulerAPI``; the
+scheduler sees them only through ``DriverService``, ``SpillService`` and
+``LeaseService``, registered with ``attach_services``, and through the message handlers
+they add to its dispatch table (``register_handler``). Neither side reaches the other's
+private members, so each can change on its own, and a service can be unit-tested with a
+fake scheduler (tests/node/).
+
+Lock rule, here as everywhere in ``scheduling/`` and ``node/``: a method whose name ends
+in ``_locked`` expects the scheduler's ``lock`` held by its caller; any other method
+takes the lock itself if it needs it, and must not be called with it held. Message
+handlers run on the IO thread with the lock held. Completions gathered under the lock
+(``take_out_locked``) are delivered after releasing it (``deliver``): a future's
+done-callbacks may submit again.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterable, ValuesView
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
+
+from dpool.control import ControlStore
+from dpool.objects._hoststore import HostStore
+from dpool.protocol import _messages as m
+from dpool.protocol._ioloop import IOLoop
+from dpool.scheduling._policy import BatchPolicy
+from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.scheduling._resources import Ledger
+
+# A message handler: (the connection it came on, the message), called on the IO thread
+# with the lock held. The connection is a ``WorkerHandle`` or the subclass a service's
+# messages come on (an attached driver's ``DriverHandle``, a peer's ``PeerHandle``).
+Handler = Callable[[Any, Any], None]
+
+
+@runtime_checkable
+class DriverService(Protocol):
+    """The drivers attached to a node (``node._attach.DriverSessions``)."""
+
+    def local_drivers_locked(self) -> Iterable[WorkerHandle]:
+        """The live drivers on this host (they map the store's segments too)."""
+        ...
+
+    def value_message(self, w: WorkerHandle, oid: int, ok: bool,
+                      payload: bytes) -> m.ObjectValue:
+        """A value for a connection whose ``remote_values`` is true (a driver, a peer)."""
+        ...
+
+    def forward_output_locked(self, src: WorkerHandle, msg: m.Output) -> None:
+        """What a worker printed, on its way to the driver that owns its group."""
+        ...
+
+    def handle_closed_locked(self, h: WorkerHandle) -> None:
+        """A connection without a worker process (a driver, a peer) closed."""
+        ...
+
+
+@runtime_checkable
+class SpillService(Protocol):
+    """Sends tasks this node should not run to other nodes (``node._spill.Spiller``)."""
+
+    def consider_locked(self, g: Group) -> None:
+        """``g``'s queue grew: spill the tasks that would wait too long here."""
+        ...
+
+    def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:
+        """``t`` asks for resources this node never has; False: fail it here."""
+        ...
+
+    def fail_group_locked(self, g: Group, err: bytes) -> None:
+        """``g`` broke: its tasks away fail with ``err``."""
+        ...
+
+    def tick_locked(self) -> None:
+        """Periodic work (the IO thread's tick)."""
+        ...
+
+
+@runtime_checkable
+class LeaseService(Protocol):
+    """Workers lent to drivers of this host (``node._leases.LeaseDesk``)."""
+
+    @property
+    def lent(self) -> dict[int, WorkerHandle]:
+        """Worker id -> the worker lent now (counted busy; not the node's to send to)."""
+        ...
+
+    def recall_locked(self) -> None:
+        """Tasks wait for a CPU: ask the lent workers back."""
+        ...
+
+    def lost_locked(self, w: WorkerHandle) -> None:
+        """The lent worker ``w`` exited."""
+        ...
+
+
+@runtime_checkable
+class SchedulerAPI(Protocol):
+    """The local scheduler as the node's services and daemons use it (``LocalScheduler``).
+
+    Records (``Group``, ``Task``, ``Obj``, ``WorkerHandle``) are plain data, read and
+    written under ``lock``; what changes more than one record, or the tables, is a
+    method here.
+    """
+
+    # -- shared state ------------------------------------------------------------------
+    @property
+    def lock(self) -> threading.Lock:
+        """Guards every record and table of the scheduler, and the services' own."""
+        ...
+
+    @property
+    def io(self) -> IOLoop:
+        """The IO thread: ``add`` a connection (driver, peer) to serve its messages."""
+        ...
+
+    @property
+    def store(self) -> HostStore:
+        """The host's object store (use it with the lock held)."""
+        ...
+
+    @property
+    def batch(self) -> BatchPolicy:
+        """Run-time estimates per function (``estimate``, ``known``, ``observe``)."""
+        ...
+
+    @property
+    def control(self) -> ControlStore:
+        """The control store the scheduler records tasks, objects and events in."""
+        ...
+
+    @property
+    def cpu_limit(self) -> Optional[int]:
+        """A node's CPUs (at most this many tasks run at once); None: no node limit."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """The scheduler is shut down (or shutting down)."""
+        ...
+
+    # -- plugging in (any thread; take the lock) ---------------------------------------
+    def register_handler(self, code: int, handler: Handler) -> Optional[Handler]:
+        """Handle messages of type ``code`` with ``handler``; returns the handler it
+        replaces (None if none), for a service that wraps a built-in one."""
+        ...
+
+    def attach_services(self, *, sessions: Optional[DriverService] = None,
+                        spiller: Optional[SpillService] = None,
+                        leases: Optional[LeaseService] = None) -> None:
+        """Plug in the node's services (those given; the others stay as they were)."""
+        ...
+
+    def set_control(self, control: ControlStore) -> None:
+        """Record in ``control`` from now on (a node that joined a cluster)."""
+        ...
+
+    # -- any thread ----------------------------------------------------------------------
+    def group(self, group_id: int) -> Optional[Group]:
+        """The group with this id, if it exists (a dict read: no lock needed)."""
+        ...
+
+    def function_payload(self, fn_id: int) -> bytes:
+        """The pickled function registered under ``fn_id`` (KeyError if none)."""
+        ...
+
+    def deliver(self, out: list) -> None:
+        """Complete what ``take_out_locked`` returned. Call *without* the lock."""
+        ...
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle's reference to an object (no lock; applied later)."""
+        ...
+
+    def terminate_group(self, group: Group, reason: str) -> None:
+        """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
+        ...
+
+    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+        """Block until the closed ``group`` is idle and its workers exited."""
+        ...
+
+    # -- lock held: groups ---------------------------------------------------------------
+    def groups_locked(self) -> ValuesView[Group]:
+        """Every group (a live view: copy it before changing groups while iterating)."""
+        ...
+
+    def insert_group_locked(self, g: Group) -> None:
+        """Add a group built by a service (an attached driver's, a mirror group)."""
+        ...
+
+    def close_group_locked(self, g: Group) -> None:
+        """No more submissions to ``g``; its workers stop once its work is done."""
+        ...
+
+    def fail_group_locked(self, g: Group, reason: str) -> None:
+        """Fail every queued, waiting and running task of ``g`` with ``reason``."""
+        ...
+
+    # -- lock held: tasks ----------------------------------------------------------------
+    def admit_locked(self, t: Task) -> None:
+        """Accept a new task: record it, queue it once its inputs are ready, dispatch."""
+        ...
+
+    def finish_locked(self, t: Task, ok: bool, payload: bytes,
+                      counted: bool = True) -> None:
+        """Record a task's outcome and wake whatever waits on its result."""
+        ...
+
+    def skip_cancelled_locked(self, t: Task) -> None:
+        """``t``'s future was cancelled before it started: finish it as cancelled."""
+        ...
+
+    def fail_unmet_locked(self, t: Task, reason: str) -> None:
+        """``t`` cannot get the resources it asks for: it fails with ``ResourceError``."""
+        ...
+
+    def return_task_locked(self, t: Task) -> None:
+        """``t`` came back (from another node): first in its group's queue, dispatched."""
+        ...
+
+    def cpu_freed_locked(self) -> None:
+        """A CPU no worker of the scheduler counted came free (a lease ended): groups
+        with queued tasks are dispatched once the current read is handled."""
+        ...
+
+    def busy_cpus_locked(self) -> int:
+        """Workers running tasks now (lent ones included), over every group."""
+        ...
+
+    def resources_locked(self) -> Ledger:
+        """This node's GPUs, memory and custom resources (detected on first use)."""
+        ...
+
+    def set_function_locked(self, fn_id: int, payload: bytes) -> None:
+        """Register a function under a local id (no control-store record)."""
+        ...
+
+    # -- lock held: workers and connections ----------------------------------------------
+    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+                     lease: Optional[socket.socket] = None) -> WorkerHandle:
+        """Start a worker of ``g`` (``lease``: a driver's connection it is lent to)."""
+        ...
+
+    def send_locked(self, w: WorkerHandle, msgs: list) -> None:
+        """Send ``msgs`` to a worker, driver or peer (never blocks)."""
+        ...
+
+    def take_out_locked(self) -> list:
+        """The completions gathered in this locked region, for ``deliver``."""
+        ...
+
+    def drop_handles_locked(self, w: WorkerHandle) -> None:
+        """``w`` (a worker, or a driver) is gone: the objects it held a handle to lose
+        that reference."""
+        ...
+
+    # -- lock held: objects --------------------------------------------------------------
+    def object_locked(self, oid: int) -> Optional[Obj]:
+        """The object table's entry for ``oid``, if any."""
+        ...
+
+    def pending_object_locked(self, oid: int) -> Obj:
+        """A new entry for a value computed elsewhere (a lent worker's task): not
+        ready, one reference (its owner's handle); ``resolve_object_locked`` sets it."""
+        ...
+
+    def resolve_object_locked(self, oid: int, ok: bool, payload: bytes) -> None:
+        """The value of a pending entry arrived: adopt it, wake its waiters (a value
+        for an entry released meanwhile is discarded)."""
+        ...
+
+    def take_object_locked(self, oid: int) -> Optional[Obj]:
+        """Remove ``oid``'s entry from the table and return it (nothing is freed)."""
+        ...
+
+    def decref_locked(self, oid: int, n: int = 1) -> None:
+        """Drop ``n`` references to ``oid``; at zero a ready object is freed."""
+        ...
+
+
+__all__ = ["DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"]

@@ -1,0 +1,148 @@
+"""The local scheduler's object table: every task result and put value of this host.
+
+An entry (``Obj``) counts the handles to a value (``refs``: the driver's future or ref, a
+worker's nested future or put, each pending task that takes it as an argument) and lists
+what waits for it to be ready (tasks, workers, callbacks). At zero references a ready
+value is dropped from the store (``objects._hoststore`` tells the reference-counting scheme
+below that). Handles released from ``__del__`` in any thread go through a lock-free
+queue (``release``), applied at the next scheduler event.
+
+Values sent to a connection that is not a worker of this host (an attached driver, a
+peer node: ``remote_values``) are made by the drivers' service (``DriverService``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, cast
+
+from dpool.errors import ObjectLostError, ObjectStoreFullError
+from dpool.objects import _mapping, _payload
+from dpool.protocol import _messages as m
+from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._records import Obj, WorkerHandle
+
+
+class ObjectTable(SchedulerCore):
+    # -- public (any thread) -------------------------------------------------------------
+    def put(self, object_id: int, payload: bytes) -> None:
+        """Store a value under ``object_id`` with one reference (the caller's handle)."""
+        with self.lock:
+            try:
+                self.store.adopt(payload)  # raises ObjectStoreFullError at the put() call
+            finally:
+                if self.store.has_news:  # adopting may have spilled others
+                    self._forget_mappings_locked()
+            obj = Obj()
+            obj.ready = True
+            obj.payload = payload
+            obj.refs = 1
+            self._objects[object_id] = obj
+        self.control.add_object(object_id, len(payload), "host")
+
+    def subscribe(self, object_id: int, callback: Callable[[bool, bytes], None]) -> None:
+        """Call ``callback(ok, payload)`` once the object is ready (maybe right away)."""
+        with self.lock:
+            obj = self._objects.get(object_id)
+            if obj is None:
+                ok, payload = False, _payload.dumps_error(ObjectLostError(
+                    f"object {object_id:#x} is unknown here: its last reference was "
+                    "released or it was created by another runtime"))
+            elif not obj.ready:
+                obj.add_waiter(callback)
+                return
+            else:
+                ok, payload = self._resident_value_locked(obj)
+        callback(ok, payload)
+
+    def collect_releases(self) -> None:
+        """Apply the handle releases queued by ``release`` now rather than at the next
+        scheduler event (before a large write, so it can reuse the freed pages)."""
+        if self._releases:
+            with self.lock:
+                self._drain_releases_locked()
+                out = self.take_out_locked()
+            self.deliver(out)
+
+    def release(self, object_id: int) -> None:
+        """Drop one handle's reference. Safe from ``__del__`` in any thread (no lock)."""
+        self._releases.append(object_id)
+
+    # -- entries (lock held) -------------------------------------------------------------
+    def object_locked(self, oid: int) -> Optional[Obj]:
+        return self._objects.get(oid)
+
+    def pending_object_locked(self, oid: int) -> Obj:
+        obj = Obj()
+        obj.refs = 1  # its owner's handle
+        self._objects[oid] = obj
+        return obj
+
+    def resolve_object_locked(self, oid: int, ok: bool, payload: bytes) -> None:
+        obj = self._objects.get(oid)
+        if obj is None or obj.ready:  # released meanwhile: nobody can use it
+            self.store.discard(payload if ok else None)
+            return
+        ok, payload = self._adopt_result_locked(ok, payload)
+        obj.ready, obj.ok, obj.payload = True, ok, payload
+        self.control.add_object(oid, len(payload), "host")
+        if obj.waiters:
+            self._wake_waiters_locked(obj, oid)
+        if obj.refs <= 0:
+            self._drop_object_locked(oid)
+
+    def take_object_locked(self, oid: int) -> Optional[Obj]:
+        return self._objects.pop(oid, None)
+
+    def decref_locked(self, oid: int, n: int = 1) -> None:
+        obj = self._objects.get(oid)
+        if obj is None:
+            return
+        obj.refs -= n
+        if obj.refs <= 0 and obj.ready:
+            self._drop_object_locked(oid)
+
+    def _drop_object_locked(self, oid: int) -> None:
+        obj = self._objects.pop(oid)
+        if obj.ok:
+            self.store.drop(obj.payload)
+        self.control.remove_object(oid)
+
+    def _drain_releases_locked(self) -> None:
+        rel = self._releases
+        while rel:
+            self.decref_locked(rel.popleft())
+
+    # -- values to readers (lock held) ---------------------------------------------------
+    def _resident_value_locked(self, obj: Obj) -> tuple[bool, bytes]:
+        """A ready object's (ok, payload), brought back from disk first if it was spilled."""
+        ok, payload = obj.ok, cast(bytes, obj.payload)  # ready: the payload is set
+        if ok:
+            try:
+                self.store.restore_payload(payload)
+            except ObjectStoreFullError as exc:
+                ok, payload = False, _payload.dumps_error(exc)
+        return ok, payload
+
+    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+        ok, payload = self._resident_value_locked(obj)
+        self.send_locked(w, [self._value_message_locked(w, oid, ok, payload)])
+
+    def _value_message_locked(self, w: WorkerHandle, oid: int, ok: bool,
+                              payload: bytes) -> m.ObjectValue:
+        if w.remote_values:  # a driver or a peer: on a node, which has its drivers' service
+            return self._sessions.value_message(w, oid, ok, payload)  # type: ignore[union-attr]
+        return m.ObjectValue(oid, ok, payload)
+
+    def _forget_mappings_locked(self) -> None:
+        """Large segments were freed or spilled, or pooled pages given back: workers (and
+        this process) unmap cached mappings nobody can use any more."""
+        names = self.store.take_news()
+        _mapping.prune()
+        msg = [m.Forget(names)]
+        for g in self._groups.values():
+            for w in g.workers:
+                if w.alive:
+                    self.send_locked(w, msg)
+        if self._sessions is not None:  # drivers on this host map our segments too
+            for d in self._sessions.local_drivers_locked():
+                self.send_locked(d, msg)
