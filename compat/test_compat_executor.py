@@ -264,14 +264,14 @@ def test_callbacks_never_run_inside_submit(Executor, impl, request, monkeypatch)
         from dpool.runtime import _current
 
         sched = _current.driver().scheduler
-        deliver = sched._deliver
+        deliver = sched.deliver
 
         def preempted_deliver(out):
             if sched.is_io_thread():
                 time.sleep(0.002)
             deliver(out)
 
-        monkeypatch.setattr(sched, "_deliver", preempted_deliver)
+        monkeypatch.setattr(sched, "deliver", preempted_deliver)
     where = {"now": "other"}
     inside_submit = []
 

@@ -19,7 +19,7 @@ import dpool
 from dpool.node import _server
 from dpool.objects import _segment
 from dpool.objects._serialization import deserialize, serialize
-from dpool.transfer import _conns, _pull
+from dpool.transfer import _conns, _pull, _ranges
 
 TOKEN = b"t" * 32
 _ids = itertools.count(1)
@@ -189,8 +189,8 @@ def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segm
 @pytest.fixture
 def ranges(monkeypatch):
     """Transfers of a few MB in three ranges at once, whatever this machine's cores."""
-    monkeypatch.setattr(_pull, "_STREAMS", 3)
-    monkeypatch.setattr(_pull, "_STREAM_MIN", 1 << 20)
+    monkeypatch.setattr(_ranges, "_STREAMS", 3)
+    monkeypatch.setattr(_ranges, "_STREAM_MIN", 1 << 20)
 
 
 def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments, ranges):
