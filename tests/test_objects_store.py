@@ -1,4 +1,4 @@
-"""dpool.objects._store: capacity, LRU eviction, pins and reference counts."""
+"""dpool.objects._accounting: capacity, LRU eviction, pins and reference counts."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ except ImportError:  # running from a checkout without an installed dpool
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment as seg
 from dpool.objects._serialization import serialize
-from dpool.objects._store import ENV_CAPACITY, ObjectStore, default_capacity, parse_size
+from dpool.objects._accounting import ENV_CAPACITY, ObjectStore, default_capacity, parse_size
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")
 

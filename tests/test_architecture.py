@@ -1,0 +1,203 @@
+"""The layer order holds: every import in ``dpool/`` points down.
+
+Each module under ``dpool/`` is parsed with ``ast`` and every ``import`` / ``from ...
+import`` in it is checked -- at module level, inside functions and under
+``if TYPE_CHECKING:`` alike (a lazy import is still a dependency). The order, top to
+bottom (a module may import its own layer and the layers below it):
+
+    entry points   cli/, worker/, testing/, __main__, _run
+    public API     dpool/__init__, executor, pool, _pool_core, _pool_results, _resources_api
+    runtime/       this process's client (embedded, attached, TCP cluster driver)
+    node/, global_scheduler/   the daemons
+    scheduling/    the local scheduler
+    transfer/      moving segments between nodes and TCP drivers
+    objects/, control/         the store; the control store
+    protocol/      messages, codec, channel, auth, IO loop, dial + handshake, workdir archives
+    futures.py     a leaf of types
+    errors.py
+
+and besides:
+
+- ``runtime/`` and the daemons (``node/``, ``global_scheduler/``) do not import each other;
+- nothing imports ``worker/`` or ``cli/`` but the entry points that start them
+  (``cli/``, ``worker/``, ``__main__``, ``testing/``).
+
+Starting a process by the name of its entry module (``python -m dpool.node``,
+``protocol._startup.WORKER_ENTRY``) is how entry points are reached, not an import.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dpool"
+
+# Top to bottom; each layer is a set of modules or packages (a package holds its submodules).
+LAYERS: list[tuple[str, frozenset[str]]] = [
+    ("entry points", frozenset({"dpool.cli", "dpool.worker", "dpool.testing",
+                                "dpool.__main__", "dpool._run"})),
+    ("public API", frozenset({"dpool", "dpool.executor", "dpool.pool", "dpool._pool_core",
+                              "dpool._pool_results", "dpool._resources_api"})),
+    ("runtime", frozenset({"dpool.runtime"})),
+    ("daemons", frozenset({"dpool.node", "dpool.global_scheduler"})),
+    ("scheduling", frozenset({"dpool.scheduling"})),
+    ("transfer", frozenset({"dpool.transfer"})),
+    ("store", frozenset({"dpool.objects", "dpool.control"})),
+    ("protocol", frozenset({"dpool.protocol"})),
+    ("futures", frozenset({"dpool.futures"})),
+    ("errors", frozenset({"dpool.errors"})),
+]
+
+# Pairs that must not import each other, in either direction, whatever the order says.
+APART: list[tuple[str, str]] = [
+    ("dpool.runtime", "dpool.node"),
+    ("dpool.runtime", "dpool.global_scheduler"),
+]
+
+# Only these may import ``worker/`` or ``cli/``.
+STARTERS = frozenset({"dpool.cli", "dpool.worker", "dpool.__main__", "dpool.testing"})
+STARTED = frozenset({"dpool.worker", "dpool.cli"})
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the module imported (``from a import b``: ``a.b`` if that is a module)
+    line: int
+    type_checking: bool
+
+    def __str__(self) -> str:
+        where = " (under TYPE_CHECKING)" if self.type_checking else ""
+        return f"{self.module}:{self.line} imports {self.target}{where}"
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of the package: dotted name -> (path, whether it is a package)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        out[".".join(parts)] = (path, is_package)
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str) -> list[Import]:
+    """Every import statement of ``module`` that names a dpool module."""
+    path, is_package = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, type_checking: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, type_checking)
+            return
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here[:len(here) - node.level + 1]
+                                + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if sub in MODULES else base)
+        for target in targets:
+            if target == "dpool" or target.startswith("dpool."):
+                found.append(Import(module, target, node.lineno, type_checking))
+        for child in ast.iter_child_nodes(node):
+            visit(child, type_checking)
+
+    visit(tree, False)
+    return found
+
+
+def _owner(module: str, groups: frozenset[str]) -> str | None:
+    """The member of ``groups`` that ``module`` is or lies in (the longest match)."""
+    best = None
+    for g in groups:
+        if (module == g or module.startswith(g + ".")) and (best is None or len(g) > len(best)):
+            best = g
+    return best
+
+
+def _layer(module: str) -> int:
+    matches = [(len(_owner(module, members) or ""), i)
+               for i, (_, members) in enumerate(LAYERS) if _owner(module, members)]
+    if not matches:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+    return max(matches)[1]
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+ALL_IMPORTS = [imp for module in MODULES for imp in _imports(module)]
+
+
+def test_the_scan_finds_the_imports_it_checks():
+    """The parser sees what it must: relative, function-level and type-checking imports."""
+    assert len(MODULES) > 50 and "dpool.scheduling" in MODULES
+    assert any(imp.type_checking for imp in ALL_IMPORTS)
+    assert {i.target for i in ALL_IMPORTS if i.module == "dpool.__main__"} == {"dpool.cli"}
+    assert all(i.target in MODULES for i in ALL_IMPORTS), \
+        sorted({i.target for i in ALL_IMPORTS} - set(MODULES))
+
+
+def test_every_module_is_in_a_layer():
+    missing = []
+    for module in MODULES:
+        try:
+            _layer(module)
+        except AssertionError as e:
+            missing.append(str(e))
+    assert not missing, "\n".join(missing)
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for imp in ALL_IMPORTS:
+        src, dst = _layer(imp.module), _layer(imp.target)
+        if dst < src:
+            upward.append(f"{imp}: layer '{LAYERS[src][0]}' imports layer '{LAYERS[dst][0]}'")
+    assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("a, b", APART, ids=[f"{a}-{b}" for a, b in APART])
+def test_the_runtime_and_the_daemons_do_not_import_each_other(a, b):
+    crossing = [str(imp) for imp in ALL_IMPORTS
+                if (_in(imp.module, a) and _in(imp.target, b))
+                or (_in(imp.module, b) and _in(imp.target, a))]
+    assert not crossing, f"{a} and {b} must not import each other:\n" + "\n".join(crossing)
+
+
+def test_nothing_but_an_entry_point_imports_the_worker_or_the_cli():
+    wrong = [str(imp) for imp in ALL_IMPORTS
+             if _owner(imp.target, STARTED) and not _owner(imp.module, STARTERS)]
+    assert not wrong, "only cli/, worker/, __main__ and testing/ may import worker/ or " \
+                      "cli/:\n" + "\n".join(wrong)
+
+
+def test_futures_is_a_leaf_of_types():
+    deps = sorted({imp.target for imp in ALL_IMPORTS if imp.module == "dpool.futures"})
+    assert set(deps) <= {"dpool.errors"}, f"dpool.futures imports {deps}"
