@@ -184,8 +184,8 @@ class PoolCore:
         it = iter(items)
         index = 0
         while True:
-            # islice builds each chunk at C speed (a Python loop over 100k items costs
-            # ~10 ms, as much as the map's whole remaining work)
+            # islice builds each chunk at C speed (a Python loop over a large map's items
+            # costs as much as the map's whole remaining work: bench/NOTES.md)
             chunk = list(itertools.islice(it, chunksize))
             if not chunk:
                 return True
