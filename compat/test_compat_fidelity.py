@@ -308,12 +308,30 @@ def test_pool_private_attributes(Pool, impl):
         p._state = multiprocessing.pool.CLOSE
         assert p._state == "CLOSE"
         assert outcome(p.apply_async, square, (2,)).raised(ValueError)  # "Pool not running"
+        # Set back to RUN, the value is stored and read back, as the stdlib stores it
+        # (CPython's test_pool does this after terminate()); the pool stays closed to
+        # new work in dpool (DIFFERENCES.md, "Private attributes"), and join() refuses.
+        p._state = multiprocessing.pool.RUN
+        assert p._state == "RUN"
+        assert outcome(p.join).raised(ValueError)  # "Pool is still running"
         if impl == "dpool":
-            # DIFFERENCES.md, "Private attributes": setting _state does what close() does
-            # (so join() returns), and a closed pool cannot be set back to RUN.
-            assert outcome(setattr, p, "_state", "RUN").raised(ValueError)
+            assert outcome(p.apply_async, square, (2,)).raised(ValueError)
+        p._state = multiprocessing.pool.CLOSE
+        if impl == "dpool":  # setting CLOSE does what close() does: join() returns
             p.join()
     assert p._state == "TERMINATE"
+
+
+def test_pool_state_run_after_terminate_is_accepted(Pool):
+    """CPython's test_pool: ``p.terminate(); p.join(); p._state = RUN`` (to silence the
+    ResourceWarning checks) must not raise."""
+    p = Pool(2)
+    p.terminate()
+    p.join()
+    p._state = multiprocessing.pool.RUN
+    assert p._state == "RUN"
+    p._state = multiprocessing.pool.TERMINATE
+    del p
 
 
 def test_pool_worker_killed_through_pool(Pool, impl, tmp_path):

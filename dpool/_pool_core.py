@@ -268,6 +268,8 @@ class PoolCore:
                 exc = _cf.CancelledError()
             else:
                 exc = fut.exception()
+                if exc is not None and type(exc.__cause__) is _payload.RemoteTraceback:
+                    exc.__cause__ = _pool_traceback(exc.__cause__.tb)
                 if exc is None:
                     value = fut.result()
                     # The pool's own future: let go of the result, which the runtime
@@ -383,9 +385,16 @@ def _batch_outcomes(items: list) -> list:
             out.append((True, item[1]))
         else:
             exc = item[1]
-            exc.__cause__ = _payload.RemoteTraceback(item[2])
+            exc.__cause__ = _pool_traceback(item[2])
             out.append((False, exc))
     return out
+
+
+def _pool_traceback(tb: str) -> BaseException:
+    """The worker's traceback as ``multiprocessing.pool`` attaches it (its own class)."""
+    from multiprocessing import pool
+
+    return pool.RemoteTraceback(tb)  # type: ignore[attr-defined]  # (not in typeshed)
 
 
 def _track(core: PoolCore) -> None:

@@ -18,6 +18,7 @@ import weakref
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
+from dpool._process_views import ProcessViews, WorkerProcess  # noqa: F401 - documented here
 from dpool.futures import Future
 from dpool.objects import _payload
 from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
@@ -56,68 +57,6 @@ def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
         if not chunk:
             return
         yield chunk
-
-
-class WorkerProcess:
-    """One worker process, as the stdlib's ``executor._processes``/``pool._pool`` show it.
-
-    A compatibility shim over the runtime's own process object: ``pid``, ``name``,
-    ``ident``, ``daemon``, ``sentinel``, ``exitcode``, ``is_alive()``, ``join(timeout)``,
-    ``terminate()`` and ``kill()`` behave as ``multiprocessing.Process``'s do. Killing a
-    worker through it is an ordinary worker death for dpool: its task is retried (see
-    ``max_attempts``) and the worker replaced.
-    """
-
-    __slots__ = ("_process", "pid")
-
-    def __init__(self, process: Any, pid: Optional[int]) -> None:
-        self._process = process
-        self.pid = pid
-
-    name = property(lambda self: self._process.name)
-    ident = property(lambda self: self.pid)
-    daemon = property(lambda self: self._process.daemon)
-    sentinel = property(lambda self: self._process.sentinel)
-
-    @property
-    def exitcode(self) -> Optional[int]:
-        """None while the process runs; its exit code, or ``-signal``, once it has ended."""
-        return self._process.exitcode
-
-    def is_alive(self) -> bool:
-        return self._process.is_alive()
-
-    def terminate(self) -> None:
-        """Send SIGTERM (the task it was running is retried)."""
-        self._process.terminate()
-
-    def kill(self) -> None:
-        """Send SIGKILL (the task it was running is retried)."""
-        self._process.kill()
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        """Wait until the process has ended, at most ``timeout`` seconds."""
-        # The runtime reaps its workers itself, so this waits on the process's sentinel
-        # rather than in waitpid (two waiters on one pid would race), then briefly for the
-        # exit code the reaper records.
-        from multiprocessing.connection import wait
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            sentinel = self._process.sentinel
-        except ValueError:  # the process object was closed: it has ended
-            return
-        if not wait([sentinel], timeout):
-            return
-        while self._process.exitcode is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            time.sleep(0.001)
-
-    def __repr__(self) -> str:
-        code = self.exitcode
-        status = "started" if code is None else f"stopped exitcode={code}"
-        return f"<WorkerProcess name={self.name!r} pid={self.pid} {status}>"
 
 
 def _chain_from_lists(lists: Iterator[list]) -> Iterator[Any]:
@@ -199,10 +138,13 @@ class ProcessPoolExecutor(_cf.Executor):
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         self._max_workers = max_workers
-        self._mp_context = mp_context if mp_context is not None else mp.get_context()
-        init_payload = None
+        if mp_context is None:  # as the stdlib: a worker that retires is replaced by a
+            # fresh interpreter, so max_tasks_per_child gets the spawn start method
+            mp_context = mp.get_context("spawn" if max_tasks_per_child is not None else None)
+        self._mp_context = mp_context
+        init_payload = inherited = None
         if initializer is not None:
-            init_payload = _payload.dumps_function((initializer, tuple(initargs)))
+            init_payload, inherited = _payload.dumps_initializer(initializer, tuple(initargs))
         if object_store_memory is not None and (
                 not isinstance(object_store_memory, int) or object_store_memory <= 0):
             raise ValueError(
@@ -222,12 +164,13 @@ class ProcessPoolExecutor(_cf.Executor):
             driver.set_resource_offer(offer)
         self._group: Any = driver.add_group(
             GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
-                        max_attempts, working_dir),
+                        max_attempts, working_dir, inherited),
             self,
         )
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._process_views: dict[int, WorkerProcess] = {}
+        self._process_views = ProcessViews()
+        self._n_submits = 0  # (how many workers the stdlib would have started: _processes)
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
         self._finalizer = weakref.finalize(self, driver.close_group_soon, self._group)
@@ -244,39 +187,39 @@ class ProcessPoolExecutor(_cf.Executor):
         self._group = group_id
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._process_views = {}
+        self._process_views = ProcessViews()
+        self._n_submits = 0
         self._spec = None
         self._req = None
         return self
 
     # -- the stdlib's private attributes that programs read (compatibility shims) ----------
     @property
-    def _processes(self) -> Optional[dict[int, WorkerProcess]]:
+    def _processes(self) -> Optional[dict[Any, Any]]:
         """``{pid: process}`` of the worker processes, as the stdlib's attribute.
 
-        Workers start on demand, so it fills as tasks arrive; ``None`` once ``shutdown()``
-        has been called (as in the stdlib). A snapshot: it does not change as workers come
-        and go. See compat/DIFFERENCES.md, "Private attributes".
+        As many entries as the stdlib would have processes by now: all ``max_workers``
+        from the first submit with the ``fork`` start method, else one per submit up to
+        ``max_workers``. Workers dpool has not started yet (it starts them on demand) are
+        ``NotStartedProcess`` entries. ``None`` once ``shutdown()`` has been called (as in
+        the stdlib). A snapshot: it does not change as workers come and go. See
+        compat/DIFFERENCES.md, "Private attributes".
         """
         if self._shutdown_thread:
             return None
-        return self._worker_processes()
-
-    def _worker_processes(self) -> dict[int, WorkerProcess]:
-        """``{pid: process}`` of the group's worker processes (also after shutdown)."""
         if self._driver is None:  # a task's view
             return {}
-        views = self._process_views
-        out: dict[int, WorkerProcess] = {}
-        for w in list(self._group.workers):
-            if w.process is None or w.pid is None:
-                continue
-            view = views.get(w.pid)
-            if view is None or view._process is not w.process:
-                view = WorkerProcess(w.process, w.pid)
-            out[w.pid] = view
-        self._process_views = out
-        return dict(out)
+        n = self._n_submits
+        if n and self._mp_context.get_start_method() == "fork":
+            n = self._max_workers
+        return self._worker_processes(min(n, self._max_workers))
+
+    def _worker_processes(self, wanted: int = 0) -> dict[Any, Any]:
+        """``{pid: process}`` of the group's worker processes (also after shutdown), and
+        ``NotStartedProcess`` entries up to ``wanted``."""
+        if self._driver is None:  # a task's view
+            return {}
+        return self._process_views.read(self._group.workers, wanted)
 
     @property
     def _broken(self) -> Any:
@@ -292,6 +235,7 @@ class ProcessPoolExecutor(_cf.Executor):
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
+        self._n_submits += 1
         if self._req is None and not _resources.decorated:  # the default: no request
             return self._runtime.submit(group, fn, args, kwargs)
         return self._runtime.submit(group, fn, args, kwargs, self._request(fn))
@@ -313,6 +257,7 @@ class ProcessPoolExecutor(_cf.Executor):
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
+        self._n_submits += 1
         if req is None:
             return self._runtime.submit(group, fn, args, kwargs)
         return self._runtime.submit(group, fn, args, kwargs, req)

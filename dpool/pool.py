@@ -13,6 +13,7 @@ Deliberate differences from the stdlib are listed, with their reasons, in
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import operator
 import os
 import types
@@ -79,6 +80,7 @@ class Pool:
         resources: Optional[Mapping[str, float]] = None,
     ) -> None:
         self._core: Optional[PoolCore] = None  # exists for __del__ if the checks below raise
+        self._state_shown: Optional[str] = None  # a value assigned to _state (see there)
         if processes is None:
             processes = _current.cluster_cpus()
         processes = operator.index(processes)
@@ -90,7 +92,10 @@ class Pool:
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         self._processes = processes  # the stdlib's attribute; some programs read it
-        executor = ProcessPoolExecutor(processes, mp_context=context, initializer=initializer,
+        # (the context given, else the default: an executor would pick spawn for
+        # maxtasksperchild, as the stdlib's does; multiprocessing.Pool does not)
+        executor = ProcessPoolExecutor(processes, mp_context=context or mp.get_context(),
+                                       initializer=initializer,
                                        initargs=tuple(initargs),
                                        max_tasks_per_child=maxtasksperchild,
                                        resources=resources)
@@ -103,38 +108,41 @@ class Pool:
         """``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``, as the stdlib's attribute.
 
         Setting it does what the matching method does: ``CLOSE`` closes the pool,
-        ``TERMINATE`` terminates it; any other change (back to ``RUN``, an unknown state)
-        raises ``ValueError``. See compat/DIFFERENCES.md, "Private attributes".
+        ``TERMINATE`` terminates it. Any other value is stored and read back, as the
+        stdlib stores it, and changes nothing else: a closed or terminated pool is not
+        reopened (its only effect, as with the stdlib, is the ``ResourceWarning`` of an
+        unclosed pool when it is collected while it reads ``RUN``). See
+        compat/DIFFERENCES.md, "Private attributes".
         """
+        if self._state_shown is not None:
+            return self._state_shown
         return self._core.state if self._core is not None else "INIT"
 
     @_state.setter
     def _state(self, value: str) -> None:
-        current = self._state
+        current = self._core.state if self._core is not None else "INIT"
+        self._state_shown = None
         if value == current:
             return
         if value == CLOSE and current == RUN:
             self.close()
         elif value == TERMINATE and current in (RUN, CLOSE):
             self.terminate()
-        elif value in (RUN, CLOSE, TERMINATE):
-            raise ValueError(f"cannot change the state of a dpool.Pool from {current} to "
-                             f"{value}: a closed or terminated pool cannot be reopened")
         else:
-            raise ValueError(f"unknown pool state {value!r} (expected one of "
-                             f"{RUN!r}, {CLOSE!r}, {TERMINATE!r})")
+            self._state_shown = value
 
     @property
     def _pool(self) -> list:
         """The pool's worker processes, as the stdlib's list (a snapshot; read-only).
 
         Each has ``pid``, ``is_alive()``, ``exitcode``, ``join()``, ``terminate()`` and
-        ``kill()``; a worker killed through it has its task retried. Workers start on
-        demand, so the list fills as tasks arrive.
+        ``kill()``; a worker killed through it has its task retried. It holds
+        ``processes`` entries, as the stdlib's: dpool starts workers on demand, and one
+        not started yet is a ``NotStartedProcess`` (like a ``Process`` before ``start()``).
         """
         if self._core is None:
             return []
-        return list(self._core.executor._worker_processes().values())
+        return list(self._core.executor._worker_processes(self._core.processes).values())
 
     def __repr__(self) -> str:
         cls = type(self)
@@ -270,11 +278,13 @@ class Pool:
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
         """No more tasks: the workers exit once the submitted work is done."""
+        self._state_shown = None
         if self._core is not None:
             self._core.close()
 
     def terminate(self) -> None:
         """Stop the workers now. Unfinished results fail with ``BrokenProcessPool``."""
+        self._state_shown = None
         if self._core is not None:
             self._core.terminate()
 
@@ -300,7 +310,7 @@ class Pool:
         core = getattr(self, "_core", None)
         if core is None:
             return
-        if core.state == RUN:
+        if (getattr(self, "_state_shown", None) or core.state) == RUN:  # as _state reads
             _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
                   source=self)
         core.terminate_soon()

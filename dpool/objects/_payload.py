@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from concurrent.futures.process import _RemoteTraceback as _StdRemoteTraceback
 from typing import Any, Optional
 
 from dpool.errors import DeserializationError, SerializationError
@@ -26,15 +27,10 @@ _dumps = pickle.dumps
 _cp_dumps = _serialization.dumps  # cloudpickle, main-namespace aware, buffers in-band
 
 
-class RemoteTraceback(Exception):
-    """Carries the formatted traceback of an exception raised in another process."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
+# A failed task's exception carries the worker's traceback as ``__cause__``, an instance
+# of the stdlib's own class, as ``concurrent.futures`` does (code and CPython's tests check
+# ``type(exc.__cause__)``); ``Pool`` swaps in ``multiprocessing.pool.RemoteTraceback``.
+RemoteTraceback = _StdRemoteTraceback
 
 
 def dumps(obj: Any) -> bytes:
@@ -80,6 +76,39 @@ def dumps_function(fn: Any) -> bytes:
         raise SerializationError(
             f"cannot serialize the function {fn!r} ({type(fn).__name__}): {exc}"
         ) from exc
+
+
+def dumps_initializer(fn: Any, initargs: tuple) -> tuple[bytes, Optional[tuple]]:
+    """An executor's ``(initializer, initargs)`` for its workers: ``(payload, None)``, or
+    ``(payload of (fn, None), initargs)`` when ``initargs`` hold objects that only process
+    creation may hand over (a multiprocessing ``Lock``, ``Queue``, ``Value``, ``RawArray``...):
+    those go to each worker as an argument of its ``Process``, as the stdlib passes them,
+    so they work with every start method. Anything else that cannot be pickled raises
+    ``SerializationError`` here, at the constructor."""
+    try:
+        return dumps_function((fn, initargs)), None
+    except SerializationError as exc:
+        if not _inherited_only(exc.__cause__, initargs):
+            raise
+    return dumps_function((fn, None)), initargs
+
+
+def _inherited_only(exc: Optional[BaseException], initargs: tuple) -> bool:
+    """Whether pickling ``initargs`` failed because they hold objects multiprocessing
+    shares only by inheritance (its ``RuntimeError`` says so; shared ctypes fail earlier,
+    on their mmap, so they are recognised by their heap wrapper)."""
+    if isinstance(exc, RuntimeError) and "through inheritance" in str(exc):
+        return True
+    from multiprocessing.heap import BufferWrapper
+
+    def shared_ctype(x: Any) -> bool:
+        if isinstance(x, (list, tuple)):
+            return any(shared_ctype(y) for y in x)
+        if isinstance(x, dict):
+            return any(shared_ctype(y) for y in x.values())
+        return isinstance(getattr(x, "_wrapper", None), BufferWrapper)
+
+    return shared_ctype(initargs)
 
 
 def format_remote(exc: BaseException) -> str:

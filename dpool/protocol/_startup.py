@@ -28,9 +28,12 @@ class WorkerConfig:
 WORKER_ENTRY = "dpool.worker._main"
 
 
-def start_worker(sock: object, cfg: WorkerConfig, lease: object = None) -> None:
+def start_worker(sock: object, cfg: WorkerConfig, lease: object = None,
+                 initargs: object = None) -> None:
     """A worker process's target: import the worker by name, run it. ``lease``: the
-    connection of a driver this worker is lent to (``scheduling._workers``), if any."""
+    connection of a driver this worker is lent to (``scheduling._workers``), if any;
+    ``initargs``: the initializer's arguments when only process creation may hand them
+    over (multiprocessing's synchronization objects), else None."""
     import importlib
 
-    importlib.import_module(WORKER_ENTRY).worker_entry(sock, cfg, lease)
+    importlib.import_module(WORKER_ENTRY).worker_entry(sock, cfg, lease, initargs)

@@ -37,7 +37,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from dpool.errors import DeserializationError, Error, NodeLostError
+from dpool.errors import DeserializationError, Error, NodeLostError, SerializationError
 from dpool.futures import Future, ObjectRef
 from dpool.objects import _mapping, _payload
 from dpool.protocol import (
@@ -214,6 +214,13 @@ class ClusterRuntime(ChannelClient):
 
     # -- groups ----------------------------------------------------------------------------
     def add_group(self, cfg: Any, executor: Any) -> RemoteGroup:
+        if getattr(cfg, "inherited", None) is not None:
+            kinds = ", ".join(sorted({type(a).__name__ for a in cfg.inherited}))
+            raise SerializationError(
+                f"initargs hold objects that only process creation on this host can hand "
+                f"over ({kinds}: multiprocessing shares locks, queues and shared values by "
+                f"inheritance), but on a cluster the node daemons start the workers. Pass "
+                f"a multiprocessing.Manager() proxy instead, or run without DPOOL_ADDRESS")
         workdir: tuple = ()
         msgs: list = []
         root = _workdir.chosen(getattr(cfg, "working_dir", None))  # raises a clear Error

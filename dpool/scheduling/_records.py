@@ -108,6 +108,7 @@ class Group:
     sys_path: Optional[list] = None
     owner: Any = None  # the attached driver whose group this is (cluster mode)
     workdir: tuple = ()  # (digest, driver's directory) of the driver's shipped code
+    inherited: Optional[tuple] = None  # initargs given to each worker's Process (GroupConfig)
     # Resources (``_resdispatch``): tasks with a request wait in ``rq`` until what they
     # need is free; ``extra`` is the CPUs their running tasks hold beyond one worker each,
     # ``n_fenced`` the workers that take no task without a request.

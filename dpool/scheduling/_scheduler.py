@@ -82,6 +82,10 @@ class GroupConfig:
     max_tasks: Optional[int] = None
     max_attempts: int = 3
     working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
+    # ``initargs`` that only process creation may hand over (a multiprocessing Lock,
+    # Queue, Value...): given to every worker as an argument of its Process, as the
+    # stdlib does; ``initializer`` then carries ``(fn, None)``.
+    inherited: Optional[tuple] = None
 
 
 class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
@@ -138,6 +142,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         with self.lock:
             g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)
+            g.inherited = cfg.inherited
             self._groups[g.group_id] = g
             return g
 

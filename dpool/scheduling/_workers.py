@@ -197,7 +197,9 @@ class WorkerPool(SchedulerCore):
                            self.store.capacity, self._sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0,
                            env, gpu_names)
-        args = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
+        args: tuple = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
+        if g.inherited is not None:
+            args = (child_sock, cfg, lease, g.inherited)
         proc = g.mp_context.Process(target=start_worker, args=args,
                                     name=f"dpool-worker-{wid}")
         try:

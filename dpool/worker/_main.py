@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from dpool.errors import DeserializationError
 from dpool.objects import _mapping, _payload
@@ -53,6 +53,7 @@ class _Worker:
         self.client = None  # set by _client when the first nested call happens
         self.lease: Any = None  # _lease.LeaseLink while lent to a driver (cluster mode)
         self.output: Any = None  # _output.OutputForwarder on a node (cluster mode)
+        self.inherited: Optional[tuple] = None  # initargs handed over at process creation
 
     # -- messages ------------------------------------------------------------------------
     def send(self, msgs: list) -> None:
@@ -147,7 +148,7 @@ class _Worker:
         if self.cfg.initializer is not None:
             try:
                 init, initargs = _payload.loads(self.cfg.initializer)
-                init(*initargs)
+                init(*(initargs if initargs is not None else self.inherited or ()))
             except BaseException as exc:  # noqa: BLE001
                 log.error("worker %d: initializer failed", self.cfg.worker_id, exc_info=True)
                 self.send([m.InitFailed(_payload.dumps_error(exc))])
@@ -195,7 +196,8 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
     return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
 
 
-def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
+def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None,
+                 initargs: Optional[tuple] = None) -> None:
     """Process target: set up like the driver, connect, serve until told to stop."""
     if cfg.env:
         # First of all: CUDA reads CUDA_VISIBLE_DEVICES once, when first used, so the
@@ -235,6 +237,7 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None) -> None:
         output = OutputForwarder(chan)
     worker = _Worker(chan, cfg)
     worker.output = output
+    worker.inherited = initargs
     if lease is not None:
         from dpool.worker._lease import LeaseLink
 
