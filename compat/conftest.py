@@ -6,7 +6,7 @@ other and pinned to what the stdlib documents. Where dpool differs on purpose, t
 spells out both expectations and names the entry of ``compat/DIFFERENCES.md``.
 
 Every test is checked for leaks: no child process and no ``/dev/shm/dpool_*`` segment of
-this process may outlive it.
+this process may outlive it. Run in several processes (``-n 2``): see tests/_parallel.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ import dpool
 sys.path.insert(0, os.path.dirname(__file__))  # compat_tasks, importable by stdlib workers
 
 from compat_helpers import check_no_leaks
+from tests import _parallel
 
 IMPLS = ("stdlib", "dpool")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _parallel.install(config)
 
 
 @pytest.fixture(params=IMPLS)

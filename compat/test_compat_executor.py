@@ -68,7 +68,7 @@ def test_map_is_eager_and_timeout_counts_from_the_call(Executor):
         assert o.raised(cf.TimeoutError)
 
 
-# -- timeouts, waiting ------------------------------------------------------------------------------
+# -- timeouts, waiting ------------------------------------------------------------------
 def test_result_timeout(Executor):
     with Executor(1) as ex:
         f = ex.submit(sleep_return, 0.5, "late")
@@ -98,7 +98,7 @@ def test_wait_and_as_completed_with_timeouts(Executor):
         assert set(cf.as_completed([fast, slow])) == {fast, slow}
 
 
-# -- cancel and shutdown -------------------------------------------------------------------------------
+# -- cancel and shutdown ----------------------------------------------------------------
 def test_cancel_queued_not_running(Executor):
     with Executor(1) as ex:
         running = ex.submit(sleep_return, 0.5, "r")
@@ -161,7 +161,7 @@ def test_context_manager_waits(Executor):
     assert [f.result(0) for f in fs] == [0, 1, 2, 3]
 
 
-# -- callbacks -----------------------------------------------------------------------------------------
+# -- callbacks --------------------------------------------------------------------------
 def test_done_callbacks_order_and_threads(Executor):
     calls = []
 
@@ -191,7 +191,7 @@ def test_callback_that_raises_is_logged_not_fatal(Executor, caplog):
     assert any("exception calling callback" in r.getMessage() for r in caplog.records)
 
 
-# -- construction --------------------------------------------------------------------------------------
+# -- construction -----------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, exc_type, message", [
     ({"max_workers": 0}, ValueError, "max_workers must be greater than 0"),
     ({"max_workers": -1}, ValueError, "max_workers must be greater than 0"),

@@ -342,6 +342,11 @@ def test_pool_worker_killed_through_pool(Pool, impl, tmp_path):
         (proc,) = [proc for proc in p._pool if proc.pid == pid]
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(OK_S)
+        # the pool's own thread reaps its workers too: when it wins the race, join()
+        # returns before that thread has recorded the exit code
+        deadline = time.monotonic() + OK_S
+        while proc.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert proc.exitcode == -signal.SIGKILL and not proc.is_alive()
         o = outcome(r.get, HANG_S if impl == "stdlib" else OK_S)
         if impl == "stdlib":

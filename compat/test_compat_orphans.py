@@ -16,6 +16,11 @@ import textwrap
 import time
 
 import psutil
+import pytest
+
+# who removes the killed driver's segments is the point: no other test's runtime may
+# reap them meanwhile (tests/_parallel.py)
+pytestmark = pytest.mark.exclusive
 
 _DRIVER = textwrap.dedent("""
     import sys, time

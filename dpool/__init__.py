@@ -4,7 +4,8 @@
 
 Beyond the stdlib: futures as task arguments (dataflow), tasks that submit tasks
 (``get_executor``), ``wait(fs, num_returns, timeout)``, ``put``/``get``, retries when a
-worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``).
+worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``),
+joblib's ``"dpool"`` backend (``register_joblib``).
 """
 
 # The public names load on first use (PEP 562), so ``import dpool`` -- and importing one of
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     )
     from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
     from dpool.futures import Future, ObjectRef
+    from dpool.integrations import register_joblib
     from dpool.pool import Pool, cpu_count
     from dpool.runtime._api import get, put, wait
     from dpool.runtime._current import node_id
@@ -49,6 +51,7 @@ _LAZY = {
     **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
     "node_id": "dpool.runtime._current",
+    "register_joblib": "dpool.integrations",
 }
 
 
@@ -88,6 +91,7 @@ __all__ = [
     "wait",
     "get",
     "put",
+    "register_joblib",
     "Error",
     "WorkerCrashedError",
     "ObjectStoreFullError",

@@ -19,6 +19,10 @@ The program then runs as ``python script.py`` would run it: as module ``__main__
 the same exit code, and tracebacks that start at the script's first frame (dpool's own
 frames are hidden, as the interpreter hides its own). ``run -m module [args...]`` runs a
 module as ``python -m module`` would.
+
+``run --joblib ...`` (or ``DPOOL_JOBLIB=1``) also makes dpool joblib's default backend, so
+``Parallel(...)`` and scikit-learn's ``n_jobs`` run on dpool where the program names no
+backend (``dpool.register_joblib(make_default=True)``). Without it joblib is untouched.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ from typing import Any, Optional
 
 log = logging.getLogger("dpool.run")
 
-USAGE = "usage: python -m dpool run (script.py | -m module) [args...]"
+USAGE = "usage: python -m dpool run [--joblib] (script.py | -m module) [args...]"
+
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
 
 
 def bind_stdlib() -> None:
@@ -161,11 +168,42 @@ def run_module(name: str, args: list[str]) -> int:
     return 0
 
 
+def _joblib_wanted(argv: list[str]) -> Optional[bool]:
+    """Whether ``--joblib`` (removed from ``argv``) or ``$DPOOL_JOBLIB`` asks for the joblib
+    backend; None (after saying why) for a ``$DPOOL_JOBLIB`` that is neither yes nor no."""
+    flag = bool(argv) and argv[0] == "--joblib"
+    if flag:
+        del argv[0]
+    value = os.environ.get("DPOOL_JOBLIB", "").strip().lower()
+    if value not in _YES and value not in _NO:
+        print(f"{USAGE}\nDPOOL_JOBLIB must be 1 or 0, got {value!r}", file=sys.stderr)
+        return None
+    return flag or value in _YES
+
+
+def use_joblib_backend() -> None:
+    """Make dpool joblib's default backend (``run --joblib``)."""
+    from dpool.integrations import register_joblib
+
+    register_joblib(make_default=True)
+    log.debug("joblib's default backend is dpool's")
+
+
 def main(argv: list[str]) -> int:
     """``run`` with ``argv`` = what follows ``run`` on the command line."""
+    argv = list(argv)
+    wanted = _joblib_wanted(argv)
+    if wanted is None:
+        return 2
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
+    if wanted:
+        try:
+            use_joblib_backend()
+        except ImportError as exc:
+            print(f"python -m dpool run --joblib: {exc}", file=sys.stderr)
+            return 2
     bind_stdlib()
     if argv[0] == "-m":
         if len(argv) < 2:

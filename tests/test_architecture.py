@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                                 "dpool.__main__", "dpool._run"})),
     ("public API", frozenset({"dpool", "dpool.executor", "dpool.pool", "dpool._pool_core",
                               "dpool._pool_results", "dpool._resources_api",
-                              "dpool._process_views"})),
+                              "dpool._process_views", "dpool.integrations"})),
     ("runtime", frozenset({"dpool.runtime"})),
     ("daemons", frozenset({"dpool.node", "dpool.global_scheduler"})),
     ("scheduling", frozenset({"dpool.scheduling"})),

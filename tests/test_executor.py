@@ -84,6 +84,7 @@ def test_map_timeout_counts_from_the_call():
         with pytest.raises(cf.TimeoutError):
             next(it)
         assert time.monotonic() - t0 < 1.5
+        ex._terminate("the test is done")  # (not waiting for the 2 s tasks)
 
 
 def test_exception_carries_remote_traceback():
@@ -109,7 +110,7 @@ def test_stdlib_wait_and_as_completed_with_timeouts():
                 pass
         with pytest.raises(cf.TimeoutError):
             slow.result(timeout=0.1)
-        ex.shutdown(cancel_futures=True)
+        ex._terminate("the test is done")  # (not waiting for the 3 s task)
 
 
 def test_cancel_pending_but_not_running():
@@ -233,7 +234,8 @@ def test_workers_share_cwd_and_sys_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     import dpool_test_helper_mod
 
-    with ProcessPoolExecutor(1, mp_context=__import__("multiprocessing").get_context("spawn")) as ex:
+    spawn = __import__("multiprocessing").get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as ex:
         assert ex.submit(dpool_test_helper_mod.where).result(60) == str(tmp_path)
 
 
@@ -259,3 +261,35 @@ def test_unpicklable_function_fails_that_future_only():
         with pytest.raises(TypeError, match="pickle"):
             f.result(10)
         assert ex.submit(square, 2).result(10) == 4
+
+
+# -- found in review: executors collected or terminated while others run ---------------
+def ident(*a):
+    return a
+
+
+def test_executor_collected_while_the_scheduler_is_busy():
+    ex = ProcessPoolExecutor(1)
+    other = ProcessPoolExecutor(1)  # kept alive only by a done-callback below
+    busy = ex.submit(time.sleep, 0.5)
+    f = ex.submit(time.sleep, 0)
+    f.add_done_callback(lambda _f, keep=other: None)
+    f.cancel()
+    del f, other
+    busy.result(10)
+    assert ex.submit(int, 3).result(10) == 3
+    ex.shutdown()
+
+
+def test_terminate_fails_tasks_waiting_on_another_executors_result():
+    with ProcessPoolExecutor(1) as other:
+        slow = other.submit(time.sleep, 3)
+        ex = ProcessPoolExecutor(1)
+        waiting = ex.submit(ident, slow)
+        t0 = time.monotonic()
+        ex._terminate("terminated")
+        ex.shutdown(wait=True)
+        assert time.monotonic() - t0 < 2.5
+        with pytest.raises(BrokenProcessPool):
+            waiting.result(1)
+        other._terminate("the test is done")  # (not waiting for the 3 s task)

@@ -141,6 +141,7 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.exclusive  # no other runtime may reap them first (tests/_parallel.py)
 def test_segments_of_a_killed_driver_are_reaped_by_the_next_start(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)

@@ -314,6 +314,7 @@ def test_workers_unmap_cached_mappings_of_freed_objects():
         assert ex.submit(cached_here).result(30) == []
 
 
+@pytest.mark.exclusive  # no other runtime may reap it first (tests/_parallel.py)
 def test_a_dead_owners_pool_is_reaped():
     dead_pid = 4_194_304 + 4243  # above Linux's PID_MAX_LIMIT: never a live process
     pool = _recycle.pool_dir(dead_pid)

@@ -246,6 +246,7 @@ def test_foreign_segment_is_rejected(name: str) -> None:
 
 
 # ------------------------------------------------------------------ reaping
+@pytest.mark.exclusive  # no other runtime may reap them first (tests/_parallel.py)
 def test_reap_orphans_unlinks_only_dead_owners() -> None:
     dead = [seg.segment_name(DEAD_PID, i) for i in (1, 2, 0xABC)]
     alive = seg.segment_name(os.getpid(), next(_ids))

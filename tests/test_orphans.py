@@ -22,6 +22,10 @@ from dpool.objects import _segment as seg
 from dpool.objects._serialization import serialize
 from dpool.runtime import _driver
 
+# who removes a dead owner's segments, and when, is the point: no other test's runtime
+# may reap them meanwhile (tests/_parallel.py)
+pytestmark = pytest.mark.exclusive
+
 DEAD_PID = 4_194_304 + 4244  # above Linux's PID_MAX_LIMIT: never a live process
 
 _DRIVER = textwrap.dedent("""
@@ -51,7 +55,11 @@ _DRIVER = textwrap.dedent("""
             f.result()
         del results[3:]  # freed: their pages go to the recycling pool
         busy = [ex.submit(put_and_sleep, 120), ex.submit(sleeper, 120)]  # 2 workers busy
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # both run, and the worker's put is made
+        while not (all(f.running() for f in busy) and len(
+                [n for n in os.listdir("/dev/shm") if n.startswith(f"dpool_{os.getpid()}_")]
+                ) >= 1 + 3 + 3 + 1) and time.monotonic() < deadline:
+            time.sleep(0.02)
         kids = psutil.Process().children()
         print(" ".join(str(p.pid) for p in kids), flush=True)
         time.sleep(120)

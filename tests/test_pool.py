@@ -192,7 +192,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# -- callbacks ---------------------------------------------------------------------------------------
+# -- callbacks --------------------------------------------------------------------------
 def test_callback_that_raises_is_logged_and_the_pool_goes_on(caplog):
     def bad(_):
         raise RuntimeError("callback bug")
@@ -226,7 +226,7 @@ def _join_into(pool, errors):
         errors.append(exc)
 
 
-# -- inputs --------------------------------------------------------------------------------------------
+# -- inputs -----------------------------------------------------------------------------
 def test_explicit_chunksize_below_one_is_an_error():
     with Pool(1) as p:
         with pytest.raises(ValueError, match="Chunksize must be 1\\+"):
@@ -275,7 +275,7 @@ def _pid(_):
     return os.getpid()
 
 
-# -- large values ----------------------------------------------------------------------------------------
+# -- large values -----------------------------------------------------------------------
 def _sum_and_segments(arr):
     owner = f"dpool_{os.getppid()}_"
     return float(arr.sum()), any(n.startswith(owner) for n in os.listdir("/dev/shm"))

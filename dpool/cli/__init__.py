@@ -16,6 +16,7 @@ _USAGE = """usage: dpool <command> [args...]   (or: python -m dpool <command> ..
 commands:
   run script.py [args...]   run a program unchanged, on dpool's pools
   run -m module [args...]   run a module unchanged, on dpool's pools
+  run --joblib ...          ... with dpool as joblib's default backend (or DPOOL_JOBLIB=1)
   start --head [...]        start a cluster's head on this host (Redis shards, node)
   start --address H:P       join this host to a cluster as a node
   stop                      stop everything `dpool start` started on this host

@@ -1,7 +1,8 @@
 """A dpool cluster on this machine, for real: node daemons started with ``dpool start``
-on their own loopback addresses (127.0.0.2, 127.0.0.3, ...) and state directories, as
-separate hosts would be. Everything started here is stopped at teardown, even when a
-test fails (``dpool stop``, then SIGKILL of whatever is left)."""
+on their own loopback addresses (``host(2)``, ``host(3)``, ...: 127.0.0.2, 127.0.0.3, ...
+without xdist; each xdist worker has a block of its own, tests/_parallel.py) and state
+directories, as separate hosts would be. Everything started here is stopped at teardown,
+even when a test fails (``dpool stop``, then SIGKILL of whatever is left)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -19,16 +22,17 @@ import psutil
 import pytest
 
 from dpool.control._redis_server import RedisServer
-from tests._started import STARTED_PIDS
+from tests import _started
+from tests._parallel import host
 from tests.cluster.redis_helpers import assert_gone, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(ip: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind((ip, 0))
         return s.getsockname()[1]
 
 
@@ -39,6 +43,14 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _wait_gone(procs: list, timeout: float) -> None:
+    """Wait up to ``timeout`` for ``procs`` to exit. A zombie has: a daemon's parent is
+    init, which may take seconds to reap it (``psutil.wait_procs`` would wait for that)."""
+    deadline = time.monotonic() + timeout
+    while any(running(p.pid) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def base_env() -> dict:
@@ -112,7 +124,7 @@ def _kill_tree(pid: int) -> None:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(family, timeout=5)
+    _wait_gone(family, 5)
 
 
 def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str = "",
@@ -132,24 +144,28 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
     record = json.loads((state / "cluster.json").read_text())
     node.address = record["node"]["address"]
     node.pid = record["node"]["pid"]
-    STARTED_PIDS.add(node.pid)
+    _started.add(node.pid)
     node.record = record
     return node, values.get("DPOOL_TOKEN", token)
 
 
 def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2,
                   global_schedulers: int = 1) -> Cluster:
-    """A head on 127.0.0.2 (Redis shards, global schedulers, a node) and nodes joining it
-    from 127.0.0.3, 127.0.0.4, ...; stop with ``stop_cluster``."""
-    head, token = start_node(tmp, "127.0.0.2", head=True, num_cpus=head_cpus,
+    """A head on ``host(2)`` (Redis shards, global schedulers, a node) and nodes joining
+    it from ``host(3)``, ``host(4)``, ... (started at once); stop with ``stop_cluster``."""
+    head, token = start_node(tmp, host(2), head=True, num_cpus=head_cpus,
                              extra=("--shards", "2", "--global-schedulers",
                                     str(global_schedulers)))
     c = Cluster(head, token, [head])
     try:
-        for i in range(1, n_nodes):
-            node, _ = start_node(tmp, f"127.0.0.{2 + i}", head=False, address=head.address,
-                                 token=token, num_cpus=cpus)
-            c.nodes.append(node)
+        with ThreadPoolExecutor(max(1, n_nodes - 1)) as pool:
+            joining = [pool.submit(start_node, tmp, host(2 + i), head=False,
+                                   address=head.address, token=token, num_cpus=cpus)
+                       for i in range(1, n_nodes)]
+        # (all have finished here) keep every node that started, so that all are stopped
+        c.nodes += [f.result()[0] for f in joining if f.exception() is None]
+        for f in joining:
+            f.result()  # the first failure, if any
         wait_for_nodes(c, n_nodes)
     except BaseException:
         stop_cluster(c)
@@ -159,8 +175,6 @@ def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2
 
 def wait_for_nodes(c: Cluster, n: int, timeout: float = 20.0) -> dict:
     """The head's status once ``n`` nodes are alive and linked to a global scheduler."""
-    import time
-
     env = base_env()
     env["DPOOL_STATE_DIR"] = c.head.state_dir
     deadline = time.monotonic() + timeout
@@ -177,7 +191,11 @@ def wait_for_nodes(c: Cluster, n: int, timeout: float = 20.0) -> dict:
 
 
 def stop_cluster(c: Cluster) -> None:
-    for n in reversed(c.nodes):
+    """Stop every node (those that joined at once, then the head), then whatever of the
+    head's global schedulers and Redis shards is left."""
+    with ThreadPoolExecutor(max(1, len(c.nodes) - 1)) as pool:
+        list(pool.map(Node.stop, c.nodes[1:]))
+    for n in c.nodes[:1]:
         n.stop()
     for gs in c.head.record.get("global_schedulers", []):
         _kill_tree(gs.get("pid", 0))
@@ -187,9 +205,9 @@ def stop_cluster(c: Cluster) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A one-node cluster (head on 127.0.0.2, 2 CPUs), shared by a module's tests."""
+    """A one-node cluster (head on ``host(2)``, 2 CPUs), shared by a module's tests."""
     tmp = tmp_path_factory.mktemp("cluster")
-    head, token = start_node(tmp, "127.0.0.2", head=True)
+    head, token = start_node(tmp, host(2), head=True)
     c = Cluster(head, token, [head])
     try:
         yield c

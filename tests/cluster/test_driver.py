@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.cluster.conftest import TIMEOUT, base_env, dpool_cli, free_port, running
+from tests.cluster.conftest import TIMEOUT, base_env, dpool_cli, free_port, host, running
 
 PPE_SCRIPT = textwrap.dedent("""
     import concurrent.futures as cf
@@ -266,7 +266,7 @@ def test_a_killed_driver_leaves_nothing_on_the_node(cluster, tmp_path):
 def test_a_killed_node_fails_the_drivers_futures_without_a_hang(tmp_path):
     from tests.cluster.conftest import start_node
 
-    node, token = start_node(tmp_path, "127.0.0.3", head=True)
+    node, token = start_node(tmp_path, host(3), head=True)
     try:
         env = base_env()
         env.update(DPOOL_ADDRESS=node.address, DPOOL_TOKEN=token)
@@ -303,7 +303,7 @@ def test_a_killed_node_fails_the_drivers_futures_without_a_hang(tmp_path):
 def test_stop_leaves_nothing_behind(tmp_path):
     from tests.cluster.conftest import start_node
 
-    node, token = start_node(tmp_path, "127.0.0.4", head=True)
+    node, token = start_node(tmp_path, host(4), head=True)
     env = base_env()
     env.update(DPOOL_ADDRESS=node.address, DPOOL_TOKEN=token)
     out = subprocess.run([sys.executable, "-c", "import dpool, numpy as np\n"
@@ -327,9 +327,9 @@ def test_cli_errors(tmp_path):
     assert out.returncode == 2 and "usage" in out.stderr
     out = dpool_cli(["start", "--address", "127.0.0.1:1"], env)
     assert out.returncode == 2 and "token" in out.stderr
-    port = free_port("127.0.0.5")
-    with __import__("socket").create_server(("127.0.0.5", port)):
-        out = dpool_cli(["start", "--head", "--port", str(port), "--node-ip", "127.0.0.5"], env)
+    port = free_port(host(5))
+    with __import__("socket").create_server((host(5), port)):
+        out = dpool_cli(["start", "--head", "--port", str(port), "--node-ip", host(5)], env)
     assert out.returncode == 1 and "Address already in use" in out.stderr
     out = dpool_cli(["status"], env)
     assert out.returncode == 1 and "no cluster was started" in out.stderr
@@ -343,7 +343,7 @@ def test_a_head_on_an_existing_redis(tmp_path, shards):
     from tests.cluster.conftest import start_node
 
     addresses, password, servers = shards
-    node, token = start_node(tmp_path, "127.0.0.6", head=True,
+    node, token = start_node(tmp_path, host(6), head=True,
                              extra=("--redis-address", ",".join(addresses), "--token", password))
     try:
         assert token == password
@@ -369,10 +369,10 @@ def test_a_state_dir_others_can_write_is_refused(tmp_path):
     state.chmod(0o777)
     env = base_env()
     env["DPOOL_STATE_DIR"] = str(state)
-    out = dpool_cli(["start", "--head", "--port", str(free_port("127.0.0.7")),
-                     "--node-ip", "127.0.0.7"], env)
+    out = dpool_cli(["start", "--head", "--port", str(free_port(host(7))),
+                     "--node-ip", host(7)], env)
     assert out.returncode == 1 and "not a private directory" in out.stderr
-    (state / "cluster.json").write_text('{"address": "127.0.0.7:1", "token": "theirs"}')
+    (state / "cluster.json").write_text(f'{{"address": "{host(7)}:1", "token": "theirs"}}')
     env.update(DPOOL_ADDRESS="auto")
     run = subprocess.run([sys.executable, "-c", "import dpool\ndpool.ProcessPoolExecutor(1)\n"],
                          env=env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -1,5 +1,6 @@
-"""Three nodes on one machine (127.0.0.2-4, each its own store), a head with Redis shards
-and global schedulers: unchanged programs spread over the nodes, and survive failures."""
+"""Three nodes on one machine (``host(2)``-``host(4)``, each its own store), a head with
+Redis shards and global schedulers: unchanged programs spread over the nodes, and survive
+failures."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.cluster.conftest import (
     TIMEOUT,
     base_env,
     dpool_cli,
+    host,
     running,
     start_cluster,
     stop_cluster,
@@ -624,8 +626,8 @@ def test_the_object_table_lists_copies_and_a_reader_falls_back_to_them(cluster_f
 
         assert copy(reader) == want  # the reader's copy, under the holder's name
         with socket.socket() as s:
-            s.bind(("127.0.0.2", 0))
-            dead = f"127.0.0.2:{s.getsockname()[1]}"  # nothing listens there
+            s.bind((host(2), 0))
+            dead = f"{host(2)}:{s.getsockname()[1]}"  # nothing listens there
         with pytest.raises(dpool.ObjectLostError):
             copy(dead)
         assert copy(dead, others=lambda: sorted(store.object_locations(oid)[1])) == want

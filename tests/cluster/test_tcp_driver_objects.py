@@ -27,6 +27,7 @@ from tests.cluster.conftest import (
     TIMEOUT,
     Cluster,
     _kill_tree,
+    host,
     start_cluster,
     start_node,
     stop_cluster,
@@ -301,7 +302,7 @@ def test_the_node_killed_mid_upload_is_a_typed_error(tmp_path):
 def small_store(tmp_path_factory):
     """A one-node cluster whose store holds 32 MB."""
     tmp = tmp_path_factory.mktemp("smallstore")
-    head, token = start_node(tmp, "127.0.0.2", head=True, num_cpus=1,
+    head, token = start_node(tmp, host(2), head=True, num_cpus=1,
                              extra=("--object-store-memory", str(32 << 20)))
     c = Cluster(head, token, [head])
     try:
