@@ -176,3 +176,16 @@ def test_cluster_refuses_inherited_initargs_at_once(monkeypatch):
     rt = ClusterRuntime.__new__(ClusterRuntime)
     o = outcome(ClusterRuntime.add_group, rt, Cfg(), None)
     assert o.raised(dpool.SerializationError) and "Lock" in str(o.exc)
+
+
+def test_idle_workers_are_reused_in_the_count(Executor):
+    """CPython's test_idle_process_reuse_one/_multiple: a submit that finds a worker idle
+    starts none, so sequential calls show one process."""
+    ctx = multiprocessing.get_context("spawn")
+    with Executor(5, mp_context=ctx) as ex:
+        for _ in range(3):
+            assert ex.submit(echo, 2).result(OK_S) == 2
+        assert len(ex._processes) == 1
+        for _ in range(12):
+            ex.submit(echo, 1).result(OK_S)
+        assert len(ex._processes) <= 3

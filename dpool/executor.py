@@ -170,7 +170,7 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
         self._process_views = ProcessViews()
-        self._n_submits = 0  # (how many workers the stdlib would have started: _processes)
+        self._n_stdlib = 0  # how many workers the stdlib would have started (_processes)
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
         self._finalizer = weakref.finalize(self, driver.close_group_soon, self._group)
@@ -188,7 +188,7 @@ class ProcessPoolExecutor(_cf.Executor):
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
         self._process_views = ProcessViews()
-        self._n_submits = 0
+        self._n_stdlib = 0
         self._spec = None
         self._req = None
         return self
@@ -199,20 +199,28 @@ class ProcessPoolExecutor(_cf.Executor):
         """``{pid: process}`` of the worker processes, as the stdlib's attribute.
 
         As many entries as the stdlib would have processes by now: all ``max_workers``
-        from the first submit with the ``fork`` start method, else one per submit up to
-        ``max_workers``. Workers dpool has not started yet (it starts them on demand) are
-        ``NotStartedProcess`` entries. ``None`` once ``shutdown()`` has been called (as in
-        the stdlib). A snapshot: it does not change as workers come and go. See
-        compat/DIFFERENCES.md, "Private attributes".
+        from the first submit with the ``fork`` start method, else one more for each
+        submit that finds no idle worker, up to ``max_workers``. Workers dpool has not
+        started yet (it starts them on demand) are ``NotStartedProcess`` entries. ``None``
+        once ``shutdown()`` has been called (as in the stdlib). A snapshot: it does not
+        change as workers come and go. See compat/DIFFERENCES.md, "Private attributes".
         """
         if self._shutdown_thread:
             return None
         if self._driver is None:  # a task's view
             return {}
-        n = self._n_submits
-        if n and self._mp_context.get_start_method() == "fork":
-            n = self._max_workers
-        return self._worker_processes(min(n, self._max_workers))
+        return self._worker_processes(self._n_stdlib)
+
+    def _count_as_stdlib(self) -> None:
+        """A submit, counted as the stdlib counts its processes (until ``max_workers``):
+        it starts them all at the first submit under ``fork``, else one whenever a submit
+        finds no worker idle."""
+        if self._driver is None:
+            return
+        if self._mp_context.get_start_method() == "fork":
+            self._n_stdlib = self._max_workers
+        elif not any(w.alive and not w.inflight for w in list(self._group.workers)):
+            self._n_stdlib += 1
 
     def _worker_processes(self, wanted: int = 0) -> dict[Any, Any]:
         """``{pid: process}`` of the group's worker processes (also after shutdown), and
@@ -235,7 +243,8 @@ class ProcessPoolExecutor(_cf.Executor):
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        self._n_submits += 1
+        if self._n_stdlib < self._max_workers:
+            self._count_as_stdlib()
         if self._req is None and not _resources.decorated:  # the default: no request
             return self._runtime.submit(group, fn, args, kwargs)
         return self._runtime.submit(group, fn, args, kwargs, self._request(fn))
@@ -257,7 +266,8 @@ class ProcessPoolExecutor(_cf.Executor):
             raise BrokenProcessPool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        self._n_submits += 1
+        if self._n_stdlib < self._max_workers:
+            self._count_as_stdlib()
         if req is None:
             return self._runtime.submit(group, fn, args, kwargs)
         return self._runtime.submit(group, fn, args, kwargs, req)

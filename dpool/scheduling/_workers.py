@@ -177,6 +177,11 @@ class WorkerPool(SchedulerCore):
             if not any(w.alive for w in g.workers):
                 self.fail_group_locked(g, f"cannot start a worker process: {exc}")
             return False
+        except Exception as exc:  # noqa: BLE001 - e.g. the Process's arguments (initargs
+            # handed over at creation) fail to pickle under spawn: every start would fail
+            log.error("dpool: cannot start a worker process: %r", exc)
+            self.fail_group_locked(g, f"cannot start a worker process: {exc!r}")
+            return False
 
     def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
