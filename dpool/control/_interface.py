@@ -9,12 +9,11 @@ on a task's critical path. Reads see everything flushed so far.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from dpool.protocol._record import field, record
 
-
-@record(slots=True)
+@dataclass(slots=True)
 class TaskRecord:
     """One row of the task table: enough lineage to run the task again."""
 
@@ -74,14 +73,6 @@ class ClusterControlStore(ControlStore, Protocol):
     def register_global_scheduler(self, gs_id: str, address: str) -> None: ...
     def heartbeat_global_scheduler(self, gs_id: str) -> bool: ...
     def global_schedulers(self, dead_after: float = ...) -> list[dict]: ...
-    def members(self) -> tuple[list[str], list[str]]: ...
-    def heartbeat_and_members(self, node_id: str, load: dict
-                              ) -> tuple[bool, tuple[list[str], list[str]]]: ...
-    def heartbeat_global_scheduler_and_members(self, gs_id: str
-                                               ) -> tuple[bool, tuple[list[str], list[str]]]: ...
-    def tables(self, dead_after: float = ...,
-               members: Optional[tuple[list[str], list[str]]] = ...,
-               ) -> tuple[list[dict], list[dict]]: ...
     def unregister_global_scheduler(self, gs_id: str) -> None: ...
     def new_id_prefix(self, count: int = 1) -> int: ...
     def subscribe(self, channels: Iterable[str],

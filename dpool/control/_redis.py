@@ -33,7 +33,6 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,8 +51,6 @@ log = logging.getLogger("dpool.control")
 
 EVENT_LOG_ENTRIES = 20_000  # per shard; each entry is one flush's events (MAXLEN ~)
 DEAD_AFTER = 3.0  # seconds without a heartbeat before a node counts as dead
-_FLUSHER_IDLE_S = 1.0  # the longest sleep of a flusher with nothing queued
-_LISTEN_S = 5.0  # the longest wait of a pub/sub listener (it is woken to stop)
 
 # HSET the heartbeat (the server's clock) plus ARGV's field/value pairs. ARGV[1] == '1':
 # (re-)register, clearing a dead mark; else a beat, refused (0) for a row that is gone
@@ -70,9 +67,6 @@ redis.call('HSET', KEYS[1], 'hb', t[1] .. '.' .. string.format('%06d', tonumber(
 return 1
 """
 
-_HEARTBEAT_B = _HEARTBEAT.encode()
-_TIME = _redis_batch.pack((b"TIME",))
-
 Callback = Callable[[str, bytes], None]
 
 
@@ -86,69 +80,6 @@ def _parse_address(address: str) -> tuple[str, int]:
 
 def _server_time(reply: Sequence[int]) -> float:
     return reply[0] + reply[1] / 1e6
-
-
-def _as_dict(reply: Any) -> dict:
-    """A raw ``HGETALL`` reply as a dict (RESP2 sends a flat list of fields and values)."""
-    if isinstance(reply, dict):
-        return reply
-    return dict(zip(reply[::2], reply[1::2]))
-
-
-def _row(h: dict, id_field: str, i: str, now: float, dead_after: float) -> dict | None:
-    """A registry row (node or global scheduler) from its hash, with liveness; None if
-    the hash is empty (removed between reading the members and the row)."""
-    if not h:
-        return None
-    row = json.loads(h.get(b"info", b"{}"))
-    row[id_field] = i
-    if b"load" in h:
-        row["load"] = json.loads(h[b"load"])
-    hb = float(h.get(b"hb", 0.0))
-    row["heartbeat"] = hb
-    row["age"] = now - hb
-    row["dead"] = b"dead" in h
-    row["alive"] = not row["dead"] and row["age"] <= dead_after
-    return row
-
-
-class _Listener(threading.Thread):
-    """A pub/sub listener thread that waits for notices without a pace: redis-py's own
-    (``run_in_thread``) polled five times a second to see whether it was stopped, which
-    was a good part of an idle node daemon's CPU time (issue 21). ``stop`` wakes it with
-    a notice on a channel of its own (``_keys.wake_channel``); the wait's timeout is a
-    safety net for a shard that cannot take that notice."""
-
-    def __init__(self, client: Any, pubsub: Any, wake: str,
-                 on_error: Callable[[BaseException, Any, Any], None]) -> None:
-        super().__init__(daemon=True)
-        self._client = client
-        self._pubsub = pubsub
-        self._wake = wake
-        self._on_error = on_error
-        self._running = True
-
-    def run(self) -> None:
-        ps = self._pubsub
-        while self._running:
-            try:
-                ps.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_S)
-            except BaseException as e:  # noqa: BLE001 - as run_in_thread: report, go on
-                if not self._running:
-                    break
-                self._on_error(e, ps, self)
-        ps.close()
-
-    def stop(self) -> None:
-        self._running = False
-        try:
-            self._client.publish(self._wake, b"")
-        except redis.RedisError:
-            pass  # the shard is away: the wait's timeout ends the thread
-
-
-def _ignore(message: dict) -> None:
-    pass
 
 
 class Subscription:
@@ -202,10 +133,6 @@ class RedisControlStore:
         self._flush_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
-        # The flusher sleeps while nothing is queued; a write that finds it asleep wakes
-        # it (after its append: see ``_flush_loop``).
-        self._flusher_idle = False
-        self._flush_wake = threading.Event()
         self._subscriptions: list[Subscription] = []
         if check:
             try:
@@ -261,47 +188,31 @@ class RedisControlStore:
     # -- ControlStore writes: one deque append each --------------------------------------
     def register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._push((0, fn_id, name, payload))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def add_task(self, task_id: int, fn_id: int, args: bytes | None, dep_ids: tuple | None,
                  group_id: int, at: float | None = None, worker_id: int = 0) -> None:
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def set_task_state(self, task_id: int, state: str, attempts: int,
                        at: float | None = None) -> None:
         self._push((2, task_id, state, attempts, at))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def remove_object(self, object_id: int) -> None:
         self._push((4, object_id))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def add_copy(self, object_id: int, node_id: str) -> None:
         """Node ``node_id`` keeps a copy of the object (batched; listed by
         ``object_locations`` while the object's holder has it)."""
         self._push((6, object_id, node_id))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def remove_copy(self, object_id: int, node_id: str) -> None:
         self._push((7, object_id, node_id))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def log_event(self, task_id: int, kind: str, t: float, worker_id: int) -> None:
         self._push((5, task_id, kind, t, worker_id))
-        if self._flusher_idle:
-            self._flush_wake.set()
 
     def backlog(self) -> int:
         return len(self._ops)
@@ -366,8 +277,7 @@ class RedisControlStore:
             log.debug("read without flushing: %s", e)
 
     def start_flusher(self, interval: float = 0.005) -> None:
-        """Flush every ``interval`` seconds from a daemon thread (until ``close``) while
-        writes are queued; with none, it sleeps until the next write."""
+        """Flush every ``interval`` seconds from a daemon thread (until ``close``)."""
         if self._flusher is not None:
             return
         self._stop_flusher.clear()
@@ -377,22 +287,7 @@ class RedisControlStore:
 
     def _flush_loop(self, interval: float) -> None:
         wait = interval
-        ops = self._ops
-        while not self._stop_flusher.is_set():
-            if not ops:
-                # Nothing queued: sleep until a write wakes us (an idle node daemon woke
-                # 200 times a second here: issue 21). The flag goes up before the last
-                # look at the queue, and a writer looks at the flag after its append, so
-                # no write is left behind; the timeout is a safety net (ops a failed
-                # read-side flush put back).
-                self._flusher_idle = True
-                if not ops:
-                    self._flush_wake.wait(_FLUSHER_IDLE_S)
-                self._flusher_idle = False
-                self._flush_wake.clear()
-                continue
-            if self._stop_flusher.wait(wait):  # let a batch gather, as before
-                break
+        while not self._stop_flusher.wait(wait):
             try:
                 self.flush()
                 wait = interval
@@ -405,7 +300,6 @@ class RedisControlStore:
         """Stop the flusher and listeners, send what is queued (best effort), disconnect."""
         if self._flusher is not None:
             self._stop_flusher.set()
-            self._flush_wake.set()
             self._flusher.join(5.0)
             self._flusher = None
         try:
@@ -493,51 +387,6 @@ class RedisControlStore:
             return bool(self._clients[shard].eval(_HEARTBEAT, 1, key, b"1" if create else b"0",
                                                   *fields))
 
-    def _beat_members(self, shard: int, key: bytes, what: str, *fields: bytes
-                      ) -> tuple[bool, tuple[list[str], list[str]]]:
-        """A heartbeat and ``members()`` together: the commands to both shards go out
-        before any reply is read, packed as ``_redis_batch`` packs writes (an idle
-        process's heartbeats were most of its CPU time, each round trip a wake-up of its
-        own: issue 21)."""
-        s0 = K.SINGLETON_SHARD
-        beat = _redis_batch.pack((b"EVAL", _HEARTBEAT_B, b"1", key, b"0", *fields))
-        look = [_redis_batch.pack((b"SMEMBERS", K.GLOBAL_SCHEDULERS)),
-                _redis_batch.pack((b"SMEMBERS", K.NODES))]
-        asks = [(shard, [beat, *look])] if shard == s0 else [(shard, [beat]), (s0, look)]
-        ok, gss, nodes = [r for replies in self._ask(asks, what) for r in replies]
-        return bool(ok), (sorted(x.decode() for x in gss), sorted(x.decode() for x in nodes))
-
-    def _ask(self, asks: list[tuple[int, list[bytes]]], what: str) -> list[list]:
-        """``[(shard, packed commands), ...]`` -> each one's raw replies: every shard is
-        sent its commands before any reply is read (one wait for all of them)."""
-        sent: list = []
-        try:
-            for s, commands in asks:
-                with self._errors(s, what):
-                    sent.append((s, _redis_batch.start(self._clients[s], commands),
-                                 len(commands)))
-            out = []
-            while sent:
-                s, conn, n = sent.pop(0)
-                with self._errors(s, what):
-                    out.append(_redis_batch.finish(self._clients[s], conn, n))
-            return out
-        finally:
-            for s, conn, _ in sent:  # (not read: an error came first)
-                _redis_batch.abandon(self._clients[s], conn)
-
-    def heartbeat_and_members(self, node_id: str, load: dict
-                              ) -> tuple[bool, tuple[list[str], list[str]]]:
-        """``(heartbeat(node_id, load), members())`` in one wait."""
-        return self._beat_members(self._shard(node_id), K.node_key(node_id), "heartbeat",
-                                  b"load", json.dumps(load).encode())
-
-    def heartbeat_global_scheduler_and_members(self, gs_id: str
-                                               ) -> tuple[bool, tuple[list[str], list[str]]]:
-        """``(heartbeat_global_scheduler(gs_id), members())`` in one round trip."""
-        return self._beat_members(K.SINGLETON_SHARD, K.gs_key(gs_id),
-                                  "heartbeat_global_scheduler")
-
     def register_node(self, node_id: str, info: dict) -> None:
         """Add (or re-add, clearing a dead mark) a node; ``info``: JSON-able, e.g.
         ``{"address": "10.0.0.2:7000", "resources": {"CPU": 8, "GPU": 1}}``."""
@@ -575,45 +424,19 @@ class RedisControlStore:
             now_reply, *hashes = self._run(shard, "read table", fill)
             now = _server_time(now_reply)
             for i, h in zip(shard_ids, hashes):
-                row = _row(h, id_field, i, now, dead_after)
-                if row is not None:
-                    rows[i] = row
+                if not h:  # removed between SMEMBERS and HGETALL
+                    continue
+                row = json.loads(h.get(b"info", b"{}"))
+                row[id_field] = i
+                if b"load" in h:
+                    row["load"] = json.loads(h[b"load"])
+                hb = float(h.get(b"hb", 0.0))
+                row["heartbeat"] = hb
+                row["age"] = now - hb
+                row["dead"] = b"dead" in h
+                row["alive"] = not row["dead"] and row["age"] <= dead_after
+                rows[i] = row
         return [rows[i] for i in ids if i in rows]
-
-    def members(self) -> tuple[list[str], list[str]]:
-        """The ids of the registered global schedulers and nodes (sorted), in one round
-        trip."""
-        s0 = K.SINGLETON_SHARD
-
-        def fill(pipe: Any) -> None:
-            pipe.smembers(K.GLOBAL_SCHEDULERS)
-            pipe.smembers(K.NODES)
-        gss, nodes = self._run(s0, "SMEMBERS", fill)
-        return sorted(x.decode() for x in gss), sorted(x.decode() for x in nodes)
-
-    def tables(self, dead_after: float = DEAD_AFTER,
-               members: tuple[list[str], list[str]] | None = None,
-               ) -> tuple[list[dict], list[dict]]:
-        """``(global_schedulers(), nodes())`` read together (one round trip per shard),
-        for ``members`` (``members()``; read first if not given)."""
-        gs_ids, node_ids = self.members() if members is None else members
-        s0 = K.SINGLETON_SHARD
-        plan: dict[int, list[bytes]] = {s0: [K.gs_key(i) for i in gs_ids]}
-        for i in node_ids:
-            plan.setdefault(self._shard(i), []).append(K.node_key(i))
-        asks = [(shard, [_TIME] + [_redis_batch.pack((b"HGETALL", k)) for k in keys])
-                for shard, keys in plan.items()]
-        hashes: dict[int, Any] = {}
-        times: dict[int, float] = {}
-        for shard, (now_reply, *replies) in zip(plan, self._ask(asks, "read tables")):
-            times[shard] = int(now_reply[0]) + int(now_reply[1]) / 1e6
-            hashes[shard] = iter(_as_dict(h) for h in replies)
-        gss = [_row(next(hashes[s0]), "gs_id", i, times[s0], dead_after) for i in gs_ids]
-        nodes = []
-        for i in node_ids:
-            shard = self._shard(i)
-            nodes.append(_row(next(hashes[shard]), "node_id", i, times[shard], dead_after))
-        return [r for r in gss if r is not None], [r for r in nodes if r is not None]
 
     def mark_node_dead(self, node_id: str) -> bool:
         """Mark the node dead and publish a node-death notice. False (and no notice) if it
@@ -712,18 +535,16 @@ class RedisControlStore:
         threads = []
         try:
             for shard, chans in per_shard.items():
-                client = self._clients[shard]
-                ps = client.pubsub(ignore_subscribe_messages=True)
-                wake = K.wake_channel(os.urandom(8).hex())
+                ps = self._clients[shard].pubsub(ignore_subscribe_messages=True)
                 try:
                     with self._errors(shard, "SUBSCRIBE"):
-                        ps.subscribe(**{ch: handler for ch in chans}, **{wake: _ignore})
+                        ps.subscribe(**{ch: handler for ch in chans})
                 except BaseException:
                     ps.close()
                     raise
-                thread = _Listener(client, ps, wake, on_error)
+                thread = ps.run_in_thread(sleep_time=0.2, daemon=True,
+                                          exception_handler=on_error)
                 thread.name = f"dpool-control-pubsub-{shard}"
-                thread.start()
                 threads.append(thread)
         except BaseException:
             Subscription(threads).stop()

@@ -100,49 +100,6 @@ def _get_connection(pool: Any) -> Any:
         return pool.get_connection("PIPELINE")
 
 
-def start(client: Any, commands: list[bytes]) -> Any:
-    """Send ``commands`` on one of ``client``'s pooled connections and return it without
-    reading the replies (``finish`` reads them): several shards asked at once cost one
-    wait, not one each. On an error the connection is dropped and the error raised."""
-    pool = client.connection_pool
-    conn = _get_connection(pool)
-    try:
-        conn.send_packed_command([b"".join(commands)], check_health=False)
-    except BaseException:
-        conn.disconnect()
-        pool.release(conn)
-        raise
-    return conn
-
-
-def finish(client: Any, conn: Any, n: int) -> list:
-    """The ``n`` replies to what ``start`` sent on ``conn`` (raw: not decoded), then the
-    connection goes back to ``client``'s pool. Raises as ``send`` does."""
-    replies: list = []
-    first_error = None
-    try:
-        for _ in range(n):
-            try:
-                replies.append(conn.read_response(disable_decoding=True))
-            except redis.ResponseError as e:
-                first_error = first_error or e
-                replies.append(e)
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        client.connection_pool.release(conn)
-    if first_error is not None:
-        raise first_error
-    return replies
-
-
-def abandon(client: Any, conn: Any) -> None:
-    """A connection ``start`` returned whose replies will not be read: dropped."""
-    conn.disconnect()
-    client.connection_pool.release(conn)
-
-
 def send(client: Any, commands: list[bytes]) -> None:
     """Send ``commands`` on one of ``client``'s pooled connections and read every reply.
 

@@ -123,10 +123,6 @@ class RedisServer:
         argv = [exe, "-",  # "-": read the rest of the config (the password) from stdin
                 "--port", str(self.port), "--bind", self.bind,
                 "--save", "", "--appendonly", "no", "--dir", self.dir,
-                # its timers at 1 Hz, not 10: an idle shard woke ten times a second (issue
-                # 21); dpool uses no blocking command and no client timeout, and keys with
-                # a TTL (shipped code) still expire when read
-                "--hz", "1",
                 "--daemonize", "no", "--protected-mode", "yes",
                 "--logfile", self.logfile]
         try:

@@ -20,7 +20,6 @@ import threading
 from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
-from dpool.control._watch import TableWatch
 from dpool.global_scheduler._placement import NodeLoad, choose
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
@@ -164,23 +163,20 @@ class GlobalScheduler:
         self.placed += 1
         return target, msg
 
-    def _on_tick(self) -> bool:
-        return False  # nothing periodic: the IO loop sleeps until input (``_ioloop``)
+    def _on_tick(self) -> None:
+        pass
 
     def _beat_loop(self) -> None:
         """Heartbeat, and learn which nodes are alive, off the IO thread: a slow shard
         must never stall placement."""
         control = self._control
         assert control is not None  # (the thread runs only with a control store)
-        watch = TableWatch(control)  # the rows read when they may say something new
         while not self._stop.wait(_HEARTBEAT_S):
             try:
-                known, members = control.heartbeat_global_scheduler_and_members(self.gs_id)
-                if not known:
+                if not control.heartbeat_global_scheduler(self.gs_id):
                     control.register_global_scheduler(self.gs_id, self.address)
                 # a node whose link is open but which stopped heartbeating gets nothing
-                if watch.saw(members):
-                    self._alive = {n.get("address") for n in watch.nodes if n.get("alive")}
+                self._alive = {n.get("address") for n in control.nodes() if n.get("alive")}
             except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
                 log.warning("control store unreachable: %s", exc)
 

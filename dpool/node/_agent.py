@@ -1,21 +1,11 @@
 """The node's link to the rest of the cluster: heartbeats, load reports, discovery.
 
 A thread, off every task's path: every ``load_s`` it pushes this node's load (queue,
-busy and total CPUs, average task time) to each linked global scheduler -- when the
-scheduler's IO loop read anything since the last push (tasks, results, drivers: what
-changes a load), else the schedulers have it already and nothing is sent. Then it
-sleeps until the next thing it must do -- a heartbeat, a read of the tables (below) --
-unless input comes in (the IO loop wakes it: ``on_input``) or a global scheduler is
-linked (``Links.on_linked``), so an idle node's agent wakes for its heartbeats only
-(it woke ten times a second, and pushed as many identical reports: issue 21).
-
-Every ``beat_s`` it heartbeats the same load into the node table (pushing it too if it
-differs from the last one pushed) and looks who is registered there, in one wait; it
-reads the rows of the global schedulers and nodes when those changed or when one of
-them may have stopped heartbeating (``control._watch``: at the first moment one could
-count as dead, so a death is seen as soon as it can be), links to schedulers it has not
-linked yet, and refreshes the cluster's CPU count that drivers see. A control store
-that is briefly unreachable costs warnings, not tasks: the local path never waits on it.
+busy and total CPUs, average task time) to each linked global scheduler; every
+``beat_s`` it heartbeats the same load into the node table, reads the global schedulers
+and nodes registered there, links to schedulers it has not linked yet, and refreshes the
+cluster's CPU count that drivers see. A control store that is briefly unreachable costs
+warnings, not tasks: the local path never waits on it.
 
 A node that stops heartbeating is declared dead by whoever notices first (a node or a
 global scheduler marks it in the node table, which publishes a node-death notice). This
@@ -32,7 +22,6 @@ from typing import TYPE_CHECKING, Optional
 
 from dpool.control import _keys as K
 from dpool.control._interface import ClusterControlStore, Subscription
-from dpool.control._watch import TableWatch
 from dpool.protocol import _messages as m
 from dpool.scheduling import _resources
 
@@ -53,18 +42,11 @@ class ClusterAgent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
-        self._pushed: Optional[m.Load] = None  # the load the schedulers were told last
-        self._told: set[str] = set()  # the schedulers told it
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
         self._bury_lock = threading.Lock()  # the agent thread and the notice listener
         self._notices: Optional[Subscription] = None
-        self._watch = TableWatch(control)
-        self._wake = threading.Event()  # input came in, or a link: do not sleep on
-        self._asleep = False  # waiting without a pace: input must wake it (``_kick``)
 
     def start(self) -> None:
-        self._d.scheduler.io.on_input = self._kick
-        self._d.links.on_linked = lambda address: self._kick()
         self._beat()
         try:
             self._notices = self._control.subscribe([K.CH_NODE_DEAD], self._on_death_notice)
@@ -74,7 +56,6 @@ class ClusterAgent:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
         if self._notices is not None:
             self._notices.stop()
         self._thread.join(timeout=5)
@@ -110,70 +91,36 @@ class ClusterAgent:
             return gpus + mem + tuple((k, v, led.custom_free.get(k, 0.0))
                                       for k, v in led.custom.items())
 
-    def _push_load(self, load: dict, to_all: bool = True) -> None:
-        """Tell the linked global schedulers ``load``: every one (``to_all``: each report
-        also clears what a scheduler placed here since the last), else those it is news
-        to -- it changed, or they linked since."""
+    def _push_load(self, load: dict) -> None:
         msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
                      load["holds"], self._resources())
-        if msg != self._pushed:
-            self._pushed, self._told, to_all = msg, set(), True
         for address in self.linked_schedulers():
-            if to_all or address not in self._told:
-                self._told.add(address)
-                self._d.links.send(address, [msg])
-
-    def _tell_new_links(self) -> None:
-        """A scheduler linked since the last push gets the load at once (its placement
-        knows nothing of this node's resources until then)."""
-        told = self._told
-        if any(a not in told for a in self.linked_schedulers()):
-            self._push_load(self._load(), to_all=False)
+            self._d.links.send(address, [msg])
 
     def _beat(self) -> None:
         d = self._d
         with d.scheduler.lock:
             d.runner.tick_locked()  # retire idle mirror groups
         load = self._load()
-        self._push_load(load, to_all=False)  # a change no input showed (e.g. a lease)
         try:
             if d.prefixes is not None:
                 d.prefixes.top_up()
         except Exception as exc:  # noqa: BLE001 - taken from the store when needed instead
             log.warning("could not reserve id prefixes: %s", exc)
         try:
-            known, members = self._control.heartbeat_and_members(d.node_id, load)
-            if not known:
+            if not self._control.heartbeat(d.node_id, load):
                 self._control.register_node(d.node_id, d.node_info())
-            read = self._watch.saw(members)
+            gss = [g for g in self._control.global_schedulers() if g.get("alive")]
+            all_nodes = self._control.nodes()
+            nodes = [n for n in all_nodes if n.get("alive")]
         except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
             log.warning("control store unreachable: %s", exc)
             return
-        if read:
-            self._tables_read()
+        self.schedulers = [g["address"] for g in gss]
+        self._bury([n for n in all_nodes if not n.get("alive")])
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
-
-    def _read_due_tables(self) -> None:
-        """Between heartbeats: the rows, once one of them may say a member died."""
-        if not self._watch.due():
-            return
-        try:
-            self._watch.read_if_due()
-        except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
-            log.warning("control store unreachable: %s", exc)
-            return
-        self._tables_read()
-
-    def _tables_read(self) -> None:
-        """The rows were read: who is alive, what died, the cluster's CPUs."""
-        d = self._d
-        gss = [g for g in self._watch.global_schedulers if g.get("alive")]
-        all_nodes = self._watch.nodes
-        nodes = [n for n in all_nodes if n.get("alive")]
-        self.schedulers = [g["address"] for g in gss]
-        self._bury([n for n in all_nodes if not n.get("alive")])
         d.sessions.cluster_cpus = sum(int(n.get("num_cpus", 0)) for n in nodes) or d.num_cpus
 
     def _bury(self, dead: list) -> None:
@@ -205,41 +152,13 @@ class ClusterAgent:
             out = s.take_out_locked()
         s.deliver(out)
 
-    def _kick(self) -> None:
-        """Input came in (the IO thread) or a link is up: end the agent's sleep."""
-        if self._asleep:
-            self._asleep = False
-            self._wake.set()
-
     def _run(self) -> None:
         next_beat = time.monotonic() + self.beat_s
-        io = self._d.scheduler.io
-        seen = -1  # the IO loop's input count at the last push
-        while not self._stop.is_set():
-            active = False
+        while not self._stop.wait(self.load_s):
             try:
-                inputs = io.inputs
-                if inputs != seen:  # something came in: the load may have changed
-                    seen = inputs
-                    active = True
-                    self._push_load(self._load())
-                else:
-                    self._tell_new_links()
+                self._push_load(self._load())
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.beat_s
                     self._beat()
-                else:
-                    self._read_due_tables()
             except Exception:  # noqa: BLE001 - the agent must outlive one bad round
                 log.exception("dpool node agent: a heartbeat round failed")
-            if active:  # input is coming in: report again after ``load_s``, as it comes
-                self._wake.wait(self.load_s)
-            else:  # until the next heartbeat or read of the tables, or until woken; the
-                # flag goes up before the last look at the input count, and the IO loop
-                # looks at the flag after counting its input, so none is slept through
-                self._asleep = True
-                if io.inputs == seen:
-                    self._wake.wait(max(0.0, min(next_beat, self._watch.due_at)
-                                        - time.monotonic()))
-                self._asleep = False
-            self._wake.clear()

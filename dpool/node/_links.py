@@ -56,7 +56,6 @@ class Links:
         self._links: dict[str, PeerHandle] = {}
         self._waiting: dict[str, list] = {}  # address -> messages queued while connecting
         self.welcome: dict[str, dict] = {}  # address -> the peer's PeerWelcome info
-        self.on_linked: Optional[Callable[[str], None]] = None  # told each new link
 
     def connected(self, address: str) -> bool:
         h = self._links.get(address)
@@ -115,8 +114,6 @@ class Links:
             self._write(h, self._waiting.pop(address, []))
             self._links[address] = h
         log.info("linked to %s (%s)", welcome.peer_id, address)
-        if self.on_linked is not None:
-            self.on_linked(address)
 
     def forget(self, h: PeerHandle) -> None:
         """A link closed: the next ``send`` to its address connects again."""

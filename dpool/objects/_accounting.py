@@ -47,6 +47,9 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psutil
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
@@ -92,30 +95,17 @@ def default_capacity() -> int:
             return parse_size(raw)
         except ValueError as exc:
             raise ValueError(f"bad ${ENV_CAPACITY}: {exc}") from None
-    capacity = int(_memory_total() * _MEMORY_FRACTION)
+    capacity = int(psutil.virtual_memory().total * _MEMORY_FRACTION)
     shm_total = _segment.shm_total_bytes()
     if shm_total is not None:
         capacity = min(capacity, int(shm_total * _SHM_FRACTION))
     return capacity
 
 
-def _memory_total() -> int:
-    """The machine's RAM in bytes, as ``psutil.virtual_memory().total`` says (without
-    importing psutil, a good part of a short program's start-up: bench/NOTES.md)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no such sysconf names here
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-
-
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("name", "size")
-
-    def __init__(self, name: str, size: int) -> None:
-        self.name = name
-        self.size = size
+    name: str
+    size: int
 
 
 class ObjectStore:

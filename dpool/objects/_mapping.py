@@ -39,6 +39,7 @@ views. So a child takes its own description and lock for each view alive at the 
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import functools
 import mmap
@@ -47,6 +48,8 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from typing import Optional
+
+import posix_ipc
 
 from dpool.objects import _forkguard
 
@@ -106,8 +109,6 @@ _live: dict[int, tuple[weakref.ref, _Mapping]] = {}  # id(ref) -> lend whose vie
 
 
 def _open(name: str) -> int:
-    import posix_ipc  # here: ctypes and posix_ipc load with the first large object
-
     try:
         shm = posix_ipc.SharedMemory(name, read_only=True)
     except posix_ipc.ExistentialError as exc:
@@ -162,8 +163,6 @@ def lend(name: str) -> memoryview:
         except BaseException:
             entry.close()
             raise
-        import ctypes
-
         exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
         ref = weakref.ref(exporter, functools.partial(_views_gone, entry))
         _live[id(ref)] = (ref, entry)
@@ -258,8 +257,6 @@ def _take(name: str) -> Optional[_Mapping]:
 
 def _pristine(entry: _Mapping) -> bool:
     """True if no page of the mapping has been written (so it equals the segment)."""
-    import ctypes
-
     try:
         probe = ctypes.c_char.from_buffer(entry.mm)
         addr = ctypes.addressof(probe)

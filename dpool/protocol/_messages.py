@@ -10,16 +10,15 @@ as a tuple in declaration order, so reordering a field is a protocol version bum
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Optional
-
-from dpool.protocol._record import record
 
 # A dependency value shipped with a task: (object id, ok, payload). ok=False means the
 # payload is a serialized exception the task must fail with instead of running.
 DepValue = tuple  # (int, bool, bytes)
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Hello:
     """W->S first message after connecting: who the worker is."""
 
@@ -29,7 +28,7 @@ class Hello:
     pid: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class InitFailed:
     """W->S the initializer raised; the worker exits after sending this."""
 
@@ -37,7 +36,7 @@ class InitFailed:
     error: bytes  # serialized (exception, traceback text)
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class RegisterFunction:
     """S->W (or W->S for functions first seen in a worker): function table entry."""
 
@@ -46,7 +45,7 @@ class RegisterFunction:
     payload: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class ExecuteTask:
     """S->W run a task. ``args`` is None for a call without arguments."""
 
@@ -57,7 +56,7 @@ class ExecuteTask:
     deps: Optional[tuple]  # tuple[DepValue, ...] for top-level ObjectRef/Future arguments
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class TaskDone:
     """W->S a task finished. ok=False: payload is a serialized (exception, traceback)."""
 
@@ -68,7 +67,7 @@ class TaskDone:
     duration: float  # seconds spent in the user function
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class SubmitTask:
     """W->S a task submitted from inside a task (dynamic task graph)."""
 
@@ -81,7 +80,7 @@ class SubmitTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Blocked:
     """W->S the running task waits on other tasks: give its CPU slot back.
 
@@ -93,14 +92,14 @@ class Blocked:
     returned: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Unblocked:
     """W->S the waiting task resumed; its slot is taken again."""
 
     CODE: ClassVar[int] = 8
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class ReturnTasks:
     """W->S tasks that arrived while the worker was blocked, handed back unstarted."""
 
@@ -108,7 +107,7 @@ class ReturnTasks:
     task_ids: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class GetObjects:
     """W->S send me these objects' values when they are ready."""
 
@@ -116,7 +115,7 @@ class GetObjects:
     object_ids: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class ObjectValue:
     """S->W an object's value (result of a task the worker owns, or one it asked for)."""
 
@@ -126,7 +125,7 @@ class ObjectValue:
     payload: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Release:
     """W->S the worker dropped its last handle to these objects."""
 
@@ -134,14 +133,14 @@ class Release:
     object_ids: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Shutdown:
     """S->W finish nothing more; exit now."""
 
     CODE: ClassVar[int] = 13
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class PutObject:
     """W->S store this value under this id (``dpool.put`` inside a task)."""
 
@@ -150,7 +149,7 @@ class PutObject:
     payload: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Forget:
     """S->W these large segments were freed: unmap any cached mapping of them."""
 
@@ -158,7 +157,7 @@ class Forget:
     names: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Attach:
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
@@ -170,7 +169,7 @@ class Attach:
     sys_path: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Attached:
     """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
     the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
@@ -183,7 +182,7 @@ class Attached:
     store_owner: int  # the node's store (its pid) for a driver on its host, else 0
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class CreateGroup:
     """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
 
@@ -197,7 +196,7 @@ class CreateGroup:
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class GroupOp:
     """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
     ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
@@ -209,7 +208,7 @@ class GroupOp:
     arg: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class GroupExited:
     """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
 
@@ -217,7 +216,7 @@ class GroupExited:
     group_id: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class GroupBroken:
     """S->D the group can run no more tasks (its initializer failed): ``reason``."""
 
@@ -226,7 +225,7 @@ class GroupBroken:
     reason: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class CancelTask:
     """D->S the driver cancelled these futures: drop the tasks that have not started.
     S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
@@ -235,14 +234,14 @@ class CancelTask:
     task_ids: tuple
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class StatusRequest:
     """D->S describe this node (``dpool status``)."""
 
     CODE: ClassVar[int] = 23
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class StatusReply:
     """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
 
@@ -250,7 +249,7 @@ class StatusReply:
     status: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class PeerHello:
     """N->N, N->G first frame after the handshake from another node (or from a node to a
     global scheduler): who it is, where it listens, what it offers."""
@@ -262,7 +261,7 @@ class PeerHello:
     num_cpus: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class PeerWelcome:
     """N->N, G->N answer to ``PeerHello``: the answering process's id and the cluster's
     description as JSON (Redis shards, global schedulers)."""
@@ -272,7 +271,7 @@ class PeerWelcome:
     info: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Load:
     """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
 
@@ -285,7 +284,7 @@ class Load:
     resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class RemoteTask:
     """N->G a task spilled by its node (``origin``); G->N the same task placed on a node.
 
@@ -308,7 +307,7 @@ class RemoteTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class SpillRejected:
     """G->N no other node can take this spilled task now: run or retry it at home."""
 
@@ -317,7 +316,7 @@ class SpillRejected:
     reason: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Accepted:
     """N->N the executing node has the task (the origin now knows where it runs)."""
 
@@ -326,7 +325,7 @@ class Accepted:
     node_id: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class TaskResult:
     """N->N a spilled task's outcome, sent by the node that ran it to the origin."""
 
@@ -337,7 +336,7 @@ class TaskResult:
     duration: float
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class Output:
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -351,7 +350,7 @@ class Output:
     data: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class DropGroup:
     """N->N the origin's group is gone (its driver left, or it was terminated): stop its
     tasks here and the mirror group's workers."""
@@ -362,7 +361,7 @@ class DropGroup:
     reason: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class WorkingDir:
     """D->S the driver's working directory, packed (``protocol._workdir``), sent once per
     content digest before the groups that use it."""
@@ -373,7 +372,7 @@ class WorkingDir:
     archive: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class FetchSegment:
     """N->N a request on an object-transfer connection (its first frame, and any later
     one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
@@ -386,7 +385,7 @@ class FetchSegment:
     length: int = -1
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class ReleaseLent:
     """N->N the sender no longer needs the receiver to keep segment ``name``: a result
     the receiver lent it (it has its own copy now, or gave up), or an object of the
@@ -396,7 +395,7 @@ class ReleaseLent:
     name: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class PushSegment:
     """D->N a request on an object-transfer connection (its first frame, or any later
     one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
@@ -418,7 +417,7 @@ class PushSegment:
 # -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseRequest:
     """D->N first frame of a lease connection (on the node's unix socket): lend me a
     worker of this group. The node starts one with this very connection as its lease
@@ -429,7 +428,7 @@ class LeaseRequest:
     group_id: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseDenied:
     """N->D no worker to lend now (the group or the node's CPUs are in use)."""
 
@@ -437,7 +436,7 @@ class LeaseDenied:
     reason: str
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseReady:
     """W->D over the lease channel: the leased worker is up (initializer done). The
     driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
@@ -447,7 +446,7 @@ class LeaseReady:
     pid: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeasedResult:
     """D->N the outcome of a task that ran on a leased worker: the node keeps the value
     in its object table (owned by the driver, like a put) for later tasks and peers."""
@@ -458,7 +457,7 @@ class LeasedResult:
     payload: bytes
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseRecall:
     """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
     this group once its task is done."""
@@ -467,14 +466,14 @@ class LeaseRecall:
     group_id: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseEnded:
     """W->N the driver closed the lease channel: this worker serves the node again."""
 
     CODE: ClassVar[int] = 55
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeaseLost:
     """N->D the worker lent for this group exited. (The driver may not see its lease
     connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
@@ -484,7 +483,7 @@ class LeaseLost:
     worker_id: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeasedTask:
     """D->N a task went to a leased worker: its result will come (``LeasedResult``).
     Until then the node holds a pending object for it, so a later task (or a worker)
@@ -494,7 +493,7 @@ class LeasedTask:
     object_id: int
 
 
-@record(slots=True)
+@dataclass(slots=True)
 class LeasedLost:
     """D->N the leased worker died with this task (the driver sends it to the node next):
     remove what it may have written of the result."""

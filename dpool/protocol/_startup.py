@@ -5,12 +5,11 @@ imports the scheduler: importing the worker from the scheduler made a cycle)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
-from dpool.protocol._record import field, record
 
-
-@record(slots=True)
+@dataclass(slots=True)
 class WorkerConfig:
     worker_id: int
     group_id: int

@@ -52,6 +52,7 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from collections.abc import ValuesView
 from typing import Any, Callable, Optional
 
@@ -61,7 +62,6 @@ from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
-from dpool.protocol._record import record
 from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._objtable import ObjectTable
@@ -74,10 +74,8 @@ from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
 log = logging.getLogger("dpool.scheduling")
 
 
-@record
+@dataclass
 class GroupConfig:
-    """What an executor (or Pool) asks of its worker group (``add_group``)."""
-
     max_workers: int
     mp_context: Any
     initializer: Optional[bytes] = None
@@ -249,7 +247,6 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
             for g in self._groups.values():
                 if g.rq:
                     self._refill.append(g)
-            self.io.poke()
 
     def cancel_queued(self, group: Group) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
@@ -398,7 +395,6 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         for g in self._groups.values():
             if g.queue and g not in refill:
                 refill.append(g)
-        self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 
     def set_function_locked(self, fn_id: int, payload: bytes) -> None:
         self._functions[fn_id] = payload
@@ -542,8 +538,6 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         """The completions gathered in this locked region."""
         if self.store.has_news:  # large segments freed or spilled in this region
             self._forget_mappings_locked()
-        if self.io.idle and self._tick_wanted():  # (one attribute read while it ticks)
-            self.io.poke()
         out = self._out
         if out:
             self._out = []
@@ -578,9 +572,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
             except Exception:  # InvalidStateError: cancelled meanwhile
                 pass
 
-    def _on_tick(self) -> bool:
-        """The IO loop's periodic work; returns whether there is more for the next tick
-        (else the loop sleeps until something wakes it: ``_ioloop``)."""
+    def _on_tick(self) -> None:
         while self._closing:
             self.close_group(self._closing.popleft())
         if self._refill or self._res_waiting:
@@ -602,16 +594,6 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                 out = self.take_out_locked()
             self.deliver(out)
         self.control.flush()
-        return self._tick_wanted()
-
-    def _tick_wanted(self) -> bool:
-        """Whether the tick has something to look at (read without the lock: a hint; a
-        region that leaves such work while the loop is idle pokes it, ``take_out_locked``)."""
-        spiller = self._spiller
-        return bool(self._closing or self._refill or self._releases or self._res_waiting
-                    or self.store.has_news or self.store.expiring or self.control.backlog()
-                    or (spiller is not None and (  # queued tasks: to spill, maybe
-                        spiller.wants_tick() or any(g.queue for g in list(self._groups.values())))))
 
 
 _now = time.time
