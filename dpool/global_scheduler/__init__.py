@@ -3,5 +3,5 @@
 - ``_daemon``: ``GlobalScheduler``, the stateless daemon (links from nodes, their load
   reports, forwarding each spilled task, heartbeats in the control store).
 - ``_placement``: the policy, pure over load reports: the node with the lowest estimated
-  wait (unit-tested without processes, tests/test_placement.py).
+  wait (unit-tested without processes, tests/global_scheduler/test_placement.py).
 """

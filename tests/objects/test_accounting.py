@@ -14,7 +14,7 @@ import pytest
 try:
     import dpool.objects  # noqa: F401
 except ImportError:  # running from a checkout without an installed dpool
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment as seg

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 try:
     import dpool.objects  # noqa: F401
 except ImportError:  # running from a checkout without an installed dpool

@@ -13,7 +13,7 @@ import pytest
 try:
     import dpool.objects  # noqa: F401
 except ImportError:  # running from a checkout without an installed dpool
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dpool.errors import SerializationError
 from dpool.objects._serialization import (

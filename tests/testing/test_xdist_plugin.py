@@ -30,7 +30,7 @@ from dpool.protocol import _auth
 
 pytest.importorskip("xdist")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
 
 SUITE = {

@@ -250,7 +250,7 @@ def test_environment_declares_fake_gpus(tmp_path):
     script.write_text(code)
     env = dict(os.environ, DPOOL_NUM_GPUS="2", DPOOL_RESOURCES='{"TPU": 2}')
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=60, env=env, check=False)
     assert out.returncode == 0, out.stderr
