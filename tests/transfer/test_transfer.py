@@ -197,6 +197,7 @@ def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments
     value = np.random.default_rng(1).random(1_000_003)  # 8 MB, not a multiple of a page
     name = _stored(value, segments)
     size = _segment.segment_size(name)
+    peers = set()
     for _ in range(2):
         holder.served.clear()
         got = _read(_fetch(holder, name, segments))
@@ -206,7 +207,11 @@ def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments
         assert all(a[0] + a[1] == b[0] for a, b in zip(parts, parts[1:]))
         assert parts[-1][0] + parts[-1][1] == size
         assert all(off % 4096 == 0 for off, _ in parts)
-    assert len({s[0] for s in holder.served}) == 3  # the kept connections, reused
+        peers |= {s[0] for s in holder.served}
+    # Several connections at once, kept and reused by the second copy: never more than
+    # the three streams over both (a range that ends first may hand its connection to
+    # one that starts late, so a copy can use two: not a fixed three per copy).
+    assert 2 <= len(peers) <= 3, peers
 
 
 def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges):
