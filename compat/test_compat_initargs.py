@@ -25,7 +25,6 @@ from compat_sync_tasks import (
     with_lock,
 )
 
-import dpool
 
 OK_S = 60
 N = 12
@@ -170,18 +169,6 @@ def test_max_tasks_per_child_defaults_to_spawn(Executor):
         assert {ex.submit(os.getpid).result(OK_S) for _ in range(4)}.__len__() == 2
     finally:
         ex.shutdown()
-
-
-def test_cluster_refuses_inherited_initargs_at_once(monkeypatch):
-    """On a cluster the node daemons start the workers: such initargs fail at once, typed."""
-    from dpool.runtime._cluster import ClusterRuntime
-
-    class Cfg:
-        inherited = (multiprocessing.Lock(),)
-
-    rt = ClusterRuntime.__new__(ClusterRuntime)
-    o = outcome(ClusterRuntime.add_group, rt, Cfg(), None)
-    assert o.raised(dpool.SerializationError) and "Lock" in str(o.exc)
 
 
 def test_idle_workers_are_reused_in_the_count(Executor):

@@ -172,6 +172,31 @@ def test_failures_are_typed_and_the_pool_stays_usable(cluster, tmp_path):
         "broken True", "TypeError", "TypeError", "crashed 3", "5", "True True"]
 
 
+def test_locks_and_queues_in_initargs_are_refused_at_once(cluster, tmp_path):
+    """The node daemons start the workers, on other hosts too: objects that only process
+    creation can hand over fail at the constructor, typed (DIFFERENCES.md)."""
+    code = textwrap.dedent("""
+        import multiprocessing
+        import dpool
+
+        if __name__ == "__main__":
+            for make in (lambda: dpool.ProcessPoolExecutor(1, initializer=print,
+                                                           initargs=(multiprocessing.Lock(),)),
+                         lambda: dpool.Pool(1, initializer=print,
+                                            initargs=(multiprocessing.Queue(),))):
+                try:
+                    make()
+                except dpool.SerializationError as e:
+                    print("refused", "Manager" in str(e))
+            with dpool.ProcessPoolExecutor(1, initializer=print, initargs=("ok",)) as ex:
+                print(ex.submit(abs, -2).result(timeout=30))
+    """)
+    out = cluster.run_script(code, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [x for x in out.stdout.splitlines() if x != "ok"] == [
+        "refused True", "refused True", "2"]
+
+
 def test_wrong_token_is_refused_and_the_node_keeps_serving(cluster, tmp_path):
     code = "import dpool\nprint(dpool.ProcessPoolExecutor(1).submit(abs, -1).result())\n"
     out = cluster.run_script(code, tmp_path, env=cluster.driver_env(DPOOL_TOKEN="wrong"))
