@@ -46,7 +46,7 @@ def split_batch(batch: Any, store: Any) -> tuple[Any, tuple]:
     new_items = None
     for i, (fn, args, kwargs) in enumerate(items):
         new_args = _swap(args, store, values) if args else None
-        new_kwargs = _swap_kw(kwargs, store, values) if kwargs else None
+        new_kwargs = _swap(kwargs, store, values) if kwargs else None
         if new_args is None and new_kwargs is None:
             continue
         if new_items is None:
@@ -61,25 +61,16 @@ def split_batch(batch: Any, store: Any) -> tuple[Any, tuple]:
     return clone, tuple(values)
 
 
-def _swap(args: tuple, store: Any, values: list) -> Any:
+def _swap(container: Any, store: Any, values: list) -> Any:
+    """A copy of ``container`` (the call's args tuple, as a list, or its kwargs dict) with
+    each value ``store`` keeps replaced by a ``Slot``; None if it keeps none."""
     out = None
-    for j, a in enumerate(args):
-        ref = store(a)
+    keys = container.keys() if isinstance(container, dict) else range(len(container))
+    for k in keys:
+        ref = store(container[k])
         if ref is not None:
             if out is None:
-                out = list(args)
-            out[j] = Slot(len(values))
-            values.append(ref)
-    return out
-
-
-def _swap_kw(kwargs: dict, store: Any, values: list) -> Any:
-    out = None
-    for k, a in kwargs.items():
-        ref = store(a)
-        if ref is not None:
-            if out is None:
-                out = dict(kwargs)
+                out = dict(container) if isinstance(container, dict) else list(container)
             out[k] = Slot(len(values))
             values.append(ref)
     return out
