@@ -53,6 +53,8 @@ class WorkerMessages(SchedulerCore):
 
     def _on_hello_locked(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
+        w.hello = True
+        w.group.early_deaths = 0
 
     def _on_task_done_locked(self, w: WorkerHandle, msg: m.TaskDone) -> None:
         t = w.inflight.pop(msg.task_id, None)

@@ -57,7 +57,7 @@ class Obj:
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
-                 "sees", "rcpus", "leased")
+                 "sees", "rcpus", "leased", "hello")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -85,6 +85,9 @@ class WorkerHandle:
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None
+        # it said Hello: it runs (or has run) what it is sent. One that dies before never
+        # started a task, so none is charged an attempt for its death.
+        self.hello = False
 
 
 @dataclass
@@ -116,3 +119,6 @@ class Group:
     extra: int = 0
     n_fenced: int = 0
     starved: bool = False  # a task in ``rq`` waits for CPUs or a worker slot only
+    # workers that died before saying Hello since one last did: past a limit their
+    # tasks are charged again (a worker that cannot start must not respawn forever)
+    early_deaths: int = 0

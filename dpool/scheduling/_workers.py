@@ -39,6 +39,10 @@ log = logging.getLogger("dpool.scheduling")
 
 _now = time.time
 
+# workers of a group that may die before saying Hello, one after another, without their
+# tasks being charged an attempt (then they are charged as any death)
+_EARLY_DEATHS_UNCHARGED = 3
+
 
 class WorkerPool(SchedulerCore):
     def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
@@ -276,7 +280,16 @@ class WorkerPool(SchedulerCore):
                 self.store.unlink_unadopted(
                     _segment.segment_name(self.store.owner_pid, t.task_id))
             lost = held
-            if was_alive and g.broken is None and len(held) > 1:
+            if was_alive and not w.hello:
+                g.early_deaths += 1
+            if was_alive and g.broken is None and not w.hello and held \
+                    and g.early_deaths <= _EARLY_DEATHS_UNCHARGED:
+                # It died before it said Hello (killed while starting, on a loaded
+                # machine): it ran none of them, so all go back uncharged -- up to a
+                # limit, since a worker that cannot start would otherwise respawn forever
+                self._requeue_locked(w, tuple(t.task_id for t in held))
+                lost = []
+            elif was_alive and g.broken is None and len(held) > 1:
                 # A worker runs its tasks in order: those behind the first it held had
                 # not started (unless the first had just finished, its result not yet
                 # sent). They go back to the queue, behind it, uncharged.
@@ -284,7 +297,14 @@ class WorkerPool(SchedulerCore):
                 lost = held[:1]
             w.inflight.clear()
             w.load = 0.0
-            if was_alive and held:
+            if was_alive and held and not w.hello:
+                log.warning("worker %d (pid %s) died with %s before it started (%d in a "
+                            "row): %s", w.worker_id, w.pid, _describe_exit(exitcode),
+                            g.early_deaths,
+                            f"task {held[0].task_id:#x} is charged attempt "
+                            f"{held[0].attempts} of {g.max_attempts}" if lost else
+                            f"the {len(held)} task(s) it held go back uncharged")
+            elif was_alive and held:
                 log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
                             "%d); %d task(s) it held had not started and go back uncharged",
                             w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
