@@ -71,6 +71,7 @@ class SchedulerCore:
         raise NotImplementedError
     def send_locked(self, w: WorkerHandle, msgs: list) -> None: raise NotImplementedError
     def fail_group_locked(self, g: Group, reason: str) -> None: raise NotImplementedError
+    def break_group_locked(self, g: Group, reason: str) -> None: raise NotImplementedError
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         raise NotImplementedError
     def busy_cpus_locked(self) -> int: raise NotImplementedError

@@ -54,7 +54,7 @@ class WorkerMessages(SchedulerCore):
     def _on_hello_locked(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
         w.hello = True
-        w.group.early_deaths = 0
+        w.group.start_failures = 0
 
     def _on_task_done_locked(self, w: WorkerHandle, msg: m.TaskDone) -> None:
         t = w.inflight.pop(msg.task_id, None)
@@ -89,11 +89,9 @@ class WorkerMessages(SchedulerCore):
     def _on_init_failed_locked(self, w: WorkerHandle, msg: m.InitFailed) -> None:
         g = w.group
         err = _payload.loads_error(msg.error)
-        g.broken = ("A child process terminated abruptly, the process pool is not usable "
-                    f"anymore (the initializer raised {type(err).__name__}: {err})")
-        self.fail_group_locked(g, g.broken)
-        if g.owner is not None and g.owner.alive:  # an attached driver's executor
-            self.send_locked(g.owner, [m.GroupBroken(g.group_id, g.broken)])
+        self.break_group_locked(g, (
+            "A child process terminated abruptly, the process pool is not usable anymore "
+            f"(the initializer raised {type(err).__name__}: {err})"))
 
     def _on_register_function_locked(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
         self._functions[msg.fn_id] = msg.payload

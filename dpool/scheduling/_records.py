@@ -85,8 +85,8 @@ class WorkerHandle:
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None
-        # it said Hello: it runs (or has run) what it is sent. One that dies before never
-        # started a task, so none is charged an attempt for its death.
+        # it said Hello (after its initializer): it runs what it is sent. One that dies
+        # before never started a task, so none is charged an attempt for its death.
         self.hello = False
 
 
@@ -119,6 +119,6 @@ class Group:
     extra: int = 0
     n_fenced: int = 0
     starved: bool = False  # a task in ``rq`` waits for CPUs or a worker slot only
-    # workers that died before saying Hello since one last did: past a limit their
-    # tasks are charged again (a worker that cannot start must not respawn forever)
-    early_deaths: int = 0
+    # workers that died by themselves before saying Hello since one last did
+    # (``_workers._died_starting_locked``: at a limit the group breaks)
+    start_failures: int = 0

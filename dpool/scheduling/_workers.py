@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -39,9 +40,9 @@ log = logging.getLogger("dpool.scheduling")
 
 _now = time.time
 
-# workers of a group that may die before saying Hello, one after another, without their
-# tasks being charged an attempt (then they are charged as any death)
-_EARLY_DEATHS_UNCHARGED = 3
+# workers of a group that die by themselves before saying Hello, one after another,
+# that break the group (``_died_starting_locked``)
+_START_FAILURES = 3
 
 
 class WorkerPool(SchedulerCore):
@@ -280,14 +281,8 @@ class WorkerPool(SchedulerCore):
                 self.store.unlink_unadopted(
                     _segment.segment_name(self.store.owner_pid, t.task_id))
             lost = held
-            if was_alive and not w.hello:
-                g.early_deaths += 1
-            if was_alive and g.broken is None and not w.hello and held \
-                    and g.early_deaths <= _EARLY_DEATHS_UNCHARGED:
-                # It died before it said Hello (killed while starting, on a loaded
-                # machine): it ran none of them, so all go back uncharged -- up to a
-                # limit, since a worker that cannot start would otherwise respawn forever
-                self._requeue_locked(w, tuple(t.task_id for t in held))
+            if was_alive and not w.hello and g.broken is None:
+                self._died_starting_locked(w, held, exitcode)
                 lost = []
             elif was_alive and g.broken is None and len(held) > 1:
                 # A worker runs its tasks in order: those behind the first it held had
@@ -297,14 +292,7 @@ class WorkerPool(SchedulerCore):
                 lost = held[:1]
             w.inflight.clear()
             w.load = 0.0
-            if was_alive and held and not w.hello:
-                log.warning("worker %d (pid %s) died with %s before it started (%d in a "
-                            "row): %s", w.worker_id, w.pid, _describe_exit(exitcode),
-                            g.early_deaths,
-                            f"task {held[0].task_id:#x} is charged attempt "
-                            f"{held[0].attempts} of {g.max_attempts}" if lost else
-                            f"the {len(held)} task(s) it held go back uncharged")
-            elif was_alive and held:
+            if was_alive and lost:
                 log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
                             "%d); %d task(s) it held had not started and go back uncharged",
                             w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
@@ -328,6 +316,37 @@ class WorkerPool(SchedulerCore):
             out = self.take_out_locked()
         w.chan.close()
         self.deliver(out)
+
+    def _died_starting_locked(self, w: WorkerHandle, held: list,
+                              exitcode: Optional[int]) -> None:
+        """``w`` died before it said Hello (sent once its initializer ran): it ran none
+        of the tasks it held, so they go back uncharged. Killed from outside (SIGKILL:
+        the OOM killer, an operator, a chaos test) it is simply replaced. Dying by
+        itself (an initializer that exits, an import that crashes) ``_START_FAILURES``
+        times in a row breaks the group, as the stdlib's pool breaks when an initializer
+        fails, instead of respawning workers forever."""
+        g = w.group
+        if held:
+            self._requeue_locked(w, tuple(t.task_id for t in held))
+        if exitcode != -signal.SIGKILL:
+            g.start_failures += 1
+        log.warning("worker %d (pid %s) died with %s before it started (%d start-up "
+                    "failure(s) in a row); the %d task(s) it held go back uncharged",
+                    w.worker_id, w.pid, _describe_exit(exitcode), g.start_failures,
+                    len(held))
+        if g.start_failures >= _START_FAILURES:
+            self.break_group_locked(g, (
+                "A child process terminated abruptly, the process pool is not usable "
+                f"anymore ({g.start_failures} workers in a row died while starting, the "
+                f"last with {_describe_exit(exitcode)})"))
+
+    def break_group_locked(self, g: Group, reason: str) -> None:
+        """``g`` cannot run tasks any more (its workers cannot start): fail what it has
+        and what it is given, and tell the driver that owns it (cluster mode)."""
+        g.broken = reason
+        self.fail_group_locked(g, reason)
+        if g.owner is not None and g.owner.alive:  # an attached driver's executor
+            self.send_locked(g.owner, [m.GroupBroken(g.group_id, reason)])
 
     def drop_handles_locked(self, w: WorkerHandle) -> None:
         """A worker (or attached driver) is gone: the objects it held a handle to (nested

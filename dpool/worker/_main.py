@@ -144,7 +144,6 @@ class _Worker:
         self.results.append(done)
 
     def run(self) -> None:
-        self.send([m.Hello(PROTOCOL_VERSION, self.cfg.worker_id, os.getpid())])
         if self.cfg.initializer is not None:
             try:
                 init, initargs = _payload.loads(self.cfg.initializer)
@@ -153,6 +152,9 @@ class _Worker:
                 log.error("worker %d: initializer failed", self.cfg.worker_id, exc_info=True)
                 self.send([m.InitFailed(_payload.dumps_error(exc))])
                 return
+        # Ready: the scheduler charges a task an attempt for this worker's death only
+        # from here on (a worker that dies while starting ran nothing it was sent)
+        self.send([m.Hello(PROTOCOL_VERSION, self.cfg.worker_id, os.getpid())])
         if self.lease is not None:
             self.lease.ready()
         max_tasks = self.cfg.max_tasks

@@ -59,11 +59,10 @@ def test_attempts_exhausted_names_exit_code_and_pool_survives():
         assert ex.submit(square, 5).result(10) == 25
 
 
-def test_worker_dying_before_it_starts_charges_no_attempt_until_a_limit(tmp_path):
-    """A worker that dies before it says Hello ran nothing: its task goes back uncharged
-    (a worker killed while starting on a loaded machine). Workers that can never start
-    (here: the script re-imported under spawn exits at once) do not respawn forever:
-    after three in a row the task is charged, and fails after its attempts."""
+def test_workers_that_cannot_start_break_the_pool(tmp_path):
+    """Workers that die by themselves while starting (here: the script, re-imported
+    under spawn, exits at once) ran nothing: no task is charged, and after three in a
+    row the pool is broken with the stdlib's error instead of respawning forever."""
     script = tmp_path / "early.py"
     script.write_text(textwrap.dedent("""
         import logging, multiprocessing as mp, os
@@ -72,24 +71,68 @@ def test_worker_dying_before_it_starts_charges_no_attempt_until_a_limit(tmp_path
         from dpool import ProcessPoolExecutor
         if __name__ == "__main__":
             logging.basicConfig(level=logging.WARNING, format="%(message)s")
-            with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"),
-                                     max_attempts=2) as ex:
+            with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
                 try:
                     ex.submit(abs, -1).result(60)
                 except Exception as e:
-                    print(type(e).__name__, e.attempts, e.exitcode)
+                    print(type(e).__name__, e)
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
-    assert out.stdout.strip() == "WorkerCrashedError 2 7", (out.stdout, out.stderr)
+    assert out.stdout.startswith("BrokenProcessPool A child process terminated abruptly"), \
+        (out.stdout, out.stderr)
+    assert "(3 workers in a row died while starting, the last with exit code 7)" \
+        in out.stdout
     deaths = [ln for ln in out.stderr.splitlines() if "died with" in ln]
-    assert len(deaths) == 5, out.stderr
+    assert len(deaths) == 3, out.stderr
     for n, line in enumerate(deaths, 1):
-        assert f"died with exit code 7 before it started ({n} in a row)" in line, line
-        if n <= 3:
-            assert line.endswith("the 1 task(s) it held go back uncharged"), line
-        else:
-            assert line.endswith(f"is charged attempt {n - 3} of 2"), line
+        assert f"died with exit code 7 before it started ({n} start-up failure(s) in a " \
+               "row); the 1 task(s) it held go back uncharged" in line, line
+
+
+def exiting_initializer():
+    os._exit(5)
+
+
+def test_initializer_that_exits_breaks_executor_and_pool():
+    with ProcessPoolExecutor(2, initializer=exiting_initializer) as ex:
+        with pytest.raises(BrokenProcessPool, match="3 workers in a row died while "
+                                                    "starting, the last with exit code 5"):
+            ex.submit(abs, -1).result(60)
+    with dpool.Pool(2, initializer=exiting_initializer) as p:  # the stdlib's Pool hangs
+        with pytest.raises(BrokenProcessPool, match="died while starting"):
+            p.apply(abs, (-1,))
+
+
+def waiting_initializer(d):
+    open(os.path.join(d, str(os.getpid())), "w").close()
+    while not os.path.exists(os.path.join(d, "go")):
+        time.sleep(0.01)
+
+
+def test_worker_killed_while_starting_charges_nothing(tmp_path, caplog):
+    """SIGKILLed while starting (in its initializer): the task it was handed goes to the
+    next worker uncharged, as often as it happens (a kill from outside is no start-up
+    failure of the program's)."""
+    d = str(tmp_path)
+    with ProcessPoolExecutor(1, initializer=waiting_initializer, initargs=(d,),
+                             max_attempts=1) as ex:
+        f = ex.submit(square, 7)
+        killed = set()
+        deadline = time.monotonic() + 30
+        while len(killed) < 4:
+            assert time.monotonic() < deadline, killed
+            for name in os.listdir(d):
+                if int(name) not in killed:
+                    os.kill(int(name), signal.SIGKILL)
+                    killed.add(int(name))
+            time.sleep(0.01)
+        open(os.path.join(d, "go"), "w").close()
+        assert f.result(30) == 49  # with max_attempts=1: never charged
+    deaths = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
+    assert len(deaths) == 4, deaths
+    assert all("signal SIGKILL before it started (0 start-up failure(s) in a row)" in msg
+               for msg in deaths), deaths
 
 
 def test_signal_death_is_named():
