@@ -47,9 +47,6 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-
-import psutil
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
@@ -95,17 +92,30 @@ def default_capacity() -> int:
             return parse_size(raw)
         except ValueError as exc:
             raise ValueError(f"bad ${ENV_CAPACITY}: {exc}") from None
-    capacity = int(psutil.virtual_memory().total * _MEMORY_FRACTION)
+    capacity = int(_memory_total() * _MEMORY_FRACTION)
     shm_total = _segment.shm_total_bytes()
     if shm_total is not None:
         capacity = min(capacity, int(shm_total * _SHM_FRACTION))
     return capacity
 
 
-@dataclass(slots=True)
+def _memory_total() -> int:
+    """The machine's RAM in bytes, as ``psutil.virtual_memory().total`` says (without
+    importing psutil, a good part of a short program's start-up: bench/NOTES.md)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no such sysconf names here
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
+
 class _Entry:
-    name: str
-    size: int
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
 
 
 class ObjectStore:

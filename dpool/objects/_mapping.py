@@ -39,7 +39,6 @@ views. So a child takes its own description and lock for each view alive at the 
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import mmap
@@ -48,8 +47,6 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from typing import Optional
-
-import posix_ipc
 
 from dpool.objects import _forkguard
 
@@ -109,6 +106,8 @@ _live: dict[int, tuple[weakref.ref, _Mapping]] = {}  # id(ref) -> lend whose vie
 
 
 def _open(name: str) -> int:
+    import posix_ipc  # here: ctypes and posix_ipc load with the first large object
+
     try:
         shm = posix_ipc.SharedMemory(name, read_only=True)
     except posix_ipc.ExistentialError as exc:
@@ -163,6 +162,8 @@ def lend(name: str) -> memoryview:
         except BaseException:
             entry.close()
             raise
+        import ctypes
+
         exporter = (ctypes.c_char * entry.size).from_buffer(entry.mm)
         ref = weakref.ref(exporter, functools.partial(_views_gone, entry))
         _live[id(ref)] = (ref, entry)
@@ -257,6 +258,8 @@ def _take(name: str) -> Optional[_Mapping]:
 
 def _pristine(entry: _Mapping) -> bool:
     """True if no page of the mapping has been written (so it equals the segment)."""
+    import ctypes
+
     try:
         probe = ctypes.c_char.from_buffer(entry.mm)
         addr = ctypes.addressof(probe)

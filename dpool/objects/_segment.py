@@ -35,14 +35,14 @@ import re
 import shutil
 import struct
 import time
-from dataclasses import dataclass
-
-import posix_ipc
-import psutil
+from typing import TYPE_CHECKING
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _forkguard, _mapping, _recycle
 from dpool.objects._serialization import Serialized, deserialize
+
+if TYPE_CHECKING:
+    import posix_ipc
 
 __all__ = [
     "SHM_DIR",
@@ -88,12 +88,15 @@ def segment_name(owner_pid: int, object_id: int) -> str:
     return f"/{_PREFIX}{owner_pid}_{object_id:x}"
 
 
-@dataclass(frozen=True, slots=True)
 class _Layout:
-    size: int
-    header: bytes  # header + table
-    meta_offset: int
-    buffer_offsets: tuple[int, ...]
+    __slots__ = ("size", "header", "meta_offset", "buffer_offsets")
+
+    def __init__(self, size: int, header: bytes, meta_offset: int,
+                 buffer_offsets: tuple[int, ...]) -> None:
+        self.size = size
+        self.header = header  # header + table
+        self.meta_offset = meta_offset
+        self.buffer_offsets = buffer_offsets
 
 
 def _align(n: int) -> int:
@@ -193,6 +196,8 @@ def _create(name: str, size: int, *, allocate: bool = True) -> int:
     allocated once, as they are written -- allocating first zeroes every page, which costs
     about as much as the write itself.
     """
+    import posix_ipc  # in the functions that use it: it loads with the first large object
+
     free = shm_free_bytes()
     if free is not None and size > free:
         raise _full(name, size, f"only {free} bytes free in {SHM_DIR}")
@@ -275,6 +280,8 @@ def _write(name: str, size: int, layout: _Layout, ser: Serialized, views: list[m
 
 
 def _open(name: str) -> posix_ipc.SharedMemory:
+    import posix_ipc
+
     try:
         return posix_ipc.SharedMemory(name, read_only=True)
     except posix_ipc.ExistentialError as exc:
@@ -318,6 +325,8 @@ def parts(view: memoryview, name: str) -> tuple[memoryview, list[memoryview]]:
 
 def unlink(name: str) -> bool:
     """Remove segment ``name``; False if it did not exist. Existing mappings stay valid."""
+    import posix_ipc
+
     try:
         posix_ipc.unlink_shared_memory(name)
     except posix_ipc.ExistentialError:
@@ -335,13 +344,64 @@ def segment_size(name: str) -> int:
         shm.close_fd()
 
 
+_boot_time: float | None = None
+
+
+def process_state(pid: int) -> tuple[bool, float] | None:
+    """(whether it is a zombie, when it started) of process ``pid``, None if there is no
+    such process; raises ``OSError`` when that cannot be told (e.g. access denied).
+
+    The start time is psutil's ``create_time()`` (seconds since the epoch). On Linux it
+    is read from ``/proc`` directly: importing psutil was a good part of every program's
+    start-up (bench/NOTES.md), for one file read here.
+    """
+    global _boot_time
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        if not os.path.isdir("/proc/self"):  # no procfs: not Linux
+            return _process_state_psutil(pid)
+        try:
+            os.kill(pid, 0)  # where /proc hides it, it may exist: OSError (EPERM)
+        except ProcessLookupError:
+            return None
+        raise
+    # after the command name (which may hold spaces and parentheses): state, ..., and the
+    # start time in clock ticks after boot, the 22nd field of the line (proc(5))
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if _boot_time is None:
+        with open("/proc/stat", "rb") as f:
+            _boot_time = next(float(line.split()[1]) for line in f
+                              if line.startswith(b"btime"))
+    return fields[0] == b"Z", int(fields[19]) / _CLOCK_TICKS + _boot_time
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _process_state_psutil(pid: int) -> tuple[bool, float] | None:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() == psutil.STATUS_ZOMBIE, proc.create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error as exc:
+        raise OSError(f"process {pid}: {exc}") from exc
+
+
 def owner_started(pid: int) -> float | None:
     """When process ``pid`` started (to tell it from a later process given the same
     pid), or None if there is no such process."""
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
+        state = process_state(pid)
+    except OSError:
         return None
+    return None if state is None else state[1]
 
 
 def owner_dead(pid: int, started: float | None = None) -> bool:
@@ -353,16 +413,12 @@ def owner_dead(pid: int, started: float | None = None) -> bool:
     process's own, so they are left alone (False), until that process exits too.
     """
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return True
-        if started is not None and proc.create_time() != started:
-            return False
-    except psutil.NoSuchProcess:
-        return True
-    except (psutil.Error, OSError):  # e.g. AccessDenied: it exists, leave it alone
+        state = process_state(pid)
+    except OSError:  # e.g. access denied: it exists, leave it alone
         return False
-    return False
+    if state is None or state[0]:  # gone, or a zombie
+        return True
+    return False  # alive (under ``started``, or a later process under the same pid)
 
 
 def _reap_entry(entry: str) -> bool:
@@ -370,6 +426,8 @@ def _reap_entry(entry: str) -> bool:
     if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
         shutil.rmtree(path, ignore_errors=True)  # several reapers may race: harmless
         return not os.path.exists(path)
+    import posix_ipc
+
     try:
         return unlink("/" + entry)  # False if another reaper was first
     except (posix_ipc.Error, OSError):  # e.g. another user's: not ours to remove

@@ -32,7 +32,6 @@ import pickle
 import sys
 import types
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import cloudpickle
@@ -54,17 +53,31 @@ _SCALARS: frozenset[type] = frozenset(
 _FAST_MAX_ITEMS = 64  # plain containers with up to this many items in all: fast path
 
 
-@dataclass(slots=True)
 class Serialized:
     """A serialized object: the pickle stream plus its out-of-band buffers.
 
     ``buffers`` are one-dimensional, contiguous, unsigned-byte memoryviews onto the
     original objects' memory (no copy was made): keep the original object unchanged until
     the buffers have been written out.
+
+    (Written out rather than a ``@dataclass``, which costs every program's start-up
+    time for each class: bench/NOTES.md.)
     """
 
-    meta: bytes
-    buffers: list[memoryview] = field(default_factory=list)
+    __slots__ = ("meta", "buffers")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, meta: bytes, buffers: Optional[list[memoryview]] = None) -> None:
+        self.meta = meta
+        self.buffers: list[memoryview] = [] if buffers is None else buffers
+
+    def __repr__(self) -> str:
+        return f"Serialized(meta={self.meta!r}, buffers={self.buffers!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.meta, self.buffers) == (other.meta, other.buffers)  # type: ignore[attr-defined]
 
     @property
     def nbytes(self) -> int:

@@ -10,15 +10,16 @@ as a tuple in declaration order, so reordering a field is a protocol version bum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Optional
+
+from dpool.protocol._record import record
 
 # A dependency value shipped with a task: (object id, ok, payload). ok=False means the
 # payload is a serialized exception the task must fail with instead of running.
 DepValue = tuple  # (int, bool, bytes)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Hello:
     """W->S first message after connecting: who the worker is."""
 
@@ -28,7 +29,7 @@ class Hello:
     pid: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class InitFailed:
     """W->S the initializer raised; the worker exits after sending this."""
 
@@ -36,7 +37,7 @@ class InitFailed:
     error: bytes  # serialized (exception, traceback text)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class RegisterFunction:
     """S->W (or W->S for functions first seen in a worker): function table entry."""
 
@@ -45,7 +46,7 @@ class RegisterFunction:
     payload: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ExecuteTask:
     """S->W run a task. ``args`` is None for a call without arguments."""
 
@@ -56,7 +57,7 @@ class ExecuteTask:
     deps: Optional[tuple]  # tuple[DepValue, ...] for top-level ObjectRef/Future arguments
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class TaskDone:
     """W->S a task finished. ok=False: payload is a serialized (exception, traceback)."""
 
@@ -67,7 +68,7 @@ class TaskDone:
     duration: float  # seconds spent in the user function
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SubmitTask:
     """W->S a task submitted from inside a task (dynamic task graph)."""
 
@@ -80,7 +81,7 @@ class SubmitTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Blocked:
     """W->S the running task waits on other tasks: give its CPU slot back.
 
@@ -92,14 +93,14 @@ class Blocked:
     returned: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Unblocked:
     """W->S the waiting task resumed; its slot is taken again."""
 
     CODE: ClassVar[int] = 8
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ReturnTasks:
     """W->S tasks that arrived while the worker was blocked, handed back unstarted."""
 
@@ -107,7 +108,7 @@ class ReturnTasks:
     task_ids: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GetObjects:
     """W->S send me these objects' values when they are ready."""
 
@@ -115,7 +116,7 @@ class GetObjects:
     object_ids: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ObjectValue:
     """S->W an object's value (result of a task the worker owns, or one it asked for)."""
 
@@ -125,7 +126,7 @@ class ObjectValue:
     payload: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Release:
     """W->S the worker dropped its last handle to these objects."""
 
@@ -133,14 +134,14 @@ class Release:
     object_ids: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Shutdown:
     """S->W finish nothing more; exit now."""
 
     CODE: ClassVar[int] = 13
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PutObject:
     """W->S store this value under this id (``dpool.put`` inside a task)."""
 
@@ -149,7 +150,7 @@ class PutObject:
     payload: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Forget:
     """S->W these large segments were freed: unmap any cached mapping of them."""
 
@@ -157,7 +158,7 @@ class Forget:
     names: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Attach:
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
@@ -169,7 +170,7 @@ class Attach:
     sys_path: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Attached:
     """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
     the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
@@ -182,7 +183,7 @@ class Attached:
     store_owner: int  # the node's store (its pid) for a driver on its host, else 0
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class CreateGroup:
     """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
 
@@ -196,7 +197,7 @@ class CreateGroup:
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GroupOp:
     """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
     ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
@@ -208,7 +209,7 @@ class GroupOp:
     arg: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GroupExited:
     """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
 
@@ -216,7 +217,7 @@ class GroupExited:
     group_id: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GroupBroken:
     """S->D the group can run no more tasks (its initializer failed): ``reason``."""
 
@@ -225,7 +226,7 @@ class GroupBroken:
     reason: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class CancelTask:
     """D->S the driver cancelled these futures: drop the tasks that have not started.
     S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
@@ -234,14 +235,14 @@ class CancelTask:
     task_ids: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class StatusRequest:
     """D->S describe this node (``dpool status``)."""
 
     CODE: ClassVar[int] = 23
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class StatusReply:
     """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
 
@@ -249,7 +250,7 @@ class StatusReply:
     status: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PeerHello:
     """N->N, N->G first frame after the handshake from another node (or from a node to a
     global scheduler): who it is, where it listens, what it offers."""
@@ -261,7 +262,7 @@ class PeerHello:
     num_cpus: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PeerWelcome:
     """N->N, G->N answer to ``PeerHello``: the answering process's id and the cluster's
     description as JSON (Redis shards, global schedulers)."""
@@ -271,7 +272,7 @@ class PeerWelcome:
     info: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Load:
     """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
 
@@ -284,7 +285,7 @@ class Load:
     resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class RemoteTask:
     """N->G a task spilled by its node (``origin``); G->N the same task placed on a node.
 
@@ -307,7 +308,7 @@ class RemoteTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SpillRejected:
     """G->N no other node can take this spilled task now: run or retry it at home."""
 
@@ -316,7 +317,7 @@ class SpillRejected:
     reason: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Accepted:
     """N->N the executing node has the task (the origin now knows where it runs)."""
 
@@ -325,7 +326,7 @@ class Accepted:
     node_id: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class TaskResult:
     """N->N a spilled task's outcome, sent by the node that ran it to the origin."""
 
@@ -336,7 +337,7 @@ class TaskResult:
     duration: float
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Output:
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -350,7 +351,7 @@ class Output:
     data: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class DropGroup:
     """N->N the origin's group is gone (its driver left, or it was terminated): stop its
     tasks here and the mirror group's workers."""
@@ -361,7 +362,7 @@ class DropGroup:
     reason: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class WorkingDir:
     """D->S the driver's working directory, packed (``protocol._workdir``), sent once per
     content digest before the groups that use it."""
@@ -372,7 +373,7 @@ class WorkingDir:
     archive: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class FetchSegment:
     """N->N a request on an object-transfer connection (its first frame, and any later
     one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
@@ -385,7 +386,7 @@ class FetchSegment:
     length: int = -1
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ReleaseLent:
     """N->N the sender no longer needs the receiver to keep segment ``name``: a result
     the receiver lent it (it has its own copy now, or gave up), or an object of the
@@ -395,7 +396,7 @@ class ReleaseLent:
     name: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class PushSegment:
     """D->N a request on an object-transfer connection (its first frame, or any later
     one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
@@ -417,7 +418,7 @@ class PushSegment:
 # -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseRequest:
     """D->N first frame of a lease connection (on the node's unix socket): lend me a
     worker of this group. The node starts one with this very connection as its lease
@@ -428,7 +429,7 @@ class LeaseRequest:
     group_id: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseDenied:
     """N->D no worker to lend now (the group or the node's CPUs are in use)."""
 
@@ -436,7 +437,7 @@ class LeaseDenied:
     reason: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseReady:
     """W->D over the lease channel: the leased worker is up (initializer done). The
     driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
@@ -446,7 +447,7 @@ class LeaseReady:
     pid: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeasedResult:
     """D->N the outcome of a task that ran on a leased worker: the node keeps the value
     in its object table (owned by the driver, like a put) for later tasks and peers."""
@@ -457,7 +458,7 @@ class LeasedResult:
     payload: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseRecall:
     """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
     this group once its task is done."""
@@ -466,14 +467,14 @@ class LeaseRecall:
     group_id: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseEnded:
     """W->N the driver closed the lease channel: this worker serves the node again."""
 
     CODE: ClassVar[int] = 55
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseLost:
     """N->D the worker lent for this group exited. (The driver may not see its lease
     connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
@@ -483,7 +484,7 @@ class LeaseLost:
     worker_id: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeasedTask:
     """D->N a task went to a leased worker: its result will come (``LeasedResult``).
     Until then the node holds a pending object for it, so a later task (or a worker)
@@ -493,7 +494,7 @@ class LeasedTask:
     object_id: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeasedLost:
     """D->N the leased worker died with this task (the driver sends it to the node next):
     remove what it may have written of the result."""

@@ -5,11 +5,12 @@ imports the scheduler: importing the worker from the scheduler made a cycle)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
+from dpool.protocol._record import field, record
 
-@dataclass(slots=True)
+
+@record(slots=True)
 class WorkerConfig:
     worker_id: int
     group_id: int

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dpool.protocol import Channel
+from dpool.protocol._record import field, record
 
 
 class Task:
@@ -90,7 +90,7 @@ class WorkerHandle:
         self.hello = False
 
 
-@dataclass
+@record
 class Group:
     """The workers of one executor (or Pool): its own size, initializer and limits."""
 

@@ -52,7 +52,6 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import ValuesView
 from typing import Any, Callable, Optional
 
@@ -62,6 +61,7 @@ from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
+from dpool.protocol._record import record
 from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._objtable import ObjectTable
@@ -74,7 +74,7 @@ from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
 log = logging.getLogger("dpool.scheduling")
 
 
-@dataclass
+@record
 class GroupConfig:
     max_workers: int
     mp_context: Any

@@ -19,8 +19,6 @@ import os
 import threading
 import time
 
-import psutil
-
 from dpool.objects import _segment
 
 log = logging.getLogger("dpool.worker")
@@ -52,11 +50,10 @@ def driver_alive() -> bool:
     if _child:
         return os.getppid() == pid
     try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and (
-            started is None or proc.create_time() == started)
-    except psutil.Error:
+        state = _segment.process_state(pid)
+    except OSError:
         return False
+    return state is not None and not state[0] and (started is None or state[1] == started)
 
 
 def _watch() -> None:

@@ -1,0 +1,127 @@
+"""``@record``: a class as ``@dataclass`` makes it, for less at import time.
+
+Every dpool program creates the wire messages and a few records (a worker group, its
+configuration, a task-table row) when it imports the runtime. ``dataclasses`` compiles
+three methods per class when the class is created, which made them a large part of the
+start-up of a short program (issue 21; figures in bench/NOTES.md).
+
+A ``@record`` class has what ``@dataclass`` (``eq=True``, not frozen) gives it --
+``__init__`` with the fields positional in order (defaults and
+``field(default_factory=...)`` kept), ``__repr__``, ``__eq__`` (same class, tuples of
+fields equal), ``__hash__ = None``, ``__match_args__``, and with ``slots=True``
+``__slots__`` in field order -- but ``__init__`` is compiled when the class is first
+instantiated (``_first_init``), and ``__repr__`` and ``__eq__`` are shared by all.
+Type checkers see a dataclass (``dataclass_transform``). Not provided: the
+``dataclasses`` module's functions (``fields``, ``asdict``, ``replace``) on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, field
+from reprlib import recursive_repr
+from typing import Any, Callable, Optional, TypeVar, dataclass_transform
+
+__all__ = ["record", "field"]
+
+_C = TypeVar("_C", bound=type)
+
+
+class _FactoryMarker:
+    def __repr__(self) -> str:
+        return "<factory>"  # what a dataclass's signature shows for it
+
+
+_FACTORY = _FactoryMarker()
+
+
+@dataclass_transform(field_specifiers=(field, Field))
+def record(cls: Optional[_C] = None, /, *, slots: bool = False) -> Any:
+    """``@record`` or ``@record(slots=True)``: see the module docstring."""
+    if cls is None:
+        return lambda c: _make(c, slots)
+    return _make(cls, slots)
+
+
+def _make(cls: _C, slots: bool) -> _C:
+    body = cls.__dict__
+    names = tuple(name for name, kind in body.get("__annotations__", {}).items()
+                  if not str(kind).startswith("ClassVar"))
+    defaults: dict[str, Any] = {}
+    factories: dict[str, Callable[[], Any]] = {}
+    for n in names:
+        value = body.get(n, MISSING)
+        if isinstance(value, Field):
+            if value.default_factory is not MISSING:
+                factories[n] = value.default_factory
+            elif value.default is not MISSING:
+                defaults[n] = value.default
+        elif value is not MISSING:
+            defaults[n] = value
+    methods = dict(__match_args__=names, __init__=_first_init, __repr__=_repr, __eq__=_eq,
+                   __hash__=None)
+    if slots:
+        ns = {k: v for k, v in body.items()
+              if k not in names and k not in ("__dict__", "__weakref__")}
+        ns.update(methods, __slots__=names, __qualname__=cls.__qualname__)
+        cls = type(cls)(cls.__name__, cls.__bases__, ns)
+    else:
+        for k, v in methods.items():
+            setattr(cls, k, v)
+        for n in names:  # as a dataclass: a plain default stays a class attribute
+            if n in defaults:
+                setattr(cls, n, defaults[n])
+            elif n in body:
+                delattr(cls, n)
+    _SPECS[cls] = (names, defaults, factories)
+    return cls
+
+
+# class -> (field names, {field: default}, {field: default factory})
+_SPECS: dict[type, tuple[tuple[str, ...], dict[str, Any], dict[str, Callable[[], Any]]]] = {}
+
+
+def _make_init(cls: type) -> Callable[..., None]:
+    names, defaults, factories = _SPECS[cls]
+    params = ["self"]
+    lines = []
+    scope: dict[str, Any] = {"_FACTORY": _FACTORY}
+    for n in names:
+        if n in factories:
+            params.append(f"{n}=_FACTORY")
+            scope[f"_f_{n}"] = factories[n]
+            lines.append(f"    self.{n} = _f_{n}() if {n} is _FACTORY else {n}")
+        else:
+            if n in defaults:
+                params.append(f"{n}=_d_{n}")
+                scope[f"_d_{n}"] = defaults[n]
+            else:
+                params.append(n)
+            lines.append(f"    self.{n} = {n}")
+    source = f"def __init__({', '.join(params)}):\n" + ("\n".join(lines) or "    pass")
+    exec(source, scope)  # noqa: S102 - as dataclasses does
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    annotations = cls.__annotations__
+    init.__annotations__ = {n: annotations[n] for n in names} | {"return": None}
+    return init  # type: ignore[no-any-return]
+
+
+def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    while cls not in _SPECS:  # a subclass that is no record itself: its record base's
+        cls = cls.__mro__[1]
+    cls.__init__ = _make_init(cls)  # type: ignore[misc] # later instances go straight to it
+    cls.__init__(self, *args, **kwargs)
+
+
+@recursive_repr()
+def _repr(self: Any) -> str:
+    fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__match_args__)
+    return f"{self.__class__.__qualname__}({fields})"
+
+
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is self.__class__:
+        names = self.__match_args__
+        return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+    return NotImplemented

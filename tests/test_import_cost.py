@@ -1,0 +1,131 @@
+"""What a short program pays before its first result: no module it does not need.
+
+``from dpool import ProcessPoolExecutor`` (and ``Pool``) must not load what only the
+cluster, large objects or a nested call need (issue 21: the cold start was twice the
+stdlib's). Checked by module name in a fresh interpreter, never by time; timings live in
+``bench/coldstart.py``. And ``@record`` classes -- what keeps the wire messages cheap to
+create -- behave as the ``@dataclass`` classes they replace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+import subprocess
+import sys
+import textwrap
+from typing import ClassVar, Optional
+
+import pytest
+
+from dpool.protocol._record import field, record
+
+# Loaded on first use only: what only large objects (shared memory) or process
+# inspection need (made lazy for issue 21), numpy, and the cluster's modules and clients.
+DENIED = (
+    "psutil", "posix_ipc", "ctypes", "numpy", "redis", "hiredis",
+    "dpool.cli", "dpool.node", "dpool.global_scheduler", "dpool.transfer",
+    "dpool.worker", "dpool.testing", "dpool.runtime._cluster", "dpool.runtime._address",
+    "dpool.control._redis", "dpool.control._redis_batch", "dpool.control._watch",
+    "dpool.control._keys", "dpool.scheduling._detect", "dpool.objects._inline",
+)
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)
+                          + "\nimport sys; print('\\n'.join(sys.modules))"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return set(out.stdout.split())
+
+
+def _denied(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if any(m == d or m.startswith(d + ".") for d in DENIED))
+
+
+@pytest.mark.parametrize("name", ["ProcessPoolExecutor", "Pool"])
+def test_importing_the_pool_classes_loads_nothing_denied(name):
+    loaded = _loaded_after(f"from dpool import {name}")
+    assert f"dpool.{'executor' if name == 'ProcessPoolExecutor' else 'pool'}" in loaded
+    assert not _denied(loaded), _denied(loaded)
+
+
+def test_a_first_task_loads_nothing_denied_in_the_driver_or_the_worker():
+    """Submit, result, shutdown: the driver and its (forked) worker load none of them
+    either (the worker's own modules, dpool.worker, aside)."""
+    loaded = _loaded_after("""
+        import sys
+        from dpool import ProcessPoolExecutor
+
+        def modules():
+            return sorted(sys.modules)
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                in_worker = ex.submit(modules).result()
+            print("\\n".join("worker:" + m for m in in_worker))
+    """)
+    driver = {m for m in loaded if not m.startswith("worker:")}
+    worker = {m[len("worker:"):] for m in loaded if m.startswith("worker:")}
+    assert "dpool.runtime._driver" in driver and "dpool.worker._main" in worker
+    assert not _denied(driver), _denied(driver)
+    ours = {m for m in worker if m == "dpool.worker" or m.startswith("dpool.worker.")}
+    assert not _denied(worker - ours), _denied(worker - ours)
+
+
+# -- @record behaves as @dataclass --------------------------------------------------------
+def _rec_class() -> type:
+    class Rec:
+        """A record."""
+
+        CODE: ClassVar[int] = 7
+        a: int
+        b: Optional[bytes]
+        c: tuple = ()
+        d: list = field(default_factory=list)
+
+    return Rec
+
+
+@pytest.mark.parametrize("slots", [True, False])
+def test_a_record_is_what_a_dataclass_would_be(slots):
+    cheap = record(slots=slots)(_rec_class())
+    real = dataclasses.dataclass(slots=slots)(_rec_class())
+    assert cheap.__match_args__ == real.__match_args__ == ("a", "b", "c", "d")
+    assert cheap.CODE == 7 and cheap.__doc__ == "A record."
+    assert cheap.__hash__ is None and real.__hash__ is None
+    if slots:
+        assert cheap.__slots__ == real.__slots__ == ("a", "b", "c", "d")
+        assert not hasattr(cheap(1, None), "__dict__")
+    else:
+        assert cheap.c == real.c == ()  # a plain default stays a class attribute
+        assert "d" not in cheap.__dict__ and "d" not in real.__dict__
+    x, y = cheap(1, b"x"), real(1, b"x")
+    assert repr(x) == repr(y) and repr(x).endswith("Rec(a=1, b=b'x', c=(), d=[])")
+    assert str(inspect.signature(cheap)) == str(inspect.signature(real))
+    assert x == cheap(1, b"x") and x != cheap(2, b"x") and x != y  # another class
+    assert x.d is not cheap(1, b"x").d  # a fresh list each time
+    assert cheap(a=1, b=None, c=(2,), d=[3]) == cheap(1, None, (2,), [3])
+    nan = float("nan")
+    for cls in (cheap, real):  # tuples of fields compared: identity first, as there
+        assert cls(nan, None) == cls(nan, None)
+        assert cls(float("nan"), None) != cls(float("nan"), None)
+    with pytest.raises(TypeError) as cheap_error:
+        cheap(1, None, (), [], 5)
+    with pytest.raises(TypeError) as real_error:
+        real(1, None, (), [], 5)
+    assert str(cheap_error.value) == str(real_error.value)
+
+
+def test_the_wire_messages_pickle_and_compare_as_before():
+    from dpool.protocol import _messages as m
+
+    for cls in m.ALL_MESSAGES:
+        names = cls.__slots__
+        msg = cls(*range(len(names)))
+        assert [getattr(msg, n) for n in names] == list(range(len(names)))
+        assert pickle.loads(pickle.dumps(msg)) == msg
+        assert repr(msg) == f"{cls.__qualname__}(" + ", ".join(
+            f"{n}={i!r}" for i, n in enumerate(names)) + ")"
+    assert m.FetchSegment(6, "/x") == m.FetchSegment(6, "/x", 0, -1)
+    assert m.SubmitTask(1, 2, None, None, 3).req is None
