@@ -40,7 +40,8 @@ from typing import Any, Optional
 
 log = logging.getLogger("dpool.run")
 
-USAGE = "usage: python -m dpool run [--joblib] (script.py | -m module) [args...]"
+USAGE = ("usage: python -m dpool run [--joblib] [--progress] (script.py | -m module) "
+         "[args...]")
 
 _YES = ("1", "true", "yes", "on")
 _NO = ("", "0", "false", "no", "off")
@@ -192,9 +193,15 @@ def use_joblib_backend() -> None:
 def main(argv: list[str]) -> int:
     """``run`` with ``argv`` = what follows ``run`` on the command line."""
     argv = list(argv)
+    show = bool(argv) and argv[0] == "--progress"  # a live line on stderr (observe._live)
+    if show:
+        del argv[0]
     wanted = _joblib_wanted(argv)
     if wanted is None:
         return 2
+    if not show and argv and argv[0] == "--progress":
+        show = True
+        del argv[0]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
@@ -205,9 +212,19 @@ def main(argv: list[str]) -> int:
             print(f"python -m dpool run --joblib: {exc}", file=sys.stderr)
             return 2
     bind_stdlib()
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            print(f"{USAGE}\n-m needs a module name", file=sys.stderr)
-            return 2
-        return run_module(argv[1], argv[2:])
-    return run_path(argv[0], argv[1:])
+    if argv[0] == "-m" and len(argv) < 2:
+        print(f"{USAGE}\n-m needs a module name", file=sys.stderr)
+        return 2
+    line = None
+    if show:
+        from dpool.observe._live import LiveLine
+
+        line = LiveLine()
+        line.start()
+    try:
+        if argv[0] == "-m":
+            return run_module(argv[1], argv[2:])
+        return run_path(argv[0], argv[1:])
+    finally:
+        if line is not None:
+            line.stop()

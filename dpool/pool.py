@@ -62,6 +62,8 @@ class Pool:
 
     ``resources`` (keyword-only, dpool's): what every task of the pool needs, e.g.
     ``{"GPU": 1}``; ``processes`` is then the pool's CPU budget (README, "Resources").
+    ``max_attempts`` (keyword-only, dpool's, default 3): how many times a task runs when
+    its worker process dies running it, as the executor's keyword.
     """
 
     @staticmethod
@@ -78,6 +80,7 @@ class Pool:
         context: Any = None,
         *,
         resources: Optional[Mapping[str, float]] = None,
+        max_attempts: int = 3,
     ) -> None:
         self._core: Optional[PoolCore] = None  # exists for __del__ if the checks below raise
         self._state_shown: Optional[str] = None  # a value assigned to _state (see there)
@@ -98,7 +101,7 @@ class Pool:
                                        initializer=initializer,
                                        initargs=tuple(initargs),
                                        max_tasks_per_child=maxtasksperchild,
-                                       resources=resources)
+                                       resources=resources, max_attempts=max_attempts)
         self._ctx = executor._mp_context
         self._core = PoolCore(executor, processes)
 

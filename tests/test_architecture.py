@@ -5,7 +5,7 @@ import`` in it is checked -- at module level, inside functions and under
 ``if TYPE_CHECKING:`` alike (a lazy import is still a dependency). The order, top to
 bottom (a module may import its own layer and the layers below it):
 
-    entry points   cli/, worker/, testing/, __main__, _run
+    entry points   cli/, worker/, testing/, __main__, _run, dashboard/
     public API     dpool/__init__, executor, pool, _pool_core, _pool_results, _resources_api
     runtime/       this process's client (embedded, attached, TCP cluster driver)
     node/, global_scheduler/   the daemons
@@ -39,10 +39,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dpool"
 # Top to bottom; each layer is a set of modules or packages (a package holds its submodules).
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("entry points", frozenset({"dpool.cli", "dpool.worker", "dpool.testing",
-                                "dpool.__main__", "dpool._run"})),
+                                "dpool.__main__", "dpool._run", "dpool.dashboard"})),
     ("public API", frozenset({"dpool", "dpool.executor", "dpool.pool", "dpool._pool_core",
                               "dpool._pool_results", "dpool._resources_api",
-                              "dpool._process_views", "dpool.integrations"})),
+                              "dpool._process_views", "dpool.integrations",
+                              "dpool.observe"})),
     ("runtime", frozenset({"dpool.runtime"})),
     ("daemons", frozenset({"dpool.node", "dpool.global_scheduler"})),
     ("scheduling", frozenset({"dpool.scheduling"})),

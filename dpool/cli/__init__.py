@@ -21,9 +21,13 @@ commands:
   start --address H:P       join this host to a cluster as a node
   stop                      stop everything `dpool start` started on this host
   status [--json]           show the cluster's nodes
+  timeline [--out F]        write the cluster's task timeline (Chrome trace JSON)
+  logs [--node N] [--task ID] [--follow]   the cluster's task output, daemon logs
+  objects                   the cluster's largest objects: size, holders, references
+  dashboard [--port P]      serve a live page of the cluster (prints a login URL)
 """
 
-_COMMANDS = ("start", "stop", "status")
+_COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard")
 
 
 def main(argv: Optional[list] = None) -> int:

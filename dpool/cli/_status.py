@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="the cluster (default: $DPOOL_ADDRESS, else this host's record)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None,
+                   metavar="SECONDS", help="refresh in place every SECONDS (2) until Ctrl-C")
 
 
 def query(address: str) -> dict:
@@ -37,7 +39,30 @@ def query(address: str) -> dict:
     return status
 
 
+def _watch(args: argparse.Namespace) -> int:
+    """Redraw the status every ``args.watch`` seconds, in place, until Ctrl-C."""
+    import contextlib
+    import io
+    import time
+
+    once = argparse.Namespace(**{**vars(args), "watch": None})
+    try:
+        while True:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+                rc = run(once)
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(f"\x1b[H\x1b[J{buf.getvalue()}(every {args.watch:g} s, {stamp}; "
+                             f"Ctrl-C to stop{'' if rc == 0 else '; the last query failed'})\n")
+            sys.stdout.flush()
+            time.sleep(max(args.watch, 0.2))
+    except KeyboardInterrupt:
+        return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "watch", None) is not None:
+        return _watch(args)
     address = args.address or os.environ.get("DPOOL_ADDRESS") or "auto"
     try:
         status = query(address)
@@ -60,5 +85,19 @@ def run(args: argparse.Namespace) -> int:
     for gs in status["global_schedulers"]:
         print(f"global scheduler {gs['address']} alive={gs['alive']}")
     for sh in status["shards"]:
-        print(f"redis shard {sh['address']} alive={sh['alive']}")
+        print(_shard_line(sh))
+    if status.get("error"):
+        print(f"control store: {status['error']}")
     return 0
+
+
+def _shard_line(sh: dict) -> str:
+    """One shard: its primary now and replicas (with Sentinel), or what is degraded."""
+    line = f"redis shard {sh.get('shard', '')} {sh['address']} alive={sh['alive']}"
+    if sh.get("primary"):
+        line += f" primary={sh['primary']}"
+    if "replicas" in sh:
+        line += f" replicas={sh['replicas']}"
+    if sh.get("degraded"):
+        line += f" DEGRADED: {sh['degraded']}"
+    return line

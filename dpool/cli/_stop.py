@@ -1,5 +1,5 @@
 """Stop everything ``dpool start`` started on this host: the node (and its workers), the
-global schedulers and Redis shards of a head; then remove the store segments and the
+global schedulers and Redis shards (replicas, Sentinels) of a head; then remove the store segments and the
 record, so nothing is left behind."""
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ def run(args: argparse.Namespace) -> int:
     node = record.get("node", {})
     if stop_pid(node.get("pid"), args.timeout, node.get("started")):
         stopped.append(f"node {node.get('address')}")
-    for shard in record.get("redis", []):
+    # Sentinels first: with them gone, no primary stopped below is "failed over"
+    servers = sorted(record.get("redis", []), key=lambda r: r.get("role") != "sentinel")
+    for shard in servers:
         if stop_pid(shard.get("pid"), args.timeout, shard.get("started")):
-            stopped.append(f"redis shard {shard.get('address')}")
+            what = {"sentinel": "redis sentinel", "replica": "redis replica"}.get(
+                shard.get("role", ""), "redis shard")
+            stopped.append(f"{what} {shard.get('address')}")
     _segment.reap_orphans()  # segments of a node that was killed rather than stopped
     _address.remove_record()
     print("dpool stop: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))

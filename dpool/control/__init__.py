@@ -2,7 +2,9 @@
 
 ``ControlStore`` is the interface; ``InProcessControlStore`` is the single-host
 implementation used when ``DPOOL_ADDRESS`` is unset. A Redis-sharded implementation of the
-same interface backs the cluster.
+same interface backs the cluster (``_redis``, ``_redis_batch``, ``_keys``; servers:
+``_redis_server``). With replicas, ``_sentinel`` follows a shard's failover through Redis
+Sentinel and puts back what it lost; ``_sentinel_server`` runs replicas and Sentinels.
 """
 
 from dpool.control._interface import ControlStore, TaskRecord

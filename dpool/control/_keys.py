@@ -21,7 +21,12 @@ key                        shard     contents
 ``dpool:gs:<gs_id>``       0         hash: ``address``, ``hb``
 ``dpool:gss``              0         set: every registered global scheduler id
 ``dpool:events``           each      stream: one entry per flush per shard; field ``e`` holds
-                                     packed events (see ``pack_events``); capped ``MAXLEN ~``
+                                     packed events (see ``pack_events``), ``n`` the writer's
+                                     node id, ``f`` the submitted tasks' functions (packed
+                                     task id, fn id pairs); capped ``MAXLEN ~``
+``dpool:out:<node_id>``    by id     stream: what workers of that node printed, one entry per
+                                     chunk: ``w`` worker id, ``p`` pid, ``s`` stream (1/2),
+                                     ``t`` time, ``d`` the bytes; capped ``MAXLEN ~``
 ``dpool:idprefix``         0         counter: ``INCR`` hands out id prefixes
 =========================  ========  ==========================================================
 
@@ -78,6 +83,11 @@ def fn_key(fn_id: int) -> bytes:
 def workdir_key(digest: str) -> bytes:
     """A driver's working directory, packed (``protocol._workdir``), by content hash."""
     return b"dpool:workdir:" + digest.encode()
+
+
+def output_key(node_id: bytes) -> bytes:
+    """The stream of what a node's workers printed (``dpool logs``)."""
+    return b"dpool:out:" + node_id
 
 
 def task_key(task_id: int) -> bytes:

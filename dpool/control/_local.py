@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Iterable
 from typing import Optional
 
 from dpool.control._interface import TaskRecord
@@ -66,8 +67,8 @@ class InProcessControlStore:
                     # a TaskRecord is built on read; tuples of plain values are not
                     # tracked by the garbage collector, so 100k rows cost it nothing
                     tasks[op[1]] = (op, "PENDING", 0)
-                    if op[6] is not None:
-                        events.append((5, op[1], "submit", op[6], op[7]))
+                    if op[6] is not None:  # (the function's id kept for timelines)
+                        events.append((5, op[1], "submit", op[6], op[7], op[2]))
                 elif code == 2:
                     rec = tasks.get(op[1])
                     if rec is not None:
@@ -105,4 +106,26 @@ class InProcessControlStore:
 
     def events(self) -> list[tuple[int, str, float, int]]:
         self.flush()
-        return [op[1:] for op in self._events]
+        return [op[1:5] for op in self._events]
+
+    def event_log(self, since: Optional[float] = None
+                  ) -> tuple[list[tuple[int, str, float, int, str]], dict[int, int]]:
+        """As ``RedisControlStore.event_log``: the events (since ``since``) with the node
+        that logged them ("" here: one host), and each submitted task's function id."""
+        self.flush()
+        out = []
+        fns = {}
+        for op in list(self._events):
+            if since is not None and op[3] < since:
+                continue
+            out.append((op[1], op[2], op[3], op[4], ""))
+            if len(op) > 5:
+                fns[op[1]] = op[5]
+        return out, fns
+
+    def function_names(self, fn_ids: Iterable[int]) -> dict[int, str]:
+        """The registered name of each function (unnamed or unknown ones left out)."""
+        self.flush()
+        functions = self._functions
+        return {fid: functions[fid][0] for fid in set(fn_ids)
+                if fid in functions and functions[fid][0]}

@@ -21,6 +21,10 @@ Heartbeat times are the shard's own clock (``TIME`` inside a script), and ``node
 compares them with the same shard's clock, so skew between hosts cannot make a live node
 look dead.
 
+Replicated shards (``sentinel://...`` instead of ``host:port`` addresses; ``_sentinel``):
+each shard's client follows its primary through Sentinel, and what a failover can lose is
+re-sent or re-asserted as ``_sentinel``'s docstring says. Plain shards pay nothing for it.
+
 Failures: every redis-py error becomes a ``ControlStoreError`` naming the shard. A flush
 that fails puts the failed shards' ops back at the front of the queue, to be sent by the
 next flush; if part of it had been applied, its event batch may be logged twice (table
@@ -43,8 +47,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dpool.control import _keys as K
-from dpool.control import _redis_batch
+from dpool.control import _redis_batch, _sentinel
 from dpool.control._interface import TaskRecord
+from dpool.control._redis_observe import ObserveReads
 from dpool.errors import ControlStoreError
 
 log = logging.getLogger("dpool.control")
@@ -97,7 +102,7 @@ class Subscription:
         self._threads = []
 
 
-class RedisControlStore:
+class RedisControlStore(ObserveReads):
     """``ControlStore`` over Redis shards ``["host:port", ...]`` sharing one password.
 
     ``node_id`` is written into the task rows this process adds. Construction PINGs every
@@ -110,6 +115,7 @@ class RedisControlStore:
                  event_log_entries: int = EVENT_LOG_ENTRIES, check: bool = True) -> None:
         if not shards:
             raise ControlStoreError("a control store needs at least one shard address")
+        spec = _sentinel.parse_spec(shards)
         self.addresses = list(shards)
         self.node_id = node_id
         self.timeout = timeout
@@ -121,12 +127,20 @@ class RedisControlStore:
         retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
         # Any: redis-py's annotations cannot tell that decode_responses=False means bytes
         self._clients: list[Any] = []
-        for address in self.addresses:
-            host, port = _parse_address(address)
-            self._clients.append(redis.Redis(
-                host=host, port=port, password=password, decode_responses=False,
-                socket_connect_timeout=connect_timeout, socket_timeout=timeout,
-                retry=retry, client_name="dpool"))
+        # with replicas: the clients follow each shard's primary through Sentinel
+        self._failover: _sentinel.Failover | None = None
+        if spec is not None:
+            self._failover = _sentinel.Failover(spec, password, connect_timeout=connect_timeout,
+                                                timeout=timeout, retry=retry)
+            self.addresses = self._failover.addresses
+            self._clients = self._failover.clients
+        else:
+            for address in self.addresses:
+                host, port = _parse_address(address)
+                self._clients.append(redis.Redis(
+                    host=host, port=port, password=password, decode_responses=False,
+                    socket_connect_timeout=connect_timeout, socket_timeout=timeout,
+                    retry=retry, client_name="dpool"))
         self._n = len(self._clients)
         self._ops: collections.deque = collections.deque()
         self._push = self._ops.append
@@ -142,6 +156,8 @@ class RedisControlStore:
             except BaseException:
                 for client in self._clients:
                     client.close()
+                if self._failover is not None:
+                    self._failover.sentinel.close()
                 raise
 
     # -- plumbing ------------------------------------------------------------------------
@@ -166,8 +182,9 @@ class RedisControlStore:
                 f"control-store shard {address} did not answer {what} in time (connect "
                 f"timeout {self.connect_timeout} s, reply timeout {self.timeout} s)") from e
         except redis.ConnectionError as e:
-            raise ControlStoreError(
-                f"cannot reach control-store shard {address} ({what}): {e}") from e
+            raise ControlStoreError(_sentinel.down_message(
+                shard, len(self.addresses), address, what, e,
+                self._failover is not None)) from e
         except redis.ResponseError as e:
             if str(e).startswith(("WRONGPASS", "NOAUTH", "invalid password")):
                 raise self._auth_error(address, e) from e
@@ -240,7 +257,10 @@ class RedisControlStore:
                     commands = self._encode(shard_ops, node_id)
                     try:
                         with self._errors(shard, "a batched write"):
-                            _redis_batch.send(self._clients[shard], commands)
+                            if self._failover is None:
+                                _redis_batch.send(self._clients[shard], commands)
+                            else:
+                                self._failover.send(shard, commands)
                         unsent.discard(shard)
                     except ControlStoreError as e:
                         error = error or e
@@ -290,11 +310,22 @@ class RedisControlStore:
         while not self._stop_flusher.wait(wait):
             try:
                 self.flush()
+                if self._failover is not None:
+                    self._check_failover()
                 wait = interval
             except ControlStoreError as e:
                 wait = min(max(wait * 2, 0.1), 2.0)
                 log.warning("control-store flush failed (%d ops queued, retry in %.1f s): %s",
                             len(self._ops), wait, e)
+
+    def _check_failover(self) -> None:
+        """Re-send recent writes to a shard whose primary changed while this process was
+        not writing to it (``_sentinel``)."""
+        assert self._failover is not None
+        with self._flush_lock:
+            for shard in self._failover.due():
+                with self._errors(shard, "a failover check"):
+                    self._failover.send(shard, [])
 
     def close(self) -> None:
         """Stop the flusher and listeners, send what is queued (best effort), disconnect."""
@@ -311,6 +342,8 @@ class RedisControlStore:
         self._subscriptions = []
         for client in self._clients:
             client.close()
+        if self._failover is not None:
+            self._failover.sentinel.close()
 
     def __enter__(self) -> RedisControlStore:  # noqa: PYI034
         return self
@@ -373,7 +406,11 @@ class RedisControlStore:
         """A prefix no other process got (one INCR): ids are ``make_id(prefix, counter)``.
         With ``count``, the first of that many consecutive prefixes (one INCRBY)."""
         with self._errors(K.SINGLETON_SHARD, "INCR id prefix"):
-            last = int(self._clients[K.SINGLETON_SHARD].incrby(K.ID_PREFIX_COUNTER, count))
+            client = self._clients[K.SINGLETON_SHARD]
+            if self._failover is None:
+                last = int(client.incrby(K.ID_PREFIX_COUNTER, count))
+            else:  # never handed out twice: a replica must have it (WAIT)
+                last = self._failover.incr_replicated(client, K.ID_PREFIX_COUNTER, count)
         prefix = last - count + 1
         if last >= K.ID_PREFIX_LIMIT:
             raise ControlStoreError(
@@ -490,6 +527,10 @@ class RedisControlStore:
             p.sadd(K.locations_key(object_id), node_id)
             p.publish(K.CH_OBJECT_READY, K.object_ready_message(object_id, size, node_id))
         self._run(self._shard(object_id), "add_object_location", fill)
+        if self._failover is not None:  # re-sent to a new primary after a failover
+            self._failover.retain(self._shard(object_id), [
+                _redis_batch.pack((b"HSET", K.object_key(object_id), b"size", b"%d" % size)),
+                _redis_batch.pack((b"SADD", K.locations_key(object_id), node_id.encode()))])
 
     def remove_object_location(self, object_id: int, node_id: str) -> None:
         shard = self._shard(object_id)
@@ -555,15 +596,24 @@ class RedisControlStore:
 
     # -- status -------------------------------------------------------------------------------
     def shard_info(self) -> list[dict]:
-        """Per shard: ``address``, ``alive`` (PING), ``used_memory``, ``keys``; ``error``
-        instead of the last two when the shard does not answer. Never raises."""
+        """Per shard: ``shard`` (its index), ``address``, ``alive`` (PING),
+        ``used_memory``, ``keys``, ``replicas`` (connected to its primary); with Sentinel
+        also ``primary`` (its address now); ``error`` and ``degraded`` (what is out of
+        reach) instead when the shard does not answer. Never raises."""
         out = []
         for shard, address in enumerate(self.addresses):
+            row: dict = {"shard": shard, "address": address}
+            if self._failover is not None:
+                row["primary"] = self._failover.primary(shard)
             try:
-                ping, memory, keys = self._run(shard, "status", lambda p: (
-                    p.ping(), p.info("memory"), p.dbsize()))
-                out.append({"address": address, "alive": bool(ping),
-                            "used_memory": int(memory["used_memory"]), "keys": int(keys)})
+                ping, memory, keys, repl = self._run(shard, "status", lambda p: (
+                    p.ping(), p.info("memory"), p.dbsize(), p.info("replication")))
+                row.update(alive=bool(ping), used_memory=int(memory["used_memory"]),
+                           keys=int(keys), replicas=int(repl.get("connected_slaves", 0)))
             except ControlStoreError as e:
-                out.append({"address": address, "alive": False, "error": str(e)})
+                row.update(alive=False, error=str(e), degraded=(
+                    "failing over to its replica" if self._failover is not None else
+                    "no replica: nodes cannot join; the node rows, lineage and object "
+                    "locations on this shard are out of reach until it is back"))
+            out.append(row)
         return out

@@ -36,6 +36,7 @@ else:
 _HSET = b"HSET"
 _PENDING = b"PENDING"
 _ZERO = b"0"
+OUTPUT_CAP = 10_000  # entries of a node's output stream (MAXLEN ~)
 
 
 def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
@@ -44,6 +45,7 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
     out: list[bytes] = []
     add = out.append
     events = []
+    fns: list[int] = []  # task id, fn id of each task submitted (its "submit" event)
     for op in ops:
         code = op[0]
         if code == 1:
@@ -59,6 +61,7 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             if at is not None:
                 cmd += (b"t0", b"%r" % at)
                 events.append((tid, "submit", at, worker_id))
+                fns += (tid, fn_id)
             add(pack(tuple(cmd)))
         elif code == 2:
             _, tid, state, attempts, at = op
@@ -82,6 +85,10 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             add(pack((b"SADD", K.locations_key(op[1]), op[2].encode())))
         elif code == 7:
             add(pack((b"SREM", K.locations_key(op[1]), op[2].encode())))
+        elif code == 8:  # what a worker printed (node id, worker id, pid, stream, t, data)
+            add(pack((b"XADD", K.output_key(node_id), b"MAXLEN", b"~", b"%d" % OUTPUT_CAP,
+                      b"*", b"w", b"%d" % op[2], b"p", b"%d" % op[3], b"s", b"%d" % op[4],
+                      b"t", b"%r" % op[5], b"d", op[6])))
         elif code == 4:
             oid = op[1]  # the lineage goes with the object (same id, same shard)
             add(pack((b"DEL", K.object_key(oid), K.locations_key(oid), K.task_key(oid))))
@@ -89,7 +96,7 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             raise ValueError(f"unknown control-store op {code}")
     if events:
         add(pack((b"XADD", K.EVENTS, b"MAXLEN", b"~", b"%d" % event_cap, b"*",
-                  b"e", K.pack_events(events))))
+                  b"e", K.pack_events(events), b"n", node_id, b"f", K.pack_ids(fns))))
     return out
 
 
@@ -100,8 +107,11 @@ def _get_connection(pool: Any) -> Any:
         return pool.get_connection("PIPELINE")
 
 
-def send(client: Any, commands: list[bytes]) -> None:
+def send(client: Any, commands: list[bytes],
+         before: Callable[[Any], list[bytes]] | None = None) -> None:
     """Send ``commands`` on one of ``client``'s pooled connections and read every reply.
+    ``before(connection)``: commands to send first on that connection (``_sentinel``'s
+    replay after a failover).
 
     Raises redis-py's exception: the first error reply after reading them all (the
     connection stays usable), or a connection error/timeout (the connection is dropped,
@@ -111,6 +121,8 @@ def send(client: Any, commands: list[bytes]) -> None:
     conn = _get_connection(pool)
     first_error = None
     try:
+        if before is not None:
+            commands = before(conn) + commands
         conn.send_packed_command([b"".join(commands)], check_health=False)
         for _ in range(len(commands)):
             try:

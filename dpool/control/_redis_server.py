@@ -83,9 +83,14 @@ class RedisServer:
 
     def __init__(self, port: int, password: str, bind: str = "127.0.0.1",
                  dir: str | None = None, executable: str | None = None,
-                 detached: bool = False) -> None:
+                 detached: bool = False, replicaof: str | None = None,
+                 announce_ip: str | None = None) -> None:
         if not password:
             raise ValueError("a control-store shard needs a password")
+        # replicaof "host:port": a replica of that primary (same password); announce_ip:
+        # the address it reports to its primary (and so to Sentinel), e.g. --node-ip
+        self.replicaof = replicaof
+        self.announce_ip = announce_ip
         self.port = port
         self.bind = bind
         self._password = password
@@ -120,11 +125,7 @@ class RedisServer:
         exe = self._executable or find_redis_server()
         if self.dir is None:
             self.dir = tempfile.mkdtemp(prefix=f"dpool-redis-{self.port}-")
-        argv = [exe, "-",  # "-": read the rest of the config (the password) from stdin
-                "--port", str(self.port), "--bind", self.bind,
-                "--save", "", "--appendonly", "no", "--dir", self.dir,
-                "--daemonize", "no", "--protected-mode", "yes",
-                "--logfile", self.logfile]
+        argv = self._argv(exe)
         try:
             with open(os.path.join(self.dir, "stderr.log"), "wb") as err:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
@@ -135,7 +136,7 @@ class RedisServer:
             stdin = self._proc.stdin
             assert stdin is not None
             try:
-                stdin.write(b"requirepass %s\n" % self._quoted_password())
+                stdin.write(self._stdin_config())
                 stdin.close()
             except BrokenPipeError:  # it exited at once; _wait_ready reports why
                 with contextlib.suppress(OSError):
@@ -147,6 +148,29 @@ class RedisServer:
             raise
         log.info("redis-server pid %d serving %s", self._proc.pid, self.address)
         return self
+
+    def _argv(self, exe: str) -> list:
+        assert self.dir is not None
+        return [exe, "-",  # "-": read the rest of the config (the password) from stdin
+                "--port", str(self.port), "--bind", self.bind,
+                "--save", "", "--appendonly", "no", "--dir", self.dir,
+                "--daemonize", "no", "--protected-mode", "yes",
+                "--logfile", self.logfile]
+
+    def _stdin_config(self) -> bytes:
+        """Config lines given on stdin: what must not show on the command line."""
+        lines = [b"requirepass %s" % self._quoted_password()]
+        if self.replicaof:
+            host, _, port = self.replicaof.rpartition(":")
+            lines += [b"replicaof %s %d" % (host.encode(), int(port)),
+                      b"masterauth %s" % self._quoted_password()]
+        if self.announce_ip:
+            lines.append(b"replica-announce-ip %s" % self.announce_ip.encode())
+        return b"".join(line + b"\n" for line in lines)
+
+    def _auth_password(self) -> str | None:
+        """The password clients give it (a Sentinel may have none)."""
+        return self._password
 
     def _quoted_password(self) -> bytes:
         # redis config strings: double-quoted with backslash escapes
@@ -160,7 +184,7 @@ class RedisServer:
 
         assert self._proc is not None
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host=self.bind, port=self.port, password=self._password,
+        client = redis.Redis(host=self.bind, port=self.port, password=self._auth_password(),
                              socket_connect_timeout=0.5, socket_timeout=1.0,
                              retry=Retry(NoBackoff(), 0))
         try:

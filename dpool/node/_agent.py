@@ -4,8 +4,10 @@ A thread, off every task's path: every ``load_s`` it pushes this node's load (qu
 busy and total CPUs, average task time) to each linked global scheduler; every
 ``beat_s`` it heartbeats the same load into the node table, reads the global schedulers
 and nodes registered there, links to schedulers it has not linked yet, and refreshes the
-cluster's CPU count that drivers see. A control store that is briefly unreachable costs
-warnings, not tasks: the local path never waits on it.
+cluster's CPU count that drivers see. A heartbeat refused (its row is gone) or a node
+table that does not list this node registers it again: after a control-store failover
+lost those writes, the node re-asserts them (``control._sentinel``). A control store
+that is briefly unreachable costs warnings, not tasks: the local path never waits on it.
 
 A node that stops heartbeating is declared dead by whoever notices first (a node or a
 global scheduler marks it in the node table, which publishes a node-death notice). This
@@ -112,6 +114,10 @@ class ClusterAgent:
                 self._control.register_node(d.node_id, d.node_info())
             gss = [g for g in self._control.global_schedulers() if g.get("alive")]
             all_nodes = self._control.nodes()
+            if all(n["node_id"] != d.node_id for n in all_nodes):
+                # the node set lost this node (a failover of its shard lost the write):
+                # the owner re-asserts its row (control._sentinel)
+                self._control.register_node(d.node_id, d.node_info())
             nodes = [n for n in all_nodes if n.get("alive")]
         except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
             log.warning("control store unreachable: %s", exc)

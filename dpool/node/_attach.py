@@ -116,6 +116,8 @@ class DriverSessions:
         # mirror group -> (origin node, its group id), None for the node's own groups
         self.remote_origin: Optional[Callable[[Group], Optional[tuple]]] = None
         self.send_to_node: Optional[Callable[[str, list], None]] = None  # a peer link's send
+        # keeps what this node's workers print (worker id, pid, stream, data): dpool logs
+        self.output_log: Optional[Callable[[int, int, int, bytes], None]] = None
         self.prefixes: Optional[IdPrefixes] = None  # each driver's ids' prefix
         self.workdir_cache: Optional[WorkdirCache] = None
         # (digest, archive): for other nodes (called on a thread of its own)
@@ -429,6 +431,8 @@ class DriverSessions:
         if isinstance(src, PeerHandle):
             g = s.group(msg.group_id)
         else:
+            if self.output_log is not None:
+                self.output_log(src.worker_id, msg.pid, msg.stream, msg.data)
             g = src.group
             if g is not None and self.remote_origin is not None:
                 origin = self.remote_origin(g)

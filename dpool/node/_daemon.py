@@ -145,6 +145,7 @@ class NodeDaemon:
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)
         self.sessions.cluster_status = self._cluster_status
+        self.sessions.output_log = store.log_output
         self.sessions.publish_workdir = store.put_workdir
         self.runner.fetch_workdir = store.get_workdir
 

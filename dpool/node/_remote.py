@@ -367,6 +367,8 @@ class RemoteRunner:
         t.deps = msg.deps
         if not accepted:
             self._send(origin, [m.Accepted(origin_id, self.node_id)])
+        # timelines: this task runs the origin's task ``origin_id`` (worker-id field)
+        s.control.log_event(local_id, "remote", time.time(), origin_id)
         s.admit_locked(t)
 
     def _on_drop_locked(self, h: Any, msg: m.DropGroup) -> None:
