@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dpool.control import _keys as K
+from dpool.control._fnname import function_name
 
 _SCAN_COUNT = 1000
 
@@ -67,8 +68,9 @@ class ObserveReads:
         return out, fns
 
     def function_names(self, fn_ids: Iterable[int]) -> dict[int, str]:
-        """The registered name of each function (those not registered, or without a name,
-        are left out)."""
+        """The name of each function: the registered one, else read from its pickled
+        payload without unpickling it (``_fnname``: a driver's functions reach the table
+        through its node without a name); functions not registered are left out."""
         by_shard: dict[int, list[int]] = {}
         for fid in set(fn_ids):
             by_shard.setdefault(K.shard_for(fid, self._n), []).append(fid)
@@ -77,11 +79,12 @@ class ObserveReads:
             with self._errors(shard, "HGET function names"):
                 pipe = self._clients[shard].pipeline(transaction=False)
                 for fid in ids:
-                    pipe.hget(K.fn_key(fid), b"name")
+                    pipe.hmget(K.fn_key(fid), b"name", b"payload")
                 replies = pipe.execute()
-            for fid, name in zip(ids, replies):
-                if name:
-                    names[fid] = name.decode()
+            for fid, (name, payload) in zip(ids, replies):
+                found = name.decode() if name else function_name(payload or b"")
+                if found:
+                    names[fid] = found
         return names
 
     def _scan(self, shard: int, pattern: bytes) -> list[bytes]:

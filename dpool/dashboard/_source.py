@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpool.dashboard._fnname import function_name
+from dpool.control._fnname import function_name
 from dpool.errors import ControlStoreError, Error
 from dpool.runtime import _address
 

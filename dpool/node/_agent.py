@@ -81,6 +81,8 @@ class ClusterAgent:
         status["avg_task_s"] = avg
         status["linked_schedulers"] = len(self.linked_schedulers())
         status["holds"] = d.runner.holds()
+        # what its tasks hold now, of each resource (the dashboard's "GPU 1/2")
+        status["resources_used"] = {n: t - f for n, t, f in self._resources()}
         return status
 
     def _resources(self) -> tuple:

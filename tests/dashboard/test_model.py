@@ -12,7 +12,7 @@ import pytest
 
 from dpool.dashboard import _render
 from dpool.dashboard._activity import Activity
-from dpool.dashboard._fnname import function_name
+from dpool.control._fnname import function_name
 from dpool.objects import _payload
 
 DRIVER = -1  # a driver's submit names it with a negative worker id; a spilled run, 0
