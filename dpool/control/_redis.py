@@ -211,8 +211,11 @@ class RedisControlStore(ObserveReads):
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
     def set_task_state(self, task_id: int, state: str, attempts: int,
-                       at: float | None = None) -> None:
-        self._push((2, task_id, state, attempts, at))
+                       at: float | None = None, error: bytes | None = None) -> None:
+        if error is None:
+            self._push((2, task_id, state, attempts, at))
+        else:  # its traceback text is read off the task's path, when flushed
+            self._push((2, task_id, state, attempts, at, error))
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))

@@ -134,6 +134,44 @@ def dumps_error(exc: BaseException) -> bytes:
         return _dumps((replacement, tb), protocol=5)
 
 
+def error_text(payload: bytes, limit: int = 16 << 10) -> Optional[str]:
+    """The traceback text of a ``dumps_error`` payload, read from the pickle's opcodes
+    without unpickling it (a node daemon cannot import the user's exception classes, and
+    unpickling runs code); its last ``limit`` characters. None when it is not an inline
+    error payload (a value in the store, or not a pickle this can read)."""
+    if not payload or _values.stored(payload) is not None or len(payload) > (4 << 20):
+        return None
+    text = _last_traceback(payload, 0)
+    if text is None:
+        return None
+    return text.strip().strip('"').strip()[-limit:]
+
+
+def _last_traceback(data: bytes, depth: int) -> Optional[str]:
+    """The last ``format_remote`` text in the pickles in ``data``: one after another (a
+    payload of a script's main namespace starts with its own, ``_mainref``), or nested in
+    one as bytes."""
+    import pickletools
+
+    text = None
+    start = data.find(b"\x80")  # (after the value tag and header)
+    while start >= 0:
+        end = -1
+        try:
+            for op, arg, pos in pickletools.genops(data[start:]):
+                if isinstance(arg, str) and arg.startswith('\n"""\n'):
+                    text = arg  # the last one: the (exception, text) tuple's second item
+                elif isinstance(arg, (bytes, bytearray)) and arg[:1] == b"\x80" \
+                        and depth < 2:
+                    text = _last_traceback(bytes(arg), depth + 1) or text
+                elif op.name == "STOP":
+                    end = start + pos + 1
+        except Exception:  # noqa: BLE001 - not a pickle this can read
+            return text
+        start = data.find(b"\x80", end) if end > 0 else -1
+    return text
+
+
 def loads_error(payload: bytes) -> BaseException:
     """The exception a failed task's future raises, with the remote traceback attached."""
     try:

@@ -492,7 +492,10 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                 self.decref_locked(oid)
         if t.args is not None:
             self.store.drop(t.args)  # a stored argument block lives as long as its task
-        self.control.set_task_state(t.task_id, "FINISHED" if ok else "FAILED", t.attempts, _now())
+        if ok:
+            self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now())
+        else:
+            self.control.set_task_state(t.task_id, "FAILED", t.attempts, _now(), payload)
         obj = self._objects.get(t.task_id)
         if t.future is not None:
             self._out.append((t.future, ok, payload))

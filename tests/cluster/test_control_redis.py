@@ -142,6 +142,40 @@ def test_reads_match_the_in_process_store(store):
     assert [e[1] for e in store.events()] == ["submit", "submit", "end", "error", "start"]
 
 
+class UserError(Exception):
+    """An exception class a node daemon could not import: its traceback text is read
+    without unpickling it."""
+
+
+def _failing():
+    raise UserError("bad input 42")
+
+
+def test_a_failed_tasks_traceback_is_kept_in_its_row(shards, store):
+    from dpool.objects import _payload
+
+    try:
+        _failing()
+    except UserError as exc:
+        err = _payload.dumps_error(exc)
+    store.add_task(21, 7, None, (), 1)
+    store.set_task_state(21, "FAILED", 3, at=1000.0, error=err)
+    store.set_task_state(22, "FINISHED", 1, at=1000.0)
+    store.set_task_state(23, "FAILED", 1, at=1000.0, error=b"\x03not a pickle")
+    store.flush()
+    addresses, password, _ = shards
+    clients = raw(addresses, password)
+    rows = {tid: clients[K.shard_for(tid, len(clients))].hgetall(K.task_key(tid))
+            for tid in (21, 22, 23)}
+    for c in clients:
+        c.close()
+    text = rows[21][b"err"].decode()
+    assert text.startswith("Traceback (most recent call last):"), text
+    assert "in _failing" in text and text.endswith("UserError: bad input 42"), text
+    assert rows[21][b"state"] == b"FAILED"
+    assert b"err" not in rows[22] and b"err" not in rows[23]  # (unreadable: no text)
+
+
 def test_remove_object_drops_its_lineage(store):
     store.add_task(21, 1, b"x", (), 1)
     store.add_object(21, 5, "node-1")
