@@ -34,9 +34,19 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
     from dpool.futures import Future, ObjectRef
     from dpool.integrations import register_joblib
+    from dpool.observe import progress, timeline
     from dpool.pool import Pool, cpu_count
     from dpool.runtime._api import get, put, wait
     from dpool.runtime._current import node_id
+    from dpool.scheduling._placement_policy import (
+        Demand,
+        LeastWait,
+        LocalQueue,
+        NodeAffinity,
+        NodeLoad,
+        PlacementError,
+        PlacementPolicy,
+    )
 
 _LAZY = {
     **dict.fromkeys(
@@ -52,6 +62,9 @@ _LAZY = {
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
     "node_id": "dpool.runtime._current",
     "register_joblib": "dpool.integrations",
+    **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
+                     "PlacementError", "PlacementPolicy"), "dpool.scheduling._placement_policy"),
+    **dict.fromkeys(("progress", "timeline"), "dpool.observe"),
 }
 
 
@@ -92,6 +105,15 @@ __all__ = [
     "get",
     "put",
     "register_joblib",
+    "NodeAffinity",
+    "PlacementPolicy",
+    "LeastWait",
+    "Demand",
+    "LocalQueue",
+    "NodeLoad",
+    "PlacementError",
+    "timeline",
+    "progress",
     "Error",
     "WorkerCrashedError",
     "ObjectStoreFullError",

@@ -1,6 +1,7 @@
 """Start a cluster's head on this host (``--head``), or join this host to one (``--address``).
 
-The head runs the control store's Redis shards, the global schedulers and this host's
+The head runs the control store's Redis shards (with ``--replicas 1``: a replica of each
+and three Sentinels, ``control._sentinel_server``), the global schedulers and this host's
 node daemon; a joining host runs its node daemon. Each prints the variables a driver
 needs and records what it started (``dpool stop`` stops it; ``DPOOL_ADDRESS=auto`` reads it).
 """
@@ -12,6 +13,7 @@ import os
 import secrets
 import socket
 import sys
+from typing import Any
 
 from dpool.cli._procs import StartError, launch, same_process, started_at, stop_pid
 from dpool.errors import Error
@@ -46,12 +48,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the ports after --port")
     p.add_argument("--global-schedulers", type=int, default=1,
                    help="head: global scheduler replicas (default 1)")
-    p.add_argument("--redis-address", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+    p.add_argument("--replicas", type=int, default=0,
+                   help="head: a replica of each shard (0 or 1; default 0), on the ports "
+                   "after the shards, and 3 Redis Sentinels after those that promote a "
+                   "replica when its shard's primary dies")
+    p.add_argument("--redis-address", default=None,
+                   metavar="HOST:PORT[,HOST:PORT...] | sentinel://HOST:PORT[,...]/MASTER[,...]",
                    help="head: use these Redis servers (password: the cluster token, so "
-                   "pass --token too) instead of starting shards")
+                   "pass --token too) instead of starting shards; or a Sentinel-managed "
+                   "deployment: sentinel://, its Sentinels, then one master name per shard "
+                   "(e.g. sentinel://10.0.0.5:26379,10.0.0.6:26379,10.0.0.7:26379/s0,s1)")
+    p.add_argument("--placement-policy", default=None, metavar="MODULE:CLASS",
+                   help="where tasks go: 'default', 'spread' or MODULE:CLASS, a "
+                   "dpool.PlacementPolicy (head: the global schedulers'; any node: its "
+                   "keep-or-spill decision)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.placement_policy:
+        from dpool.scheduling import _placement_policy
+
+        try:
+            _placement_policy.load(args.placement_policy)
+        except (ValueError, TypeError) as exc:
+            sys.stderr.write(f"dpool start: --placement-policy: {exc}\n")
+            return 2
     if args.num_cpus is not None and args.num_cpus < 0:
         sys.stderr.write("dpool start: --num-cpus must be >= 0\n")
         return 2
@@ -79,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("dpool start: --shards must be >= 1 and --global-schedulers "
                              ">= 0\n")
             return 2
+        if args.replicas not in (0, 1):
+            sys.stderr.write("dpool start: --replicas must be 0 or 1\n")
+            return 2
+        if args.replicas and args.redis_address:
+            sys.stderr.write("dpool start: --replicas replicates the shards dpool starts; "
+                             "with --redis-address, give a Sentinel-managed deployment "
+                             "(sentinel://...) instead\n")
+            return 2
         token = args.token or secrets.token_hex(16)
         port = args.port
     else:
@@ -99,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"dpool start: {exc}\n")
         return 1
     record: dict = {"head": bool(args.head), "token": token, "redis": [],
-                    "global_schedulers": []}
+                    "global_schedulers": [], "node_ip": args.node_ip}
     try:
         if args.head:
             shards = _start_control_store(args, token, port, state, record)
@@ -123,8 +152,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_control_store(args: argparse.Namespace, token: str, port: int, state: str,
                          record: dict) -> list:
-    """The Redis shards (or the given Redis servers): their addresses."""
+    """The Redis shards (or the given Redis servers), with replicas and Sentinels if
+    asked: what ``--redis`` gets (shard addresses, or one ``sentinel://`` spec)."""
+    from dpool.control._sentinel import parse_spec
+
     if args.redis_address:
+        if parse_spec(args.redis_address) is not None:
+            return [args.redis_address.strip()]
         shards = [a.strip() for a in args.redis_address.split(",") if a.strip()]
         for a in shards:
             _address.parse_hostport(a, "--redis-address")
@@ -132,14 +166,41 @@ def _start_control_store(args: argparse.Namespace, token: str, port: int, state:
     from dpool.control._redis_server import RedisServer
 
     bind = args.bind or args.node_ip
+    primaries = []
     for i in range(args.shards):
         server = RedisServer(port + 1 + i, token, bind=bind,
                              dir=os.path.join(state, f"redis-{i}"), detached=True)
         os.makedirs(server.dir or "", exist_ok=True)
         server.start()
-        record["redis"].append({"address": f"{args.node_ip}:{server.port}",
-                                "pid": server.pid, "started": started_at(server.pid)})
-    return [r["address"] for r in record["redis"]]
+        primaries.append(server)
+        _record_server(record, server, "primary")
+    if not args.replicas:
+        return [r["address"] for r in record["redis"]]
+    from dpool.control._sentinel_server import sentinel_address, start_replicated
+
+    n = args.shards
+    started: list = []
+    try:
+        start_replicated(
+            primaries, token, ports=[port + 1 + n + i for i in range(n)],
+            sentinel_ports=[port + 1 + 2 * n + j for j in range(3)],
+            announce_ip=args.node_ip, bind=bind,
+            dirs=[os.path.join(state, f"redis-{i}-replica") for i in range(n)],
+            sentinel_dirs=[os.path.join(state, f"sentinel-{j}") for j in range(3)],
+            detached=True, started=started)
+    finally:  # (a failed start stops what is recorded: `_undo`)
+        for server in started:
+            if server.running():
+                _record_server(record, server, "sentinel" if hasattr(server, "masters")
+                               else "replica")
+    sentinels = [r["address"] for r in record["redis"] if r["role"] == "sentinel"]
+    return [sentinel_address(sentinels, n)]
+
+
+def _record_server(record: dict, server: Any, role: str) -> None:
+    address = f"{record.get('node_ip', '')}:{server.port}"
+    record["redis"].append({"address": address, "pid": server.pid, "role": role,
+                            "started": started_at(server.pid)})
 
 
 def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
@@ -148,7 +209,9 @@ def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
     for i in range(args.global_schedulers):
         proc, line = launch("dpool.global_scheduler",
                             ["--bind", bind, "--advertise", args.node_ip, "--port", "0",
-                             "--redis", ",".join(shards)],
+                             "--redis", ",".join(shards),
+                             *(["--placement-policy", args.placement_policy]
+                               if args.placement_policy else [])],
                             os.path.join(state, f"global-scheduler-{i}.log"),
                             {"DPOOL_TOKEN": token})
         record["global_schedulers"].append({"address": line.split()[1], "pid": proc.pid,
@@ -156,8 +219,9 @@ def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
 
 
 def _undo(record: dict) -> None:
-    """A start that failed half-way stops what it started."""
-    for item in record.get("global_schedulers", []) + record.get("redis", []):
+    """A start that failed half-way stops what it started (Sentinels before shards)."""
+    servers = sorted(record.get("redis", []), key=lambda r: r.get("role") != "sentinel")
+    for item in record.get("global_schedulers", []) + servers:
         stop_pid(item.get("pid"), timeout=5, started=item.get("started"))
 
 
@@ -177,7 +241,10 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         argv += ["--resources", args.resources]
     if args.object_store_memory:
         argv += ["--object-store-memory", str(args.object_store_memory)]
-    proc, line = launch("dpool.node", argv, log_path, {"DPOOL_TOKEN": token})
+    env = {"DPOOL_TOKEN": token}
+    if args.placement_policy:
+        env["DPOOL_PLACEMENT_POLICY"] = args.placement_policy
+    proc, line = launch("dpool.node", argv, log_path, env)
     node_id = line.split()[1]
     return {"address": node_id, "pid": proc.pid, "started": started_at(proc.pid),
             "unix_path": unix_path, "log": log_path}

@@ -2,6 +2,8 @@
 
 - ``_daemon``: ``GlobalScheduler``, the stateless daemon (links from nodes, their load
   reports, forwarding each spilled task, heartbeats in the control store).
-- ``_placement``: the policy, pure over load reports: the node with the lowest estimated
-  wait (unit-tested without processes, tests/global_scheduler/test_placement.py).
+- ``_placement``: the built-in rule, pure over load reports: the node with the lowest
+  estimated wait (unit-tested without processes, tests/global_scheduler/test_placement.py).
+  It is one ``PlacementPolicy`` (``scheduling._placement_policy``) among others: the
+  daemon places through whichever ``--placement-policy`` names (tests/placement/).
 """

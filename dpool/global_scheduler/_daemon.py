@@ -4,7 +4,10 @@
     nodes ───Load (every heartbeat)──▶ │           └──SpillRejected──▶ A (no other node)
 
 Every node links to every global scheduler (finding them in the control store) and
-pushes its load over the link; placement uses those reports (``global_scheduler._placement``).
+pushes its load over the link; placement uses those reports, through the cluster's
+placement policy (``scheduling._placement_policy``: the built-in least-wait rule unless
+``--placement-policy module:Class`` names another). A task the policy can never place
+as asked (a hard ``NodeAffinity`` to a node not linked) goes back as ``PlacementFailed``.
 It keeps no task: a spilled task is forwarded as soon as it arrives, and the origin node
 keeps the task's record until its result comes back, so killing a replica loses nothing
 (the origin takes back what was not yet placed and spills it through another). It
@@ -20,7 +23,6 @@ import threading
 from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
-from dpool.global_scheduler._placement import NodeLoad, choose
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
 from dpool.node._links import welcome_message
@@ -29,6 +31,14 @@ from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import IOLoop
 from dpool.scheduling import _resources
+from dpool.scheduling._placement_policy import (
+    Demand,
+    LeastWait,
+    NodeLoad,
+    PlacementError,
+    PlacementPolicy,
+    strategy_from_wire,
+)
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.global_scheduler")
@@ -39,8 +49,10 @@ _HEARTBEAT_S = 0.5
 class GlobalScheduler:
     def __init__(self, token: bytes, bind: str, port: int,
                  control: Optional[ClusterControlStore] = None, gs_id: str = "",
-                 advertise: str = "") -> None:
+                 advertise: str = "", policy: Optional[PlacementPolicy] = None) -> None:
         self._lock = threading.Lock()
+        self.policy: PlacementPolicy = policy if policy is not None else LeastWait()
+        self._fallback = LeastWait()  # when a loaded policy raises something unexpected
         self._nodes: dict[str, tuple[PeerHandle, NodeLoad]] = {}
         self._control = control
         self.placed = 0
@@ -83,7 +95,8 @@ class GlobalScheduler:
         chan.set_blocking(False)
         with self._lock:
             old = self._nodes.get(hello.address)
-            self._nodes[hello.address] = (h, NodeLoad(hello.address, hello.num_cpus))
+            self._nodes[hello.address] = (h, NodeLoad(hello.address, hello.num_cpus,
+                                                      node_id=hello.node_id))
         if old is not None:
             old[0].alive = False
             old[0].chan.close()  # the node linked again: its old link is dead
@@ -142,14 +155,27 @@ class GlobalScheduler:
             else:
                 size += len(p or b"")
         req = _resources.from_wire(msg.req)
+        # a strategy travels after the request's four fields (absent: the default rule)
+        wire = msg.req
+        strategy = strategy_from_wire(wire[4]) if wire is not None and len(wire) > 4 else None
+        demand = Demand(msg.origin, req, tuple(inputs), size, strategy)
         with self._lock:
             alive = self._alive
             loads = [load for _, load in self._nodes.values()
                      if alive is None or load.address in alive]
-            best = choose(loads, msg.origin, size, tuple(inputs), req)
-            target = self._nodes[best.address][0] if best is not None else None
-            if best is not None:
-                best.pending += 1
+            try:
+                best = self.policy.place(demand, loads)
+            except PlacementError as exc:
+                self.rejected += 1
+                return origin, m.PlacementFailed(msg.task_id, str(exc))
+            except Exception:  # a loaded policy's bug must not stop placing
+                log.exception("placement policy %r failed: using the built-in rule",
+                              self.policy)
+                best = self._fallback.place(demand, loads)
+            entry = self._nodes.get(best.address) if best is not None else None
+            target = entry[0] if entry is not None else None
+            if target is not None:
+                best.pending += 1  # type: ignore[union-attr]
         if target is None or not target.alive:
             self.rejected += 1
             if req is not None:
@@ -173,7 +199,9 @@ class GlobalScheduler:
         assert control is not None  # (the thread runs only with a control store)
         while not self._stop.wait(_HEARTBEAT_S):
             try:
-                if not control.heartbeat_global_scheduler(self.gs_id):
+                # re-assert the row and its listing if a failover of the shard lost them
+                if (not control.heartbeat_global_scheduler(self.gs_id)
+                        or all(g["gs_id"] != self.gs_id for g in control.global_schedulers())):
                     control.register_global_scheduler(self.gs_id, self.address)
                 # a node whose link is open but which stopped heartbeating gets nothing
                 self._alive = {n.get("address") for n in control.nodes() if n.get("alive")}
@@ -187,6 +215,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--advertise", default="", help="the address nodes reach it at "
                    "(default: --bind)")
+    p.add_argument("--placement-policy", default="", metavar="MODULE:CLASS",
+                   help="where spilled tasks go: 'default', 'spread' or MODULE:CLASS "
+                   "(a dpool.PlacementPolicy)")
     _process.add_arguments(p)
     return p
 
@@ -202,8 +233,11 @@ def main(argv: Optional[list] = None) -> int:
             from dpool.control._redis import RedisControlStore
 
             control = RedisControlStore(proc.redis, proc.token)
+        from dpool.scheduling import _placement_policy
+
+        policy = _placement_policy.load(args.placement_policy or None)
         gs = GlobalScheduler(proc.token.encode(), args.bind, args.port, control,
-                             advertise=args.advertise)
+                             advertise=args.advertise, policy=policy)
         gs.serve()
     except Exception as exc:  # noqa: BLE001 - reported to `dpool start`
         return proc.failed(str(exc))

@@ -37,6 +37,12 @@ every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 
 for such a node to join) it fails with ``ResourceError``, saying what it asked and what
 the nodes offer.
 
+How many queued tasks a node keeps is the cluster's placement policy's call
+(``PlacementPolicy.keep``; the built-in rule is the formula above), named by
+``$DPOOL_PLACEMENT_POLICY`` (``dpool start --placement-policy`` sets it). A task the
+global scheduler can never place as it asks (``PlacementFailed``: a hard
+``NodeAffinity`` to a node not in the cluster) fails with ``PlacementError``.
+
 Runs under the scheduler's lock (called from its handlers and ticks: the ``_locked``
 methods); ``_pull_result`` runs on a thread of its own and takes the lock.
 """
@@ -54,6 +60,13 @@ from dpool.errors import ObjectLostError, WorkerCrashedError
 from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
 from dpool.scheduling import Group, SchedulerAPI, Task, _resources
+from dpool.scheduling._placement_policy import (
+    LeastWait,
+    LocalQueue,
+    PlacementError,
+    PlacementPolicy,
+)
+from dpool.scheduling._placement_policy import load as load_policy
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
@@ -73,6 +86,20 @@ def resource_grace_s() -> float:
     except ValueError:
         log.warning("DPOOL_RESOURCE_GRACE_S=%r is not a number: using %g s", text, GRACE_S)
         return GRACE_S
+
+
+_BUILTIN = LeastWait()
+
+
+def policy_from_env() -> PlacementPolicy:
+    """The policy ``$DPOOL_PLACEMENT_POLICY`` names (the built-in rule when unset, or
+    when it cannot be loaded: said in the log)."""
+    spec = os.environ.get("DPOOL_PLACEMENT_POLICY")
+    try:
+        return load_policy(spec)
+    except (ValueError, TypeError) as exc:
+        log.error("DPOOL_PLACEMENT_POLICY: %s: using the built-in rule", exc)
+        return LeastWait()
 
 
 class _Away:
@@ -95,8 +122,10 @@ class Spiller:
                  send: Callable[[str, list], None], schedulers: Callable[[], list],
                  threshold_s: float = 0.005, place_timeout_s: float = 10.0,
                  local_groups: Optional[Callable[[Group], bool]] = None,
-                 mirror: Optional[Callable[[Group], bool]] = None) -> None:
+                 mirror: Optional[Callable[[Group], bool]] = None,
+                 policy: Optional[PlacementPolicy] = None) -> None:
         self._s = scheduler
+        self.policy = policy if policy is not None else policy_from_env()
         self.address = node_address
         self._send = send
         self._schedulers = schedulers  # addresses of the global schedulers linked now
@@ -115,6 +144,7 @@ class Spiller:
         self._unmet: dict[int, list] = {}  # task id -> [first seen, why not placed]
         self._parked: list = []  # (when to offer again, group, task): resources unmet
         scheduler.register_handler(m.SpillRejected.CODE, self._on_rejected_locked)
+        scheduler.register_handler(m.PlacementFailed.CODE, self._on_failed_locked)
         scheduler.register_handler(m.Accepted.CODE, self._on_accepted_locked)
         scheduler.register_handler(m.TaskResult.CODE, self._on_result_locked)
         scheduler.attach_services(spiller=self)
@@ -132,11 +162,13 @@ class Spiller:
         cpus = s.cpu_limit or 0
         busy = s.busy_cpus_locked()
         free = max(0, cpus - busy)
-        if cpus and s.batch.known(q[0].fn_id):
-            est = max(s.batch.estimate(q[0].fn_id), 1e-6)
-            keep = free + int(self.threshold_s / est * cpus)
-        else:
-            keep = free  # never measured: it may be long, so what cannot start now goes
+        est_s = s.batch.estimate(q[0].fn_id) if cpus and s.batch.known(q[0].fn_id) else None
+        view = LocalQueue(len(q), free, cpus, est_s, self.threshold_s)
+        try:
+            keep = self.policy.keep(view)
+        except Exception:  # a loaded policy's bug must not stop this node scheduling
+            log.exception("placement policy %r failed: using the built-in rule", self.policy)
+            keep = _BUILTIN.keep(view)
         excess = len(q) - keep
         if excess <= 0:
             return
@@ -245,6 +277,13 @@ class Spiller:
                 return
             self._paused_until = time.monotonic() + _BACKOFF_S
             self._home_locked(t, charge=False)
+
+    def _on_failed_locked(self, h: Any, msg: m.PlacementFailed) -> None:
+        """The task can never be placed as it asks: it fails with ``PlacementError``."""
+        t = self._take_locked(msg.task_id)
+        if t is not None:
+            self._unmet.pop(t.task_id, None)
+            self._s.finish_locked(t, False, _payload.dumps_error(PlacementError(msg.reason)))
 
     # -- resources this node lacks ---------------------------------------------------------
     def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:

@@ -21,7 +21,8 @@ DepValue = tuple  # (int, bool, bytes)
 
 @record(slots=True)
 class Hello:
-    """W->S first message after connecting: who the worker is."""
+    """W->S who the worker is; sent once its initializer ran (it is ready: a task it
+    was sent is charged an attempt for its death only from here on)."""
 
     CODE: ClassVar[int] = 1
     version: int
@@ -503,6 +504,16 @@ class LeasedLost:
     object_id: int
 
 
+@record(slots=True)
+class PlacementFailed:
+    """G->N this spilled task can never be placed as it asks (a hard ``NodeAffinity`` to
+    a node not in the cluster): the origin fails it with ``PlacementError``."""
+
+    CODE: ClassVar[int] = 100
+    task_id: int
+    reason: str
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -550,4 +561,5 @@ ALL_MESSAGES = (
     LeaseLost,
     LeasedTask,
     LeasedLost,
+    PlacementFailed,
 )
