@@ -140,6 +140,12 @@ def make_id(prefix: int, counter: int) -> int:
     return (prefix << ID_PREFIX_SHIFT) | counter
 
 
+def wake_channel(tag: str) -> str:
+    """A channel of one pub/sub listener's own: a notice on it wakes the listener (to
+    stop); nobody else listens."""
+    return f"dpool:ch:wake:{tag}"
+
+
 def channel_shards(channel: str, nshards: int) -> range:
     """The shards a channel's notices are published on (a subscriber listens on all)."""
     if channel == CH_NODE_DEAD:

@@ -37,6 +37,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -56,6 +57,8 @@ log = logging.getLogger("dpool.control")
 
 EVENT_LOG_ENTRIES = 20_000  # per shard; each entry is one flush's events (MAXLEN ~)
 DEAD_AFTER = 3.0  # seconds without a heartbeat before a node counts as dead
+_FLUSHER_IDLE_S = 1.0  # the longest sleep of a flusher with nothing queued
+_LISTEN_S = 5.0  # the longest wait of a pub/sub listener (it is woken to stop)
 
 # HSET the heartbeat (the server's clock) plus ARGV's field/value pairs. ARGV[1] == '1':
 # (re-)register, clearing a dead mark; else a beat, refused (0) for a row that is gone
@@ -85,6 +88,45 @@ def _parse_address(address: str) -> tuple[str, int]:
 
 def _server_time(reply: Sequence[int]) -> float:
     return reply[0] + reply[1] / 1e6
+
+
+class _Listener(threading.Thread):
+    """A pub/sub listener thread that waits for notices without a pace: redis-py's own
+    (``run_in_thread``) polled five times a second to see whether it was stopped, a good
+    part of an idle node daemon's CPU time (issue 21). ``stop`` wakes it with a notice on
+    a channel of its own (``_keys.wake_channel``); the wait's timeout is a safety net for
+    a shard that cannot take that notice."""
+
+    def __init__(self, client: Any, pubsub: Any, wake: str,
+                 on_error: Callable[[BaseException, Any, Any], None]) -> None:
+        super().__init__(daemon=True)
+        self._client = client
+        self._pubsub = pubsub
+        self._wake = wake
+        self._on_error = on_error
+        self._running = True
+
+    def run(self) -> None:
+        ps = self._pubsub
+        while self._running:
+            try:
+                ps.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_S)
+            except BaseException as e:  # noqa: BLE001 - as run_in_thread: report, go on
+                if not self._running:
+                    break
+                self._on_error(e, ps, self)
+        ps.close()
+
+    def stop(self) -> None:
+        self._running = False
+        try:
+            self._client.publish(self._wake, b"")
+        except redis.RedisError:
+            pass  # the shard is away: the wait's timeout ends the thread
+
+
+def _ignore(message: dict) -> None:
+    pass
 
 
 class Subscription:
@@ -143,10 +185,21 @@ class RedisControlStore(ObserveReads):
                     retry=retry, client_name="dpool"))
         self._n = len(self._clients)
         self._ops: collections.deque = collections.deque()
-        self._push = self._ops.append
         self._flush_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
+        # The flusher sleeps while nothing is queued; a write that finds it asleep wakes
+        # it (the flag is read after the append: see ``_flush_loop``).
+        self._flusher_idle = False
+        self._flush_wake = threading.Event()
+        ops, wake = self._ops, self._flush_wake
+
+        def push(op: tuple) -> None:
+            ops.append(op)
+            if self._flusher_idle:
+                wake.set()
+
+        self._push = push
         self._subscriptions: list[Subscription] = []
         if check:
             try:
@@ -310,7 +363,26 @@ class RedisControlStore(ObserveReads):
 
     def _flush_loop(self, interval: float) -> None:
         wait = interval
-        while not self._stop_flusher.wait(wait):
+        ops = self._ops
+        idle_s = _FLUSHER_IDLE_S if self._failover is None else min(_FLUSHER_IDLE_S, 0.5)
+        while not self._stop_flusher.is_set():
+            if not ops:
+                # Nothing queued: sleep until a write wakes us (an idle node daemon woke
+                # 200 times a second here: issue 21). The flag goes up before the last
+                # look at the queue, and a writer looks at the flag after its append, so
+                # no write is left behind. The timeout: ops a failed flush put back (not
+                # pushed), and the failover check of replicated shards.
+                self._flusher_idle = True
+                if not ops:
+                    self._flush_wake.wait(idle_s)
+                self._flusher_idle = False
+                self._flush_wake.clear()
+                if not ops:
+                    if self._failover is not None:
+                        self._try_failover_check()
+                    continue
+            if self._stop_flusher.wait(wait):  # let a batch gather, as before
+                break
             try:
                 self.flush()
                 if self._failover is not None:
@@ -320,6 +392,12 @@ class RedisControlStore(ObserveReads):
                 wait = min(max(wait * 2, 0.1), 2.0)
                 log.warning("control-store flush failed (%d ops queued, retry in %.1f s): %s",
                             len(self._ops), wait, e)
+
+    def _try_failover_check(self) -> None:
+        try:
+            self._check_failover()
+        except ControlStoreError as e:
+            log.warning("control-store failover check failed: %s", e)
 
     def _check_failover(self) -> None:
         """Re-send recent writes to a shard whose primary changed while this process was
@@ -334,6 +412,7 @@ class RedisControlStore(ObserveReads):
         """Stop the flusher and listeners, send what is queued (best effort), disconnect."""
         if self._flusher is not None:
             self._stop_flusher.set()
+            self._flush_wake.set()
             self._flusher.join(5.0)
             self._flusher = None
         try:
@@ -579,16 +658,18 @@ class RedisControlStore(ObserveReads):
         threads = []
         try:
             for shard, chans in per_shard.items():
-                ps = self._clients[shard].pubsub(ignore_subscribe_messages=True)
+                client = self._clients[shard]
+                ps = client.pubsub(ignore_subscribe_messages=True)
+                wake = K.wake_channel(os.urandom(8).hex())
                 try:
                     with self._errors(shard, "SUBSCRIBE"):
-                        ps.subscribe(**{ch: handler for ch in chans})
+                        ps.subscribe(**{ch: handler for ch in chans}, **{wake: _ignore})
                 except BaseException:
                     ps.close()
                     raise
-                thread = ps.run_in_thread(sleep_time=0.2, daemon=True,
-                                          exception_handler=on_error)
+                thread = _Listener(client, ps, wake, on_error)
                 thread.name = f"dpool-control-pubsub-{shard}"
+                thread.start()
                 threads.append(thread)
         except BaseException:
             Subscription(threads).stop()

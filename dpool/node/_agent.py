@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dpool.node")
 
+_REFRESH_S = 1.0  # a load report unchanged this long is sent again anyway
+
 
 class ClusterAgent:
     def __init__(self, daemon: NodeDaemon, control: ClusterControlStore,
@@ -47,6 +49,9 @@ class ClusterAgent:
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
         self._bury_lock = threading.Lock()  # the agent thread and the notice listener
         self._notices: Optional[Subscription] = None
+        self._last_load: Optional[m.Load] = None  # the last report pushed, and when
+        self._last_push = 0.0
+        self._pushed_to: set[str] = set()
 
     def start(self) -> None:
         self._beat()
@@ -96,10 +101,20 @@ class ClusterAgent:
                                       for k, v in led.custom.items())
 
     def _push_load(self, load: dict) -> None:
+        """Send the load to the linked global schedulers: when it changed, to a scheduler
+        linked since the last push, and at least every ``_REFRESH_S`` (an idle node sent
+        the same report ten times a second to each: issue 21)."""
         msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
                      load["holds"], self._resources())
-        for address in self.linked_schedulers():
-            self._d.links.send(address, [msg])
+        now = time.monotonic()
+        linked = self.linked_schedulers()
+        fresh = msg == self._last_load and now - self._last_push < _REFRESH_S
+        for address in linked:
+            if not fresh or address not in self._pushed_to:
+                self._d.links.send(address, [msg])
+        if not fresh:
+            self._last_load, self._last_push = msg, now
+        self._pushed_to = set(linked)
 
     def _beat(self) -> None:
         d = self._d

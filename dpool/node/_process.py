@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -48,11 +49,29 @@ class DaemonProcess:
     def serving(self, what: str) -> None:
         self._report(f"READY {what}")
 
-    def run_until_stopped(self, poll_s: float = 0.5) -> None:
+    def run_until_stopped(self, poll_s: float = 5.0) -> None:
+        """Sleep until SIGTERM or SIGINT. The main thread waits on the signal wakeup fd,
+        which the C-level handler writes whichever thread the signal hits (a wait on a
+        lock would not be interrupted then), so it needs no polling (it woke twice a
+        second: issue 21); ``poll_s`` is a safety net."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        while not self._stop.wait(poll_s):
-            pass
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        try:
+            while not self._stop.is_set():
+                select.select([r], [], [], poll_s)  # the Python handler runs after it
+                try:
+                    while os.read(r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+        finally:
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
 
     def missing_token(self) -> Optional[int]:
         """The exit status if ``$DPOOL_TOKEN`` was not given, else None."""
