@@ -189,8 +189,8 @@ class GlobalScheduler:
         self.placed += 1
         return target, msg
 
-    def _on_tick(self) -> None:
-        pass
+    def _on_tick(self) -> bool:
+        return False  # nothing periodic: the IO loop sleeps until input (``_ioloop``)
 
     def _beat_loop(self) -> None:
         """Heartbeat, and learn which nodes are alive, off the IO thread: a slow shard

@@ -486,6 +486,11 @@ class Spiller:
                                           g.broken or "the pool was terminated")])
 
     # -- periodic ------------------------------------------------------------------------
+    def wants_tick(self) -> bool:
+        """Tasks parked or away (timeouts, retries): the scheduler's IO loop keeps
+        ticking while there are (``protocol._ioloop``), and while tasks are queued."""
+        return bool(self._parked or self.away)
+
     def tick_locked(self) -> None:
         now = time.monotonic()
         if self._parked:

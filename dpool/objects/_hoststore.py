@@ -106,6 +106,11 @@ class HostStore:
         """Frees, spills or pool expiry that readers' cached mappings should hear of."""
         return bool(self.forgotten) or self.pool.gave_back or self._prune
 
+    @property
+    def expiring(self) -> bool:
+        """Freed pages wait in the pool to expire (news to come: the scheduler looks)."""
+        return self.pool.pending
+
     def take_news(self) -> tuple[str, ...]:
         """The large segments freed or spilled since last asked (may be empty: then
         only the pool gave pages back), clearing the news."""

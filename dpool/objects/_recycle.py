@@ -70,6 +70,11 @@ class SegmentPool:
         self.gave_back = False  # pool segments were unlinked: readers may prune mappings
 
     @property
+    def pending(self) -> bool:
+        """Whether segments wait in the pool (to be claimed, or to expire)."""
+        return bool(self._entries)
+
+    @property
     def bytes(self) -> int:
         """Bytes retired and not yet expired (claimed ones count until they expire)."""
         with self._cond:

@@ -11,6 +11,14 @@ the result wakes the thread that wants it, not this one (which would then have t
 that one: a futex wake and a GIL hand-off; bench/NOTES.md has the figure). ``resume``
 gives the socket back. Every read of a socket, here or by a leader, holds its channel's
 ``read_lock`` until its frames are handled, so one peer's messages are handled in order.
+
+The tick: ``on_tick`` runs every ``_TICK_S`` while it has periodic work (it returns
+whether it still has: releases queued, tasks waiting for resources, spilled tasks away,
+writes to flush...), at the latest ``_TICK_S`` after any input. When it has none, the
+loop sleeps until woken -- input, a command, ``poke()`` -- or ``_IDLE_TICK_S`` passes (a
+safety net): an idle process costs next to nothing (issue 21: a node daemon that ticked
+20 times a second). Whoever queues tick work from another thread calls ``poke()``,
+which costs an attribute read while the loop ticks anyway (``idle`` is False).
 """
 
 from __future__ import annotations
@@ -28,13 +36,14 @@ from dpool.protocol import ChannelClosed
 log = logging.getLogger("dpool.scheduling")
 
 _TICK_S = 0.05
+_IDLE_TICK_S = 1.0  # the longest sleep of a loop whose tick has nothing to look at
 SPIN_S = 50e-6  # a leader polls without sleeping this long for a task expected to end by then
 LEAD_S = 0.01  # a thread reads a socket itself this long at most (lead)
 
 
 class IOLoop:
     def __init__(self, on_frames: Callable[[Any, list], None],
-                 on_closed: Callable[[Any], None], on_tick: Callable[[], None]) -> None:
+                 on_closed: Callable[[Any], None], on_tick: Callable[[], object]) -> None:
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -53,6 +62,10 @@ class IOLoop:
         self._led: set[int] = set()
         self._mask_lock = threading.Lock()
         self._stop = False
+        # True while the tick has nothing to look at (the loop may sleep ``_IDLE_TICK_S``)
+        self.idle = False
+        self.inputs = 0  # reads of a peer's input (or its close): a hint that state changed
+        self.on_input: Optional[Callable[[], None]] = None  # called after rounds that read
         self._thread = threading.Thread(target=self._run, name="dpool-scheduler-io",
                                         daemon=True)
         self._thread.start()
@@ -69,6 +82,13 @@ class IOLoop:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
             pass  # a wake-up is already pending (or we are closing)
+
+    def poke(self) -> None:
+        """There is work for the tick (queued from another thread): tick again within
+        ``_TICK_S`` even if the loop was idle. Any thread; no lock taken."""
+        if self.idle:
+            self.idle = False
+            self.wake()
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the IO thread (errors are logged)."""
@@ -223,11 +243,13 @@ class IOLoop:
 
     def _run(self) -> None:
         last_tick = time.monotonic()
+        timeout = _TICK_S
         while not self._stop:
             try:
-                events = self._sel.select(_TICK_S)
+                events = self._sel.select(timeout)
             except OSError:  # pragma: no cover - interrupted during interpreter shutdown
                 break
+            inputs = self.inputs
             for key, mask in events:
                 handle = key.data
                 if handle is None:
@@ -242,6 +264,7 @@ class IOLoop:
                     # read first: results already sent by a worker whose socket then
                     # broke are still delivered before the EPIPE of a flush closes it
                     if mask & selectors.EVENT_READ:
+                        self.inputs += 1
                         chan = handle.chan
                         with chan.read_lock:  # a leader may be reading it (suspend)
                             frames = chan.recv_ready()
@@ -255,13 +278,25 @@ class IOLoop:
                 except Exception:  # noqa: BLE001 - one bad peer must not kill the loop
                     log.exception("dpool scheduler: error handling worker %s", handle.worker_id)
                     self._closed(handle)
-            now = time.monotonic()
-            if not events or now - last_tick >= _TICK_S:
-                last_tick = now
+            if self.inputs != inputs and self.on_input is not None:
                 try:
-                    self._on_tick()
+                    self.on_input()
+                except Exception:  # noqa: BLE001 - the loop must outlive it
+                    log.exception("dpool scheduler: an input hook failed")
+            now = time.monotonic()
+            ticked = not events or now - last_tick >= _TICK_S
+            if ticked:
+                last_tick = now
+                self.idle = True  # from here on, a poke() wakes the loop
+                try:
+                    if self._on_tick():
+                        self.idle = False  # more to look at: tick again soon
                 except Exception:  # noqa: BLE001
+                    self.idle = False
                     log.exception("dpool scheduler: periodic work failed")
+            # after input that no tick has followed yet, one does within _TICK_S: it
+            # looks at what the input left (and says whether the loop may go idle)
+            timeout = _TICK_S if not self.idle or (events and not ticked) else _IDLE_TICK_S
         self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)

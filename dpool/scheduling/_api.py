@@ -81,6 +81,11 @@ class SpillService(Protocol):
         """Periodic work (the IO thread's tick)."""
         ...
 
+    def wants_tick(self) -> bool:
+        """Whether ``tick_locked`` has work now beyond the queued tasks it looks at (any
+        thread, no lock: a hint)."""
+        ...
+
 
 @runtime_checkable
 class LeaseService(Protocol):

@@ -66,6 +66,8 @@ class ObjectTable(SchedulerCore):
     def release(self, object_id: int) -> None:
         """Drop one handle's reference. Safe from ``__del__`` in any thread (no lock)."""
         self._releases.append(object_id)
+        if self.io.idle:  # the tick drains them: it must run (``protocol._ioloop``)
+            self.io.poke()
 
     # -- entries (lock held) -------------------------------------------------------------
     def object_locked(self, oid: int) -> Optional[Obj]:

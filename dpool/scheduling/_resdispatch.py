@@ -90,6 +90,7 @@ class ResourceDispatch(SchedulerCore):
         if waiting is None:
             waiting = g.rq[t.req] = deque()
         waiting.append(t)
+        self.io.poke()  # the tick looks at tasks waiting for resources
         self._dispatch_res_locked(g)
 
     def _impossible_locked(self, g: Group, r: Request) -> Optional[str]:
@@ -299,6 +300,7 @@ class ResourceDispatch(SchedulerCore):
         for g in self._groups.values():
             if (g.rq or (g.queue and g.n_fenced)) and g not in refill:
                 refill.append(g)
+        self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 
     def _on_blocked_res_locked(self, w: WorkerHandle) -> None:
         w.group.extra -= w.rcpus  # its CPUs are given back while it waits; GPUs are not

@@ -247,6 +247,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
             for g in self._groups.values():
                 if g.rq:
                     self._refill.append(g)
+            self.io.poke()
 
     def cancel_queued(self, group: Group) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
@@ -276,7 +277,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         """``close_group`` from a finalizer: no lock taken here (GC may run while this
         thread holds it); the IO thread closes the group within a tick."""
         self._closing.append(group)
-        self.io.wake()
+        self.io.poke()
 
     def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
         """No more submissions to ``group``; its workers stop once its work is done."""
@@ -395,6 +396,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         for g in self._groups.values():
             if g.queue and g not in refill:
                 refill.append(g)
+        self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 
     def set_function_locked(self, fn_id: int, payload: bytes) -> None:
         self._functions[fn_id] = payload
@@ -541,6 +543,8 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         """The completions gathered in this locked region."""
         if self.store.has_news:  # large segments freed or spilled in this region
             self._forget_mappings_locked()
+        if self.io.idle and self._tick_wanted():  # (one attribute read while it ticks)
+            self.io.poke()
         out = self._out
         if out:
             self._out = []
@@ -575,7 +579,9 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
             except Exception:  # InvalidStateError: cancelled meanwhile
                 pass
 
-    def _on_tick(self) -> None:
+    def _on_tick(self) -> bool:
+        """The IO loop's periodic work; returns whether there is more for the next tick
+        (else the loop sleeps until something wakes it: ``_ioloop``)."""
         while self._closing:
             self.close_group(self._closing.popleft())
         if self._refill or self._res_waiting:
@@ -597,6 +603,17 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                 out = self.take_out_locked()
             self.deliver(out)
         self.control.flush()
+        return self._tick_wanted()
+
+    def _tick_wanted(self) -> bool:
+        """Whether the tick has something to look at (read without the lock: a hint; a
+        region that leaves such work while the loop is idle pokes it, ``take_out_locked``)."""
+        spiller = self._spiller
+        return bool(self._closing or self._refill or self._releases or self._res_waiting
+                    or self.store.has_news or self.store.expiring or self.control.backlog()
+                    or (spiller is not None and (  # queued tasks: to spill, maybe
+                        spiller.wants_tick()
+                        or any(g.queue for g in list(self._groups.values())))))
 
 
 _now = time.time
