@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         NodeLostError,
         ObjectLostError,
         ObjectStoreFullError,
+        PlacementError,
         ProtocolError,
         ResourceError,
         SerializationError,
@@ -44,15 +45,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         LocalQueue,
         NodeAffinity,
         NodeLoad,
-        PlacementError,
         PlacementPolicy,
     )
 
 _LAZY = {
     **dict.fromkeys(
         ("AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",
-         "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "ProtocolError",
-         "ResourceError", "SerializationError", "TimeoutError", "WorkerCrashedError"),
+         "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "PlacementError",
+         "ProtocolError", "ResourceError", "SerializationError", "TimeoutError",
+         "WorkerCrashedError"),
         "dpool.errors"),
     **dict.fromkeys(("Executor", "ProcessPoolExecutor", "ResourceOptions", "get_executor"),
                     "dpool.executor"),
@@ -63,7 +64,7 @@ _LAZY = {
     "node_id": "dpool.runtime._current",
     "register_joblib": "dpool.integrations",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
-                     "PlacementError", "PlacementPolicy"), "dpool.scheduling._placement_policy"),
+                     "PlacementPolicy"), "dpool.scheduling._placement_policy"),
     **dict.fromkeys(("progress", "timeline"), "dpool.observe"),
 }
 

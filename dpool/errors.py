@@ -21,6 +21,7 @@ __all__ = [
     "DeserializationError",
     "ProtocolError",
     "ResourceError",
+    "PlacementError",
     "AuthenticationError",
     "ControlStoreError",
     "NodeLostError",
@@ -165,4 +166,16 @@ class ResourceError(Error, ValueError):
     The message says what was asked and what is offered. (A request that is merely busy
     waits; bad values -- a negative amount, 1.5 GPUs -- raise ``ValueError``/``TypeError``
     at the call that made them.)
+    """
+
+
+class PlacementError(ResourceError):
+    """A task, or a placement group, can never be placed as it asks: a hard
+    ``NodeAffinity`` to a node that is not in the cluster (or died, or is not this host
+    on the embedded runtime), a bundle of a placement group that was removed or whose
+    node died, a ``strict_spread`` group with more bundles than nodes.
+
+    Raised by that task's ``result()`` (or the group's ``ready()``), with what was asked
+    and what the cluster has. A placement that is only busy waits instead. It is a
+    ``ResourceError``, so code that handles impossible requests handles it too.
     """

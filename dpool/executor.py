@@ -108,6 +108,13 @@ class ProcessPoolExecutor(_cf.Executor):
       ``$DPOOL_RESOURCES``, else detected). Declaring GPUs the host lacks makes *fake*
       ones: tasks get ids and ``CUDA_VISIBLE_DEVICES`` as with real ones. The last value
       given applies; ignored in cluster mode (each node says what it has).
+    - ``scheduling``: where every task of this executor runs in a cluster: ``"default"``
+      (the cluster's placement policy), ``"spread"`` (round-robin over the nodes that
+      fit) or ``dpool.NodeAffinity(node, soft=...)``; ``options(scheduling=...)``
+      overrides it per call. On the embedded runtime (one host) there is nothing to
+      place: a hard affinity to another node fails with ``dpool.PlacementError``. A
+      task with a strategy runs alone on a worker, like one with a resource request.
+      See README, "Placement policies".
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class ProcessPoolExecutor(_cf.Executor):
         working_dir: Optional[str] = None,
         resources: Optional[Mapping[str, float]] = None,
         runtime_resources: Optional[Mapping[str, float]] = None,
+        scheduling: Any = None,
     ) -> None:
         if max_workers is None:
             max_workers = _current.cluster_cpus()
@@ -151,6 +159,8 @@ class ProcessPoolExecutor(_cf.Executor):
                 f"object_store_memory must be a positive number of bytes, got "
                 f"{object_store_memory!r}")
         self._spec = _resources.spec(resources=resources) if resources is not None else None
+        if scheduling is not None:
+            self._spec = _resources.with_strategy(self._spec, scheduling)
         self._req = _resources.build(self._spec)
         offer = None
         if runtime_resources is not None:
@@ -274,14 +284,17 @@ class ProcessPoolExecutor(_cf.Executor):
 
     def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
                 memory: Optional[int] = None,
-                resources: Optional[Mapping[str, float]] = None) -> "ResourceOptions":
+                resources: Optional[Mapping[str, float]] = None,
+                scheduling: Any = None) -> "ResourceOptions":
         """A view of this executor whose ``submit`` and ``map`` ask for these resources
         (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
-        ones, ``{"TPU": 1}``). What is not given comes from the function's
-        ``@dpool.resources``, then from the executor's ``resources=``. The view shares
-        the executor: its workers, its ``max_workers`` (the CPU budget) and its
-        shutdown."""
-        return ResourceOptions(self, _resources.spec(num_cpus, num_gpus, memory, resources))
+        ones, ``{"TPU": 1}``) and this placement (``scheduling="spread"``,
+        ``dpool.NodeAffinity(node, soft=...)``, ``"default"``). What is not given comes
+        from the function's ``@dpool.resources``, then from the executor's
+        ``resources=``/``scheduling=``. The view shares the executor: its workers, its
+        ``max_workers`` (the CPU budget) and its shutdown."""
+        return ResourceOptions(self, _options_spec(num_cpus, num_gpus, memory, resources,
+                                                   scheduling))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
@@ -370,9 +383,16 @@ class ProcessPoolExecutor(_cf.Executor):
             self._driver.terminate_group(self._group, reason)
 
 
+def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
+                  scheduling: Any) -> dict:
+    s = _resources.spec(num_cpus, num_gpus, memory, resources)
+    return s if scheduling is None else _resources.with_strategy(s, scheduling)
+
+
 class ResourceOptions:
     """``executor.options(...)``: the executor's ``submit`` and ``map`` with a resource
-    request (see ``ProcessPoolExecutor.options``). Chain ``options()`` to refine it."""
+    request and placement strategy (see ``ProcessPoolExecutor.options``). Chain
+    ``options()`` to refine it."""
 
     __slots__ = ("_executor", "_spec")
 
@@ -393,9 +413,10 @@ class ResourceOptions:
 
     def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
                 memory: Optional[int] = None,
-                resources: Optional[Mapping[str, float]] = None) -> "ResourceOptions":
-        return ResourceOptions(self._executor, {**self._spec, **_resources.spec(
-            num_cpus, num_gpus, memory, resources)})
+                resources: Optional[Mapping[str, float]] = None,
+                scheduling: Any = None) -> "ResourceOptions":
+        return ResourceOptions(self._executor, {**self._spec, **_options_spec(
+            num_cpus, num_gpus, memory, resources, scheduling)})
 
     def __repr__(self) -> str:
         return f"<ResourceOptions {_resources.build(self._spec) or '{CPU: 1}'} of " \

@@ -187,6 +187,8 @@ class GlobalScheduler:
             return origin, m.SpillRejected(
                 msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1
+        if best is not None and best.address == msg.origin:  # (a strategy chose its origin)
+            return origin, m.RunHere(msg.task_id)
         return target, msg
 
     def _on_tick(self) -> bool:

@@ -61,10 +61,13 @@ from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
 from dpool.scheduling import Group, SchedulerAPI, Task, _resources
 from dpool.scheduling._placement_policy import (
+    HERE,
+    SPREAD,
     LeastWait,
     LocalQueue,
     PlacementError,
     PlacementPolicy,
+    strategy_from_wire,
 )
 from dpool.scheduling._placement_policy import load as load_policy
 from dpool.transfer import _pull
@@ -145,6 +148,7 @@ class Spiller:
         self._parked: list = []  # (when to offer again, group, task): resources unmet
         scheduler.register_handler(m.SpillRejected.CODE, self._on_rejected_locked)
         scheduler.register_handler(m.PlacementFailed.CODE, self._on_failed_locked)
+        scheduler.register_handler(m.RunHere.CODE, self._on_run_here_locked)
         scheduler.register_handler(m.Accepted.CODE, self._on_accepted_locked)
         scheduler.register_handler(m.TaskResult.CODE, self._on_result_locked)
         scheduler.attach_services(spiller=self)
@@ -278,6 +282,16 @@ class Spiller:
             self._paused_until = time.monotonic() + _BACKOFF_S
             self._home_locked(t, charge=False)
 
+    def _on_run_here_locked(self, h: Any, msg: m.RunHere) -> None:
+        """The global scheduler placed this task on its origin (this node): it runs
+        here, never spilled again (its strategy is marked ``HERE``)."""
+        t = self._take_locked(msg.task_id)
+        if t is not None:
+            self._unmet.pop(t.task_id, None)
+            if t.req is not None:
+                t.req = t.req._replace(strategy=HERE)
+            self._home_locked(t, charge=False)
+
     def _on_failed_locked(self, h: Any, msg: m.PlacementFailed) -> None:
         """The task can never be placed as it asks: it fails with ``PlacementError``."""
         t = self._take_locked(msg.task_id)
@@ -293,16 +307,28 @@ class Spiller:
         if self._mirror(g):
             return False
         now = time.monotonic()
+        gss = self._schedulers()
+        strategy = strategy_from_wire(t.req.strategy) if t.req.strategy else None
+        if strategy is not None and not gss and t.task_id not in self._unmet and (
+                strategy == SPREAD or strategy.soft):
+            return False  # nobody to ask where: a soft strategy runs here (the caller)
         unmet = self._unmet.get(t.task_id)
         if unmet is None:
             unmet = self._unmet[t.task_id] = [now, reason]
         if now - unmet[0] >= self.grace_s:
             del self._unmet[t.task_id]
-            self._s.fail_unmet_locked(t, f"{unmet[1]}; no node of the cluster offered it "
-                                         f"within {self.grace_s:g} s "
-                                         "(DPOOL_RESOURCE_GRACE_S)")
+            why = (f"{unmet[1]}; no node of the cluster offered it within "
+                   f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S)")
+            if strategy is not None:
+                if t.future is not None and not t.started:
+                    if not t.future.set_running_or_notify_cancel():
+                        self._s.skip_cancelled_locked(t)
+                        return True
+                    t.started = True
+                self._s.finish_locked(t, False, _payload.dumps_error(PlacementError(why)))
+            else:
+                self._s.fail_unmet_locked(t, why)
             return True
-        gss = self._schedulers()
         if not gss or self._keep_local(g):  # (its code is not published for others yet)
             if not gss:
                 unmet[1] = f"{reason} (and no global scheduler is linked to place it)"

@@ -514,6 +514,15 @@ class PlacementFailed:
     reason: str
 
 
+@record(slots=True)
+class RunHere:
+    """G->N the placement strategy this spilled task asked for chose its origin (e.g.
+    ``"spread"``'s turn came to it): the origin takes it back and runs it there."""
+
+    CODE: ClassVar[int] = 101
+    task_id: int
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -562,4 +571,5 @@ ALL_MESSAGES = (
     LeasedTask,
     LeasedLost,
     PlacementFailed,
+    RunHere,
 )

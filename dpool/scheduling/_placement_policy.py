@@ -36,20 +36,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
-from dpool.errors import ResourceError
+from dpool.errors import PlacementError
 
 __all__ = [
-    "DEFAULT_BANDWIDTH", "Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
+    "DEFAULT_BANDWIDTH", "HERE", "Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
     "PlacementError", "PlacementPolicy", "Spread", "load", "missing_bytes",
     "strategy_from_wire", "strategy_to_wire", "validate_strategy",
 ]
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until transfers are measured
-
-
-class PlacementError(ResourceError):
-    """A task can never be placed as it asks (e.g. a hard ``NodeAffinity`` to a node that
-    is not in the cluster, or died)."""
 
 
 @dataclass
@@ -126,6 +121,10 @@ class NodeAffinity:
 
 SPREAD = "spread"
 DEFAULT = "default"
+# Wire form of "placed: run on this node, never spill it" (a task whose strategy was
+# honoured -- a global scheduler chose its origin, or it names its own node). Only a
+# node sets it, on its own tasks; it never travels.
+HERE: tuple = ("here",)
 
 
 def validate_strategy(value: Any) -> Any:
@@ -151,7 +150,7 @@ def strategy_to_wire(s: Any) -> Optional[tuple]:
 
 
 def strategy_from_wire(t: Any) -> Any:
-    if not t:
+    if not t or t[0] == HERE[0]:
         return None
     if t[0] == SPREAD:
         return SPREAD

@@ -31,14 +31,16 @@ Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from typing import Optional
 
-from dpool.errors import ResourceError
+from dpool.errors import PlacementError, ResourceError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._placement_policy import HERE, NodeAffinity, strategy_from_wire
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger, Request
 
@@ -76,6 +78,9 @@ class ResourceDispatch(SchedulerCore):
     # -- entering ------------------------------------------------------------------------
     def _route_res_locked(self, g: Group, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
+        if t.req.strategy is not None and t.req.strategy != HERE and \
+                self._place_strategy_locked(g, t):
+            return
         try:
             reason = self._impossible_locked(g, t.req)
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed DPOOL_NUM_GPUS
@@ -92,6 +97,42 @@ class ResourceDispatch(SchedulerCore):
         waiting.append(t)
         self.io.poke()  # the tick looks at tasks waiting for resources
         self._dispatch_res_locked(g)
+
+    def _place_strategy_locked(self, g: Group, t: Task) -> bool:
+        """``t`` asks where to run (``scheduling=``): True if it went to a global
+        scheduler (or failed); False: it runs here (its strategy is marked ``HERE``).
+
+        A node hands it to its spiller at once, which sends it to a global scheduler
+        (``unmet_locked``; False there means run it here: it is a task another node
+        placed here, or a soft strategy with no global scheduler to ask). The embedded
+        runtime is one host: every strategy means run here, but a hard ``NodeAffinity``
+        to another node can never be met (``PlacementError``)."""
+        s = strategy_from_wire(t.req.strategy)
+        here = os.environ.get("DPOOL_NODE_ID") or "local"  # (a node sets it: its address)
+        if isinstance(s, NodeAffinity) and s.node == here:
+            t.req = t.req._replace(strategy=HERE)
+            return False
+        sp = self._spiller
+        if sp is not None:
+            if sp.unmet_locked(g, t, f"the task asks to be placed ({_strategy_text(s)})"):
+                return True
+        elif isinstance(s, NodeAffinity) and not s.soft:
+            self.fail_placement_locked(t, PlacementError(
+                f"the task must run on node {s.node!r} (NodeAffinity, soft=False), but "
+                f"this is the embedded runtime: its only node is this host, "
+                f"{here!r} (set DPOOL_ADDRESS to run on a cluster)"))
+            return True
+        t.req = t.req._replace(strategy=HERE)
+        return False
+
+    def fail_placement_locked(self, t: Task, err: Exception) -> None:
+        """``t`` can never be placed as it asks: its future fails with ``err``."""
+        if t.future is not None and not t.started:
+            if not t.future.set_running_or_notify_cancel():
+                self.skip_cancelled_locked(t)
+                return
+            t.started = True
+        self.finish_locked(t, False, _payload.dumps_error(err))
 
     def _impossible_locked(self, g: Group, r: Request) -> Optional[str]:
         """Why ``r`` can never run here (None: it can, once enough is released)."""
@@ -118,12 +159,7 @@ class ResourceDispatch(SchedulerCore):
         return _describe(self.resources_locked().offer(cpus))
 
     def fail_unmet_locked(self, t: Task, reason: str) -> None:
-        if t.future is not None and not t.started:
-            if not t.future.set_running_or_notify_cancel():
-                self.skip_cancelled_locked(t)
-                return
-            t.started = True
-        self.finish_locked(t, False, _payload.dumps_error(ResourceError(reason)))
+        self.fail_placement_locked(t, ResourceError(reason))
 
     # -- starting ------------------------------------------------------------------------
     def _dispatch_res_locked(self, g: Group) -> None:
@@ -334,3 +370,6 @@ class ResourceDispatch(SchedulerCore):
             if g.queue or g.rq:
                 self._dispatch_locked(g)
 
+
+def _strategy_text(s: object) -> str:
+    return f"scheduling={s!r}"

@@ -34,6 +34,10 @@ class Request(NamedTuple):
     gpus: float = 0.0
     memory: int = 0
     custom: tuple = ()  # ((name, amount), ...) sorted by name, amounts > 0
+    # where it asks to run, in wire form (``_placement_policy.strategy_to_wire``): None
+    # for the default rule. A task that asks only for a strategy is a request too, so
+    # the ordinary dispatch path never looks at strategies.
+    strategy: Optional[tuple] = None
 
     def as_dict(self) -> dict:
         """``{"CPU": .., "GPU": .., "memory": .., name: ..}`` without zero entries but CPU."""
@@ -104,7 +108,23 @@ def spec(num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
     return out
 
 
-def build(*specs: Optional[Mapping[str, Any]]) -> Optional[Request]:
+# A spec's entry for the strategy (``scheduling=``): not a str, so no resource name
+# a user gives (``spec`` accepts only str names) can collide with it.
+STRATEGY = ("scheduling",)
+
+
+def with_strategy(s: Optional[Mapping[str, Any]], scheduling: Any) -> dict:
+    """Spec ``s`` asking for the placement strategy ``scheduling`` (``"default"``,
+    ``"spread"``, a ``NodeAffinity``), validated: ``ValueError``/``TypeError`` saying
+    what is accepted. ``"default"`` is kept, so that it overrides an executor's."""
+    from dpool.scheduling._placement_policy import strategy_to_wire, validate_strategy
+
+    out: dict = dict(s or {})
+    out[STRATEGY] = strategy_to_wire(validate_strategy(scheduling))
+    return out
+
+
+def build(*specs: Optional[Mapping[Any, Any]]) -> Optional[Request]:
     """The request of validated partial specs merged left to right (later ones win per
     resource); ``None`` when that is the default (one CPU, nothing else)."""
     merged: dict = {}
@@ -113,21 +133,31 @@ def build(*specs: Optional[Mapping[str, Any]]) -> Optional[Request]:
             merged.update(s)
     if not merged:
         return None
+    strategy = merged.pop(STRATEGY, None)
     cpus = merged.pop("CPU", 1)
     gpus = float(merged.pop("GPU", 0.0))
     memory = merged.pop("memory", 0)
     custom = tuple(sorted((k, float(v)) for k, v in merged.items() if v))
-    if cpus == 1 and not gpus and not memory and not custom:
+    if cpus == 1 and not gpus and not memory and not custom and strategy is None:
         return None
-    return Request(cpus, gpus, memory, custom)
+    return Request(cpus, gpus, memory, custom, strategy)
 
 
 def from_wire(t: Optional[tuple]) -> Optional[Request]:
-    return None if t is None else Request(t[0], t[1], t[2], tuple(tuple(x) for x in t[3]))
+    if t is None:
+        return None
+    custom = tuple(tuple(x) for x in t[3])
+    if len(t) > 4 and t[4] is not None:  # a strategy (protocol 6 nodes send 4 fields)
+        return Request(t[0], t[1], t[2], custom, tuple(t[4]))
+    return Request(t[0], t[1], t[2], custom)
 
 
 def to_wire(r: Optional[Request]) -> Optional[tuple]:
-    return None if r is None else (r.cpus, r.gpus, r.memory, r.custom)
+    if r is None:
+        return None
+    if r.strategy is None:
+        return (r.cpus, r.gpus, r.memory, r.custom)
+    return (r.cpus, r.gpus, r.memory, r.custom, r.strategy)
 
 
 # -- functions that declare their needs (``@dpool.resources``) -----------------------------
