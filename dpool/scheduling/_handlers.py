@@ -75,6 +75,15 @@ class WorkerMessages(SchedulerCore):
             # send() each: a large share of the IO thread's time in a burst of no-ops,
             # bench/NOTES.md).
             self._refill.append(g)
+        elif not w.inflight and self.cpu_limit is not None:
+            # Its CPU came free and its own group wants nothing: on a node every group
+            # shares the CPUs (``cpu_limit``), so another group's tasks that came while
+            # they were all busy wait for this one (else they waited for good: a node's
+            # mirror group idle, a driver's group queued behind it)
+            refill = self._refill
+            for other in self._groups.values():
+                if other.queue and other not in refill:
+                    refill.append(other)
 
     def _adopt_result_locked(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
         """A task's outcome as the object table keeps it: a value a worker wrote into
