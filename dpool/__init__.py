@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     from dpool.pool import Pool, cpu_count
     from dpool.runtime._api import get, put, wait
     from dpool.runtime._current import node_id
+    from dpool.runtime._rebuild import no_rebuild
     from dpool.scheduling._placement_policy import (
         Demand,
         LeastWait,
@@ -62,6 +63,7 @@ _LAZY = {
     **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
     "node_id": "dpool.runtime._current",
+    "no_rebuild": "dpool.runtime._rebuild",
     "register_joblib": "dpool.integrations",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
                      "PlacementPolicy"), "dpool.scheduling._placement_policy"),
@@ -106,6 +108,7 @@ __all__ = [
     "get",
     "put",
     "register_joblib",
+    "no_rebuild",
     "NodeAffinity",
     "PlacementPolicy",
     "LeastWait",

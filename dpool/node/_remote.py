@@ -17,8 +17,13 @@ once no task here has them pinned; ``copy_ttl_s`` unused frees them too (a holde
 went away without saying so).
 
 Mirror groups never spill again (the global scheduler already chose this node) and are
-retired when idle for ``idle_retire_s``. A worker dying under a remote task retries it
-here, as for any task, up to the group's ``max_attempts``.
+retired when idle for ``idle_retire_s``. Tasks that came while another group held every
+CPU wait in their mirror's queue until a CPU comes free (a task that ends offers its CPU
+to every group's queue: ``scheduling._handlers``); each tick also offers idle CPUs to
+every group with queued tasks, a safety net for CPUs freed otherwise (seen stuck for good
+after a node died, before that: its mirror's workers idle, the new origin's tasks queued
+behind them). A worker dying under a remote task retries it here, as for any task, up to
+the group's ``max_attempts``.
 
 Handlers and ``tick_locked`` run with the scheduler's lock held; fetching a driver's
 code or another node's input runs on a thread of its own, which takes the lock to run
@@ -400,3 +405,8 @@ class RemoteRunner:
                 del self._groups[key]
                 self._forget_locked(g)
                 self._s.close_group_locked(g)  # (idle: its workers stop now)
+        s = self._s
+        limit = s.cpu_limit
+        if (limit is None or s.busy_cpus_locked() < limit) \
+                and any(g.queue for g in self._groups.values()):
+            s.cpu_freed_locked()  # (dispatched on the IO thread's next tick)

@@ -15,8 +15,15 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
   (``dpool.worker._client``) share: ids, gets by message, the release queue.
 - ``_lease``: a cluster driver's leased workers (tasks straight to a lent worker).
 - ``_tcp_objects``: a cluster driver's large values over TCP (no shared store).
+- ``_move``: a TCP driver whose node dies moves to a live node and resubmits its
+  unfinished tasks from its own records; ``_rebuild``: ``no_rebuild``, the per-function
+  opt-out of running a task again after its node was lost.
 - ``_address``: where the cluster is (``DPOOL_ADDRESS``, this host's record).
 - ``_calls``, ``_functions``, ``_argcache``: turning a ``submit`` into what the scheduler
   takes: the argument payload and dependencies, function ids, large arguments stored
   once.
 """
+
+from dpool.runtime._rebuild import no_rebuild
+
+__all__ = ["no_rebuild"]

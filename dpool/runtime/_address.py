@@ -93,12 +93,15 @@ def remove_record() -> None:
 
 @dataclass(frozen=True)
 class Target:
-    """Where a driver connects: the node's TCP address, and its unix socket if local."""
+    """Where a driver connects: the node's TCP address, and its unix socket if local;
+    ``alternates``: the other nodes ``DPOOL_ADDRESS`` listed (``HOST:PORT,HOST:PORT``),
+    where a driver over TCP moves first when its node dies (``_move``)."""
 
     host: str
     port: int
     token: bytes
     unix_path: Optional[str] = None
+    alternates: tuple = ()
 
     @property
     def address(self) -> str:
@@ -109,9 +112,13 @@ def resolve(address: str, token: Optional[str] = None) -> Target:
     """The node a driver attaches to for ``address`` (``DPOOL_ADDRESS``'s value).
 
     The token comes from ``token``, else ``$DPOOL_TOKEN``, else this host's record when
-    it describes the same cluster.
+    it describes the same cluster. ``address`` may list several nodes, comma-separated:
+    the driver attaches to the first; the others are where it moves if that one dies.
     """
     record = read_record()
+    first, *others = [a.strip() for a in address.split(",")] if "," in address else [address]
+    alternates = tuple(f"{h}:{p}" for h, p in map(parse_hostport, others))
+    address = first
     if address.strip().lower() == "auto":
         if record is None:
             raise Error(
@@ -130,7 +137,7 @@ def resolve(address: str, token: Optional[str] = None) -> Target:
                     "token `dpool start --head` printed")
     if unix_path and not os.path.exists(unix_path):
         unix_path = None
-    return Target(host, port, tok.encode(), unix_path)
+    return Target(host, port, tok.encode(), unix_path, alternates)
 
 
 def _same_cluster(record: dict[str, Any], host: str, port: int) -> bool:

@@ -9,6 +9,10 @@ gets, releases) is in ``_channel_client``. It connects over the node's unix sock
 when the node is on this host (``dpool start``'s record says so), else over TCP; both
 start with the token handshake.
 
+A driver over TCP whose node dies moves to a live node and resubmits its unfinished
+tasks from its own records (``_move``); a driver on its node's host does not (its node
+was its host's).
+
 On the node's host, large values go through the node's store, zero-copy both ways.
 Over TCP, small values go inline and large ones on transfer connections of their own
 (``_tcp_objects``): pushed into the node's store before the message that names them, and
@@ -37,9 +41,14 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from dpool.errors import DeserializationError, Error, NodeLostError, SerializationError
+from dpool.errors import (
+    DeserializationError,
+    Error,
+    NodeLostError,
+    SerializationError,
+)
 from dpool.futures import Future, ObjectRef
-from dpool.objects import _mapping, _payload
+from dpool.objects import _mapping, _payload, _values
 from dpool.protocol import (
     PROTOCOL_VERSION,
     Channel,
@@ -54,6 +63,7 @@ from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._channel_client import ChannelClient
 from dpool.runtime._lease import DriverLeases
+from dpool.runtime._move import Mover, TaskRecord
 from dpool.runtime._tcp_objects import TcpValues
 from dpool.transfer import _pull
 
@@ -68,12 +78,16 @@ class RemoteGroup:
 
     __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
                  "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed",
-                 "lease_recalled")
+                 "lease_recalled", "max_attempts", "create", "closing")
 
-    def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int]) -> None:
+    def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int],
+                 max_attempts: int = 3) -> None:
         self.group_id = group_id
         self.max_workers = max_workers
         self.max_tasks = max_tasks
+        self.max_attempts = max_attempts
+        self.create: Any = None  # its CreateGroup (sent again after a move: ``_move``)
+        self.closing = ""  # the close op sent ("close", "close_notify"), if any
         self.broken: Optional[str] = None
         self.exited = threading.Event()
         self.cancelled = threading.Event()
@@ -156,9 +170,9 @@ class ClusterRuntime(ChannelClient):
             if self.store_owner and target.unix_path else None
         self._ending: deque = deque()  # groups whose lease ends (queued by finalizers)
         self._wake = threading.Event()
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name="dpool-cluster-reader")
-        self._reader.start()
+        # over TCP: the records to resubmit from when the node dies (``_move``)
+        self.mover: Optional[Mover] = None if self.store_owner else Mover(self, connect)
+        self._start_reader()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                          name="dpool-cluster-flusher")
         self._flusher.start()
@@ -166,8 +180,16 @@ class ClusterRuntime(ChannelClient):
         log.debug("attached to node %s (%d CPUs in the cluster)", self.node_id,
                   self.cluster_cpus)
 
+    def _start_reader(self) -> None:
+        self._reader = threading.Thread(target=self._read_loop, args=(self._chan,),
+                                        daemon=True, name="dpool-cluster-reader")
+        self._reader.start()
+
     # -- sending ---------------------------------------------------------------------------
-    def _send(self, msgs: list) -> None:
+    def _send(self, msgs: list, keep: Optional[tuple] = None) -> None:
+        """``keep``: (records, key, record) to note under the send lock (``_move``: a
+        move replays what was noted, so a message lost with the node is not lost)."""
+        chan = None
         try:
             # taken and sent under one lock: messages go out in the order they were
             # queued or sent, from any thread (a leased task's note before a task that
@@ -177,16 +199,24 @@ class ClusterRuntime(ChannelClient):
                     msgs = [*self._take_queued(), *msgs]
                 if self._lost is not None:
                     raise NodeLostError(self._lost)
-                self._chan.send(encode_batch(msgs))
+                if keep is not None:
+                    keep[0][keep[1]] = keep[2]
+                chan = self._chan
+                chan.send(encode_batch(msgs))
         except ChannelClosed as exc:
-            self._connection_lost(f"lost the connection to node {self.node_id}: {exc}")
+            if self._connection_lost(f"lost the connection to node {self.node_id}: {exc}",
+                                     chan):
+                return  # moved to a live node, which was told all of it again
             raise NodeLostError(self._lost or str(exc)) from exc
 
     def _take_queued(self) -> list:
         out = []
         while self._pending:
             out.append(self._pending.popleft())
-        return out + self.take_releases()
+        rel = self.take_releases()
+        if rel and self.mover is not None and self.mover.puts:
+            self.mover.forget(rel[0].object_ids)
+        return out + rel
 
     def _flush_loop(self) -> None:
         while not self._closed and self._lost is None:
@@ -194,6 +224,8 @@ class ClusterRuntime(ChannelClient):
             self._wake.clear()
             while self._ending:
                 self.leases.end(self._ending.popleft(), closed=True)  # type: ignore
+            if self.mover is not None:
+                self.mover.tick()
             if self._releases or self._pending:
                 try:
                     self._send([])
@@ -201,8 +233,8 @@ class ClusterRuntime(ChannelClient):
                     return
 
     def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
-        if self.leases is not None:
-            self._fn_payloads[fn_id] = payload  # for leased workers
+        if self.leases is not None or self.mover is not None:
+            self._fn_payloads[fn_id] = payload  # for leased workers, or a move
         super()._register_function(fn_id, name, payload)
 
     def function_payload(self, fn_id: int) -> bytes:
@@ -230,13 +262,16 @@ class ClusterRuntime(ChannelClient):
             if digest not in self._shipped:  # once per content
                 msgs.append(m.WorkingDir(digest, root, archive))
                 self._shipped.add(digest)
+                if self.mover is not None:
+                    self.mover.workdirs[digest] = root
         gid = self.new_id()
-        g = RemoteGroup(gid, cfg.max_workers, cfg.max_tasks)
+        g = RemoteGroup(gid, cfg.max_workers, cfg.max_tasks, cfg.max_attempts)
         self._groups[gid] = g
         self._executors.add(executor)
         method = cfg.mp_context.get_start_method() if cfg.mp_context is not None else ""
-        msgs.append(m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
-                                  cfg.max_tasks, cfg.max_attempts, workdir))
+        g.create = m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
+                                 cfg.max_tasks, cfg.max_attempts, workdir)
+        msgs.append(g.create)
         self._send(msgs)
         if self.leases is not None and not g.lease_closed:
             self.leases.request(g)
@@ -247,10 +282,12 @@ class ClusterRuntime(ChannelClient):
         group.lease_closed = True
         if group.lease is not None:
             self._ending.append(group)
+        group.closing = group.closing or "close"
         self.queue(m.GroupOp(group.group_id, "close", ""))
 
     def close_group(self, group: RemoteGroup) -> None:
         self._end_lease(group)
+        group.closing = group.closing or "close"
         self.send([m.GroupOp(group.group_id, "close", "")])
 
     def _end_lease(self, group: RemoteGroup) -> None:
@@ -269,6 +306,7 @@ class ClusterRuntime(ChannelClient):
         stdlib), or the connection to the node is lost."""
         if group.exited.is_set():
             return
+        group.closing = "close_notify"
         try:
             self.send([m.GroupOp(group.group_id, "close_notify", "")])
         except NodeLostError:
@@ -313,14 +351,12 @@ class ClusterRuntime(ChannelClient):
                 fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
             else:
                 fn_id = self.functions.fn_id(fn)
-                try:
-                    payload = self._tcp_values.dumps_call(args, kwargs)
-                except Exception as exc:
-                    if hasattr(exc, "add_note"):
-                        exc.add_note("dpool: this happened while pickling the task's "
-                                     "arguments")
-                    raise
                 deps = _calls.dependency_ids(args, kwargs)
+                if deps and self.mover is not None and self.mover.lost:
+                    lost = self.mover.lost_input(deps)
+                    if lost is not None:
+                        raise lost
+                payload = self._tcp_call(args, kwargs)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
@@ -332,9 +368,29 @@ class ClusterRuntime(ChannelClient):
             if group.lease is None and not self._futures:  # waits, one task at a time
                 leases.request(group)
         self._futures[oid] = fut
-        self._send([m.SubmitTask(oid, fn_id, payload, deps, group.group_id,
-                                 None if req is None else tuple(req))])
+        msg = m.SubmitTask(oid, fn_id, payload, deps, group.group_id,
+                           None if req is None else tuple(req))
+        if self.mover is None:
+            self._send([msg])
+        else:
+            self._send([msg], (self.mover.records, oid,
+                               TaskRecord(fut, group, fn, fn_id, args, kwargs, req)))
         return fut
+
+    def _tcp_call(self, args: tuple, kwargs: dict) -> Optional[bytes]:
+        """A call's arguments over TCP; a push that failed with the node is done again
+        on the node the driver moves to."""
+        while True:
+            gen = self.mover.generation if self.mover is not None else 0
+            try:
+                return self._tcp_values.dumps_call(args, kwargs)
+            except NodeLostError:
+                if self.mover is None or not self.mover.wait_moved(gen):
+                    raise
+            except Exception as exc:
+                if hasattr(exc, "add_note"):
+                    exc.add_note("dpool: this happened while pickling the task's arguments")
+                raise
 
     def resubmit(self, group: RemoteGroup, oid: int, fn_id: int, payload: Optional[bytes],
                  fut: Future) -> None:
@@ -361,13 +417,35 @@ class ClusterRuntime(ChannelClient):
         oid = self.new_id()
         if self.store_owner:
             payload = _payload.dumps_value(value, oid, self.store_owner)
-        else:
-            payload = self._tcp_values.dumps_value(value, oid)
-        self._send([m.PutObject(oid, payload)])
+            self._send([m.PutObject(oid, payload)])
+            return ObjectRef(oid, self)
+        while True:
+            gen = self.mover.generation if self.mover is not None else 0
+            try:
+                payload = self._tcp_values.dumps_value(value, oid)
+                break
+            except NodeLostError:  # the upload failed with the node: again on the next
+                if self.mover is None or not self.mover.wait_moved(gen):
+                    raise
+                oid = self.new_id()  # (a push names an id of the new node's prefix)
+        if self.mover is None:
+            self._send([m.PutObject(oid, payload)])
+        else:  # a small value is kept to put again after a move; a large one cannot be
+            kept = payload if _values.stored(payload) is None else None
+            self._send([m.PutObject(oid, payload)], (self.mover.puts, oid, kept))
         return ObjectRef(oid, self)
+
+    def future_for(self, ref: ObjectRef) -> Future:
+        if self.mover is not None and ref.id in self.mover.lost:
+            fut = Future()
+            fut.set_exception(self.mover.lost_error(ref.id))
+            return fut
+        return super().future_for(ref)
 
     def cancel_task(self, task_id: int) -> None:
         self._futures.pop(task_id, None)
+        if self.mover is not None:
+            self.mover.records.pop(task_id, None)
         self._pending.append(m.CancelTask((task_id,)))
         self._wake.set()
 
@@ -380,8 +458,7 @@ class ClusterRuntime(ChannelClient):
         self._send(msgs)
 
     # -- receiving -------------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        chan = self._chan
+    def _read_loop(self, chan: Channel) -> None:
         try:
             while True:
                 for frame in chan.recv_frames():
@@ -389,7 +466,8 @@ class ClusterRuntime(ChannelClient):
                         self._handle(msg)
         except (ChannelClosed, OSError) as exc:
             if not self._closed:
-                self._connection_lost(f"lost the connection to node {self.node_id}: {exc}")
+                self._connection_lost(f"lost the connection to node {self.node_id}: {exc}",
+                                      chan)
         except Exception:  # noqa: BLE001 - a protocol error ends this connection
             log.exception("dpool: bad message from node %s", self.node_id)
             self._connection_lost(f"node {self.node_id} sent a message this driver does "
@@ -405,6 +483,8 @@ class ClusterRuntime(ChannelClient):
                     ref = _pull.parse_remote(payload)  # large: pulled off this thread
                     self._tcp_values.fetch(fut, msg.object_id, ref)  # type: ignore[arg-type]
                 else:
+                    if self.mover is not None:
+                        self.mover.records.pop(msg.object_id, None)
                     self.complete(fut, msg.ok, payload)
         elif code == m.Output.CODE:
             self.print_output(msg)
@@ -435,6 +515,8 @@ class ClusterRuntime(ChannelClient):
             g = self._groups.get(msg.group_id)
             if g is not None:
                 g.cancelled.set()
+        elif code == m.StatusReply.CODE and self.mover is not None:  # the node table
+            self.mover.learn(msg.status)
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
 
@@ -482,7 +564,15 @@ class ClusterRuntime(ChannelClient):
         except (OSError, ValueError):
             pass  # the driver's stream is closed
 
-    def _connection_lost(self, reason: str) -> None:
+    def _connection_lost(self, reason: str, chan: Optional[Channel] = None) -> bool:
+        """The connection ``chan`` broke: move to a live node (True), or fail every
+        unfinished future with ``NodeLostError``."""
+        if self.mover is not None and chan is not None and not self._closed:
+            return self.mover.move(reason, chan)
+        self._fail_all(reason)
+        return False
+
+    def _fail_all(self, reason: str) -> None:
         if self._lost is not None:
             return
         self._lost = reason

@@ -27,6 +27,10 @@ object, and the fetch thread holds the future until it is set: the value is ther
 pull. It may have been spilled to the node's disk meanwhile (the store was full); the
 node does not keep a spilled segment in ``/dev/shm``, so the driver asks for the value
 again (``GetObjects``), and the node brings it back and sends a fresh reference.
+
+A pull is made from the node that sent the reference, also after the driver moved to
+another node (``_move``); one that fails because that node died leaves the result to
+the task run again on the new node (``Mover.lost_result``).
 """
 
 from __future__ import annotations
@@ -82,8 +86,10 @@ class TcpValues:
     # -- from the node ---------------------------------------------------------------------
     def fetch(self, fut: Future, object_id: int, ref: tuple) -> None:
         """Complete ``fut`` with the stored value ``ref`` names (reader thread)."""
+        mover = self._rt.mover
+        gen = mover.generation if mover is not None else 0
         with self._cv:
-            self._jobs.append((fut, object_id, ref))
+            self._jobs.append((fut, object_id, ref, self._rt.target, gen))
             if self._waiting:
                 self._cv.notify()
                 return
@@ -102,17 +108,17 @@ class TcpValues:
                     if not self._jobs:
                         self._threads -= 1
                         return
-                fut, oid, ref = self._jobs.popleft()
+                fut, oid, ref, target, gen = self._jobs.popleft()
             try:
-                self._pull(fut, oid, ref)
+                self._pull(fut, oid, ref, target, gen)
             except Exception:  # noqa: BLE001 - this thread serves the next ones
                 log.exception("dpool: pulling result %#x failed", oid)
             del fut  # hold no result once delivered: its reader may release it
 
-    def _pull(self, fut: Future, oid: int, ref: tuple) -> None:
+    def _pull(self, fut: Future, oid: int, ref: tuple, t: Any, gen: int) -> None:
         size, _holder, name = ref
         rt = self._rt
-        t = rt.target
+        mover = rt.mover
         try:
             # From the node this driver is attached to (the holder is that node: the
             # driver reached it at this address; the node's own may be another name).
@@ -120,6 +126,9 @@ class TcpValues:
             with memoryview(data) as view:
                 _pull.fetch_into(t.address, t.token, name, view)
         except _pull.Gone as exc:
+            if mover is not None and mover.generation != gen \
+                    and mover.lost_result(fut, oid, gen):
+                return  # moved: the task ran again on the new node
             asked = self._asked.get(oid, 0)
             if asked < _ASK_AGAIN and not fut.done() and rt._lost is None:
                 self._asked[oid] = asked + 1
@@ -139,6 +148,9 @@ class TcpValues:
             return
         except BaseException as exc:  # noqa: BLE001 - reported on the future
             self._asked.pop(oid, None)
+            if mover is not None and isinstance(exc, Exception) \
+                    and mover.lost_result(fut, oid, gen):
+                return  # its node died: the task ran again on the one the driver moved to
             if rt._lost is not None:  # the node is gone: as every other future hears
                 node_lost = NodeLostError(rt._lost)
                 node_lost.__cause__ = exc
@@ -146,6 +158,8 @@ class TcpValues:
             _set(fut, exc=exc)
             return
         self._asked.pop(oid, None)
+        if mover is not None:
+            mover.records.pop(oid, None)
         try:
             value = _inline.loads_fetched(data, name)
         except BaseException as exc:  # noqa: BLE001 - SystemExit too
