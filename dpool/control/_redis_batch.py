@@ -66,15 +66,16 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             add(pack(tuple(cmd)))
         elif code == 2:
             tid, state, attempts, at = op[1:5]
-            cmd = (_HSET, K.task_key(tid), b"state", state.encode(), b"att", b"%d" % attempts)
+            state_cmd = [_HSET, K.task_key(tid), b"state", state.encode(),
+                         b"att", b"%d" % attempts]
             if at is not None:
-                cmd += (b"t1", b"%r" % at)
+                state_cmd += (b"t1", b"%r" % at)
                 events.append((tid, "end" if state == "FINISHED" else "error", at, 0))
             if len(op) > 5:  # a failed task's error: its traceback (dashboard, dpool logs)
                 text = _payload.error_text(op[5])
                 if text:
-                    cmd += (b"err", text.encode("utf-8", "replace"))
-            add(pack(cmd))
+                    state_cmd += (b"err", text.encode("utf-8", "replace"))
+            add(pack(tuple(state_cmd)))
         elif code == 5:
             events.append(op[1:])
         elif code == 0:

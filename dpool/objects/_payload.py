@@ -164,7 +164,7 @@ def _last_traceback(data: bytes, depth: int) -> Optional[str]:
                 elif isinstance(arg, (bytes, bytearray)) and arg[:1] == b"\x80" \
                         and depth < 2:
                     text = _last_traceback(bytes(arg), depth + 1) or text
-                elif op.name == "STOP":
+                elif op.name == "STOP" and pos is not None:
                     end = start + pos + 1
         except Exception:  # noqa: BLE001 - not a pickle this can read
             return text
