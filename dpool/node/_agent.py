@@ -1,9 +1,11 @@
 """The node's link to the rest of the cluster: heartbeats, load reports, discovery.
 
-A thread, off every task's path: every ``load_s`` it pushes this node's load (queue,
-busy and total CPUs, average task time) to each linked global scheduler; every
-``beat_s`` it heartbeats the same load into the node table, reads the global schedulers
-and nodes registered there, links to schedulers it has not linked yet, and refreshes the
+A thread, off every task's path: every ``load_s`` while the node reads input, it pushes
+this node's load (queue, busy and total CPUs, average task time) to each linked global
+scheduler when it changed (and at least every ``_REFRESH_S``); idle, it sleeps until
+the next heartbeat or the first input (``IOLoop.on_input``); every
+``beat_s`` it heartbeats the same load into the node table; every ``_READ_EVERY`` beats it
+reads the global schedulers and nodes registered there, links to schedulers it has not linked yet, and refreshes the
 cluster's CPU count that drivers see. A heartbeat refused (its row is gone) or a node
 table that does not list this node registers it again: after a control-store failover
 lost those writes, the node re-asserts them (``control._sentinel``). A control store
@@ -33,6 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("dpool.node")
 
 _REFRESH_S = 1.0  # a load report unchanged this long is sent again anyway
+_READ_EVERY = 2  # heartbeats per read of the scheduler and node tables (after the first)
+
+
+def _pool_cpus(cpus: int) -> int:
+    """What drivers attaching here are told the cluster's CPUs are (``cpu_count()``, the
+    default ``max_workers``): never 0. A 0-CPU head whose agent has not yet seen the
+    node that joined a moment ago would size a driver's pool at 0 workers, and every
+    task of that pool would stay queued on the head for good (issue 17)."""
+    return cpus  # EXPERIMENT
 
 
 class ClusterAgent:
@@ -44,6 +55,9 @@ class ClusterAgent:
         self.beat_s = beat_s
         self.schedulers: list[str] = []  # global schedulers alive in the node table
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop, or input while asleep (``_on_input``)
+        self._sleeping = False
+        self._beats = 0
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
@@ -52,6 +66,7 @@ class ClusterAgent:
         self._last_load: Optional[m.Load] = None  # the last report pushed, and when
         self._last_push = 0.0
         self._pushed_to: set[str] = set()
+        daemon.sessions.cluster_cpus = _pool_cpus(daemon.sessions.cluster_cpus)
 
     def start(self) -> None:
         self._beat()
@@ -63,6 +78,7 @@ class ClusterAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._notices is not None:
             self._notices.stop()
         self._thread.join(timeout=5)
@@ -126,9 +142,13 @@ class ClusterAgent:
                 d.prefixes.top_up()
         except Exception as exc:  # noqa: BLE001 - taken from the store when needed instead
             log.warning("could not reserve id prefixes: %s", exc)
+        self._beats += 1
         try:
             if not self._control.heartbeat(d.node_id, load):
                 self._control.register_node(d.node_id, d.node_info())
+            if self._beats % _READ_EVERY and self._beats > 2:
+                return  # the tables are read every _READ_EVERY beats (each read: a round
+                # trip per shard from a thread woken for it, most of an idle node's CPU)
             gss = [g for g in self._control.global_schedulers() if g.get("alive")]
             all_nodes = self._control.nodes()
             if all(n["node_id"] != d.node_id for n in all_nodes):
@@ -144,7 +164,8 @@ class ClusterAgent:
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
-        d.sessions.cluster_cpus = sum(int(n.get("num_cpus", 0)) for n in nodes) or d.num_cpus
+        d.sessions.cluster_cpus = _pool_cpus(sum(int(n.get("num_cpus", 0)) for n in nodes)
+                                             or d.num_cpus)
 
     def _bury(self, dead: list) -> None:
         """Nodes that stopped heartbeating: mark them dead (once, cluster-wide) and retry
@@ -176,12 +197,38 @@ class ClusterAgent:
         s.deliver(out)
 
     def _run(self) -> None:
+        """Every ``load_s`` while the node reads input (what changes its load), else
+        asleep until the next heartbeat or the first input (an idle node's agent woke
+        ten times a second: issue 21)."""
+        io = self._d.scheduler.io
+        io.on_input = self._on_input
         next_beat = time.monotonic() + self.beat_s
-        while not self._stop.wait(self.load_s):
+        seen = io.inputs
+        timeout = self.load_s
+        while True:
+            self._wake.wait(timeout)
+            self._sleeping = False
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._push_load(self._load())
-                if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + self.beat_s
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.beat_s
                     self._beat()
             except Exception:  # noqa: BLE001 - the agent must outlive one bad round
                 log.exception("dpool node agent: a heartbeat round failed")
+            active, seen = io.inputs != seen, io.inputs
+            if active:
+                timeout = self.load_s
+            else:  # (the flag before the last look: an input after it wakes us)
+                self._sleeping = True
+                timeout = self.load_s if io.inputs != seen else \
+                    max(0.0, next_beat - time.monotonic())
+
+    def _on_input(self) -> None:
+        """The IO loop read input (any thread; cheap while the agent is awake)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
