@@ -47,3 +47,8 @@ def array_sum(x: Any) -> float:
 def make_array(n_elems: int) -> npt.NDArray[np.float64]:
     """Return a freshly allocated float64 array of ones."""
     return np.ones(n_elems, dtype=np.float64)
+
+
+def nap(seconds: float) -> None:
+    """Sleep ``seconds`` (a task that holds its worker without using the CPU)."""
+    time.sleep(seconds)
