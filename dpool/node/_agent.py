@@ -43,7 +43,7 @@ def _pool_cpus(cpus: int) -> int:
     default ``max_workers``): never 0. A 0-CPU head whose agent has not yet seen the
     node that joined a moment ago would size a driver's pool at 0 workers, and every
     task of that pool would stay queued on the head for good (issue 17)."""
-    return cpus  # EXPERIMENT
+    return max(1, cpus)
 
 
 class ClusterAgent:

@@ -109,10 +109,20 @@ class Links:
                 self.welcome[address] = json.loads(welcome.info or "{}")
             except ValueError:
                 self.welcome[address] = {}
-            # the queued messages go first, then the link is published: nothing sent
-            # meanwhile can overtake them
-            self._write(h, self._waiting.pop(address, []))
-            self._links[address] = h
+            msgs = self._waiting.pop(address, [])
+            if h.alive:
+                # the queued messages go first, then the link is published: nothing
+                # sent meanwhile can overtake them
+                self._write(h, msgs)
+                self._links[address] = h
+                msgs = []
+        if msgs:
+            # The IO loop saw the link close before it was published (its closed hooks
+            # ran already, and ``forget`` found nothing to forget): written to it, these
+            # would be lost without a trace. The spiller takes their tasks back.
+            log.warning("dpool: the link to %s closed as it opened", address)
+            self._on_unreachable(address, msgs)
+            return
         log.info("linked to %s (%s)", welcome.peer_id, address)
 
     def forget(self, h: PeerHandle) -> None:

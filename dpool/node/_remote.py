@@ -23,7 +23,10 @@ to every group's queue: ``scheduling._handlers``); each tick also offers idle CP
 every group with queued tasks, a safety net for CPUs freed otherwise (seen stuck for good
 after a node died, before that: its mirror's workers idle, the new origin's tasks queued
 behind them). A worker dying under a remote task retries it here, as for any task, up to
-the group's ``max_attempts``.
+the group's ``max_attempts``. The origin asks now and then which of the tasks this node
+accepted from it are still here (``TasksQuery``): waiting for code or inputs, queued,
+or on a worker (``tasks_of_locked``); the answer (``TasksKnown``) goes on the link the
+results take, so it never overtakes a result sent before it.
 
 Handlers and ``tick_locked`` run with the scheduler's lock held; fetching a driver's
 code or another node's input runs on a thread of its own, which takes the lock to run
@@ -99,9 +102,11 @@ class RemoteRunner:
         self.address = node_id  # where other nodes reach this one (its node id)
         self._lent: dict[str, tuple] = {}  # result segments lent: name -> (local id, since)
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
+        self._remote: dict[int, tuple] = {}  # local task id -> (origin, its task id)
         scheduler.register_handler(m.RemoteTask.CODE, self._on_task_locked)
         scheduler.register_handler(m.DropGroup.CODE, self._on_drop_locked)
         scheduler.register_handler(m.ReleaseLent.CODE, self._on_release_lent_locked)
+        scheduler.register_handler(m.TasksQuery.CODE, self._on_query_locked)
 
     def set_id_base(self, base: int) -> None:
         """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
@@ -124,7 +129,10 @@ class RemoteRunner:
             ctx = mp.get_context(method or None)
         except ValueError:
             ctx = mp.get_context()
-        g = Group(next(self._ids), max_workers, ctx, initializer, max_tasks, max_attempts)
+        # (at least one worker: a pool its driver sized at 0 CPUs must not strand its
+        # tasks in this node's queue -- issue 17)
+        g = Group(next(self._ids), max(1, max_workers), ctx, initializer, max_tasks,
+                  max_attempts)
         g.cwd = msg.cwd
         g.sys_path = list(msg.sys_path)
         if msg.workdir and self.workdirs is not None:
@@ -350,6 +358,7 @@ class RemoteRunner:
         origin, origin_id = msg.origin, msg.task_id
 
         def done(ok: bool, payload: bytes) -> None:  # outside the lock, on the IO thread
+            self._remote.pop(local_id, None)
             stored = _values.stored(payload) if ok else None
             if stored is not None and stored[2] >= REFERENCE_MIN:
                 # large: lent by reference; the origin pulls it, then says ReleaseLent
@@ -369,12 +378,45 @@ class RemoteRunner:
         if msg.req is not None:  # the global scheduler chose this node for it
             t.req = _resources.from_wire(msg.req)
         t.started = True  # no future to move to RUNNING: ``done`` is a plain callback
+        self._remote[local_id] = (origin, origin_id)
         t.deps = msg.deps
         if not accepted:
             self._send(origin, [m.Accepted(origin_id, self.node_id)])
         # timelines: this task runs the origin's task ``origin_id`` (worker-id field)
         s.control.log_event(local_id, "remote", time.time(), origin_id)
         s.admit_locked(t)
+
+    def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
+        """The origin asks which of the tasks this node accepted from it are still here
+        (``_spill``'s safety net): answered on the link its results take, after them."""
+        have = self.tasks_of_locked(msg.origin)
+        known = tuple(t for t in msg.task_ids if t in have)
+        unknown = tuple(t for t in msg.task_ids if t not in have)
+        if unknown:
+            log.warning("node %s asked for tasks this node has no trace of: %s",
+                        msg.origin, ", ".join(f"{t:#x}" for t in unknown))
+        self._send(msg.origin, [m.TasksKnown(self.node_id, known, unknown)])
+
+    def tasks_of_locked(self, origin: str) -> set:
+        """The ids (the origin's) of the tasks of ``origin`` this node has now: waiting
+        for their code or inputs, queued or waiting for resources in a mirror group, or
+        running on one of its workers. A task admitted here but in none of those is
+        lost, whatever its record says."""
+        ids = {msg.task_id for msg in self._held if msg.origin == origin}
+        ids.update(msg.task_id for waiting in self._fetching.values() for msg in waiting
+                   if msg.origin == origin)
+        here: set = set()
+        for g in list(self._s.groups_locked()):
+            if self._origin.get(g.group_id, ("",))[0] != origin:
+                continue
+            here.update(t.task_id for t in g.queue)
+            for waiting in g.rq.values():
+                here.update(t.task_id for t in waiting)
+            for w in g.workers:
+                here.update(w.inflight)
+        ids.update(oid for lid, (o, oid) in list(self._remote.items())
+                   if o == origin and lid in here)
+        return ids
 
     def _on_drop_locked(self, h: Any, msg: m.DropGroup) -> None:
         """The origin's group is gone: terminate its mirror here (lock held, so in a

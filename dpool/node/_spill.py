@@ -37,6 +37,19 @@ every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 
 for such a node to join) it fails with ``ResourceError``, saying what it asked and what
 the nodes offer.
 
+Nothing may hold a task that nobody will act on (issue 17):
+
+- a node with no CPUs runs nothing itself: a task queued there that no node takes
+  (every offer rejected, no global scheduler linked, its code not shareable) fails
+  with ``ResourceError`` after ``grace_s``, like a task whose resources nobody has;
+  a pool whose ``max_workers`` is 0 (sized while the cluster had no CPUs) still
+  sends one task at a time;
+- a task accepted by another node is not timed out (it may run for hours), but every
+  ``check_s`` (3 s) the node running tasks accepted that long ago is asked which of them
+  it still has (``TasksQuery``; ``_remote`` answers ``TasksKnown`` on the link its
+  results take, after them). One it has no trace of in two answers in a row (the first
+  may have crossed its result) is offered again, uncharged.
+
 How many queued tasks a node keeps is the cluster's placement policy's call
 (``PlacementPolicy.keep``; the built-in rule is the formula above), named by
 ``$DPOOL_PLACEMENT_POLICY`` (``dpool start --placement-policy`` sets it). A task the
@@ -80,6 +93,7 @@ _BACKOFF_S = 0.2
 # by reference the runner pulls them on a kept connection (bench/NOTES.md).
 REFERENCE_MIN = 256 << 10
 GRACE_S = 10.0  # default of DPOOL_RESOURCE_GRACE_S
+_CHECK_S = 3.0  # how often a node running tasks for this one is asked which it still has
 
 
 def resource_grace_s() -> float:
@@ -106,7 +120,8 @@ def policy_from_env() -> PlacementPolicy:
 
 
 class _Away:
-    __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs")
+    __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs", "accepted_at",
+                 "strikes")
 
     def __init__(self, task: Task, gs: str, sent_at: float) -> None:
         self.task = task
@@ -115,6 +130,8 @@ class _Away:
         self.sent_at = sent_at
         self.pulling = False  # done there; its lent result is being pulled from ``node``
         self.refs: tuple = ()  # segments of this store it was sent references to
+        self.accepted_at = 0.0  # when ``node`` said Accepted
+        self.strikes = 0  # answers in a row from ``node`` that it has no trace of it
 
 
 class Spiller:
@@ -146,11 +163,18 @@ class Spiller:
         self.grace_s = resource_grace_s()
         self._unmet: dict[int, list] = {}  # task id -> [first seen, why not placed]
         self._parked: list = []  # (when to offer again, group, task): resources unmet
+        # Tasks queued on a node with no CPUs that nobody took yet: task id -> [since,
+        # why, group]; they fail with ResourceError after ``grace_s`` (``_homeless_locked``)
+        self._homeless: dict[int, list] = {}
+        # Tasks accepted this long ago: their node is asked whether it still has them
+        self.check_s = _CHECK_S
+        self._next_check = 0.0
         scheduler.register_handler(m.SpillRejected.CODE, self._on_rejected_locked)
         scheduler.register_handler(m.PlacementFailed.CODE, self._on_failed_locked)
         scheduler.register_handler(m.RunHere.CODE, self._on_run_here_locked)
         scheduler.register_handler(m.Accepted.CODE, self._on_accepted_locked)
         scheduler.register_handler(m.TaskResult.CODE, self._on_result_locked)
+        scheduler.register_handler(m.TasksKnown.CODE, self._on_known_locked)
         scheduler.attach_services(spiller=self)
 
     # -- deciding ------------------------------------------------------------------------
@@ -182,7 +206,10 @@ class Spiller:
         # node busy with them never idles a round trip between two.
         est = max(s.batch.estimate(q[-1].fn_id), 1e-6)
         per_slot = max(1, min(64, int(s.batch.target_s / est)))
-        room = g.max_workers * per_slot - local_busy - self._away_per_group.get(g.group_id, 0)
+        # (a cap of 0 -- a pool sized while its cluster had no CPUs -- still sends one:
+        # else its tasks would wait here for good, on a node that may never run them)
+        room = max(1, g.max_workers) * per_slot - local_busy - \
+            self._away_per_group.get(g.group_id, 0)
         n = min(excess, room)
         batches: dict[str, list] = {}
         for _ in range(max(0, n)):
@@ -280,6 +307,9 @@ class Spiller:
                 self._parked.append((time.monotonic() + _BACKOFF_S, t.group, t))
                 return
             self._paused_until = time.monotonic() + _BACKOFF_S
+            if self._s.cpu_limit == 0:  # and this node cannot run it either
+                self._homeless.setdefault(t.task_id, [time.monotonic(), "", t.group])[1] = \
+                    msg.reason
             self._home_locked(t, charge=False)
 
     def _on_run_here_locked(self, h: Any, msg: m.RunHere) -> None:
@@ -288,6 +318,7 @@ class Spiller:
         t = self._take_locked(msg.task_id)
         if t is not None:
             self._unmet.pop(t.task_id, None)
+            self._homeless.pop(t.task_id, None)
             if t.req is not None:
                 t.req = t.req._replace(strategy=HERE)
             self._home_locked(t, charge=False)
@@ -297,6 +328,7 @@ class Spiller:
         t = self._take_locked(msg.task_id)
         if t is not None:
             self._unmet.pop(t.task_id, None)
+            self._homeless.pop(t.task_id, None)
             self._s.finish_locked(t, False, _payload.dumps_error(PlacementError(msg.reason)))
 
     # -- resources this node lacks ---------------------------------------------------------
@@ -367,7 +399,12 @@ class Spiller:
         a = self.away.get(msg.task_id)
         if a is not None:
             a.node = h.address if h.address else msg.node_id
+            a.accepted_at = time.monotonic()
             self._unmet.pop(msg.task_id, None)  # placed: a node has what it asks
+            if self._homeless:  # a node takes this group's tasks: the rest wait their turn
+                g = a.task.group
+                for tid in [k for k, v in self._homeless.items() if v[2] is g]:
+                    del self._homeless[tid]
             for name in a.refs:  # it will copy these inputs, and keep them for later tasks
                 self._borrowers.setdefault(name, set()).add(a.node)
 
@@ -382,6 +419,7 @@ class Spiller:
         if t is None:
             return  # a late duplicate: it was retried and finished already
         self._unmet.pop(t.task_id, None)
+        self._homeless.pop(t.task_id, None)
         s = self._s
         s.batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload
@@ -515,7 +553,7 @@ class Spiller:
     def wants_tick(self) -> bool:
         """Tasks parked or away (timeouts, retries): the scheduler's IO loop keeps
         ticking while there are (``protocol._ioloop``), and while tasks are queued."""
-        return bool(self._parked or self.away)
+        return bool(self._parked or self.away or self._homeless)
 
     def tick_locked(self) -> None:
         now = time.monotonic()
@@ -532,3 +570,68 @@ class Spiller:
         for g in list(self._s.groups_locked()):
             if g.queue:
                 self.consider_locked(g)
+        if self._s.cpu_limit == 0:
+            self._homeless_locked(now)
+        if self.away and now >= self._next_check:
+            self._next_check = now + self.check_s
+            self._ask_runners_locked(now)
+
+    # -- safety nets: nobody may hold a task that nobody will act on -----------------------
+    def _homeless_locked(self, now: float) -> None:
+        """A node with no CPUs runs nothing itself: a task queued here that no node took
+        within ``grace_s`` (none with CPUs joined, no global scheduler linked, ...)
+        fails with ``ResourceError`` instead of waiting for good."""
+        gss = self._schedulers()
+        for g in list(self._s.groups_locked()):
+            if not g.queue or g.broken is not None or self._mirror(g):
+                continue
+            why = ("no global scheduler is linked to place it" if not gss else
+                   "its code could not be shared with other nodes" if self._keep_local(g)
+                   else None)
+            if why is not None:
+                for t in g.queue:
+                    self._homeless.setdefault(t.task_id, [now, why, g])
+        for tid, (since, why, g) in list(self._homeless.items()):
+            if now - since < self.grace_s or tid in self.away:
+                continue  # (away: it may be accepted yet)
+            del self._homeless[tid]
+            t = next((t for t in g.queue if t.task_id == tid), None)
+            if t is None:
+                continue  # it ran, was cancelled or failed meanwhile
+            g.queue.remove(t)
+            self._s.fail_unmet_locked(
+                t, f"this node has no CPUs and no node of the cluster took the task within "
+                f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S): {why or 'none with CPUs'}; "
+                "add a node with CPUs, or give this one some (--num-cpus)")
+
+    def _ask_runners_locked(self, now: float) -> None:
+        """Ask each node running tasks accepted ``check_s`` ago or more whether it still
+        has them (``TasksQuery``; the answer: ``_on_known_locked``)."""
+        ask: dict[str, list] = {}
+        for tid, a in self.away.items():
+            if a.node is not None and not a.pulling and now - a.accepted_at >= self.check_s:
+                ask.setdefault(a.node, []).append(tid)
+        for node, ids in ask.items():
+            self._send(node, [m.TasksQuery(self.address, tuple(ids))])
+
+    def _on_known_locked(self, h: Any, msg: m.TasksKnown) -> None:
+        """A node's answer: which of the tasks it accepted from here it still has. One
+        it has no trace of in two answers in a row (the first may cross its result) is
+        offered again, uncharged: no result of it will ever come."""
+        sender = {h.address, h.peer_id, msg.node_id}
+        for tid in msg.known:
+            a = self.away.get(tid)
+            if a is not None and a.node in sender:
+                a.strikes = 0
+        for tid in msg.unknown:
+            a = self.away.get(tid)
+            if a is None or a.pulling or a.node not in sender:
+                continue
+            a.strikes += 1
+            if a.strikes < 2:
+                continue
+            t = self._take_locked(tid)
+            if t is not None:
+                log.warning("node %s has no trace of task %#x it accepted: offering it "
+                            "again", a.node, tid)
+                self._home_locked(t, charge=False)

@@ -573,3 +573,28 @@ ALL_MESSAGES = (
     PlacementFailed,
     RunHere,
 )
+
+
+@record(slots=True)
+class TasksQuery:
+    """N->N the origin asks a node that accepted these spilled tasks (the origin's task
+    ids) a while ago which of them it still has (``node._spill``'s safety net)."""
+
+    CODE: ClassVar[int] = 120
+    origin: str
+    task_ids: tuple
+
+
+@record(slots=True)
+class TasksKnown:
+    """N->N the answer to ``TasksQuery``, sent after any ``TaskResult`` already sent on
+    the same link: the tasks the node still has (queued, running, fetching their inputs
+    or code) and those it has no trace of (the origin offers those again)."""
+
+    CODE: ClassVar[int] = 121
+    node_id: str
+    known: tuple
+    unknown: tuple
+
+
+ALL_MESSAGES = ALL_MESSAGES + (TasksQuery, TasksKnown)  # type: ignore[assignment]

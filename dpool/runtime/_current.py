@@ -49,7 +49,9 @@ def cluster_cpus() -> int:
     """CPUs the pools of this driver can use: the cluster's when ``DPOOL_ADDRESS`` is
     set (``max_workers=None``, ``cpu_count()``), else this machine's (as the stdlib)."""
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
-        return cast("ClusterRuntime", driver()).cluster_cpus
+        # never 0: a 0-CPU head that has not yet seen a node that just joined says 0
+        # (a pool of 0 workers would keep its tasks queued for good: issue 17)
+        return max(1, cast("ClusterRuntime", driver()).cluster_cpus)
     if os.environ.get("DPOOL_NUM_CPUS"):
         from dpool.scheduling._detect import embedded_cpus
 
