@@ -5,7 +5,8 @@
 Beyond the stdlib: futures as task arguments (dataflow), tasks that submit tasks
 (``get_executor``), ``wait(fs, num_returns, timeout)``, ``put``/``get``, retries when a
 worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``),
-joblib's ``"dpool"`` backend (``register_joblib``).
+placement groups (``placement_group``: bundles reserved together, all or none), joblib's
+``"dpool"`` backend (``register_joblib``).
 """
 
 # The public names load on first use (PEP 562), so ``import dpool`` -- and importing one of
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     from dpool.pool import Pool, cpu_count
     from dpool.runtime._api import get, put, wait
     from dpool.runtime._current import node_id
+    from dpool.runtime._placement_groups import PlacementGroup, placement_group
     from dpool.runtime._rebuild import no_rebuild
     from dpool.scheduling._placement_policy import (
         Demand,
@@ -63,6 +65,7 @@ _LAZY = {
     **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
     "node_id": "dpool.runtime._current",
+    **dict.fromkeys(("PlacementGroup", "placement_group"), "dpool.runtime._placement_groups"),
     "no_rebuild": "dpool.runtime._rebuild",
     "register_joblib": "dpool.integrations",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
@@ -110,6 +113,8 @@ __all__ = [
     "register_joblib",
     "no_rebuild",
     "NodeAffinity",
+    "placement_group",
+    "PlacementGroup",
     "PlacementPolicy",
     "LeastWait",
     "Demand",

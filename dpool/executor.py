@@ -285,16 +285,21 @@ class ProcessPoolExecutor(_cf.Executor):
     def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
-                scheduling: Any = None) -> "ResourceOptions":
+                scheduling: Any = None, placement_group: Any = None,
+                bundle: Optional[int] = None) -> "ResourceOptions":
         """A view of this executor whose ``submit`` and ``map`` ask for these resources
         (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
         ones, ``{"TPU": 1}``) and this placement (``scheduling="spread"``,
-        ``dpool.NodeAffinity(node, soft=...)``, ``"default"``). What is not given comes
+        ``dpool.NodeAffinity(node, soft=...)``, ``"default"``), or run in bundle
+        ``bundle`` of ``placement_group`` (a ``dpool.PlacementGroup``; ``bundle=None``:
+        any of its bundles), taking what they ask from what the bundle reserved; a
+        submit waits until the group is ready. What is not given comes
         from the function's ``@dpool.resources``, then from the executor's
         ``resources=``/``scheduling=``. The view shares the executor: its workers, its
         ``max_workers`` (the CPU budget) and its shutdown."""
         return ResourceOptions(self, _options_spec(num_cpus, num_gpus, memory, resources,
-                                                   scheduling))
+                                                   scheduling, placement_group, bundle),
+                               placement_group)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
@@ -384,9 +389,31 @@ class ProcessPoolExecutor(_cf.Executor):
 
 
 def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
-                  scheduling: Any) -> dict:
+                  scheduling: Any, pg: Any = None, bundle: Any = None) -> dict:
     s = _resources.spec(num_cpus, num_gpus, memory, resources)
+    if pg is not None or bundle is not None:
+        if scheduling is not None:
+            raise ValueError("options() takes scheduling= or placement_group=, not both "
+                             "(a task in a placement group runs where its bundle is)")
+        return _resources.in_bundle(s, _bundle_strategy(pg, bundle))
     return s if scheduling is None else _resources.with_strategy(s, scheduling)
+
+
+def _bundle_strategy(pg: Any, bundle: Any) -> Any:
+    from dpool.runtime._placement_groups import PlacementGroup
+    from dpool.scheduling._placement_policy import InBundle
+
+    if not isinstance(pg, PlacementGroup):
+        raise TypeError(f"placement_group must be a dpool.PlacementGroup (from "
+                        f"dpool.placement_group(...)), got {type(pg).__name__} {pg!r}")
+    if bundle is None:
+        bundle = -1
+    if isinstance(bundle, bool) or not isinstance(bundle, int):
+        raise TypeError(f"bundle must be an int (the bundle's index) or None, got {bundle!r}")
+    if not -1 <= bundle < pg.bundle_count:
+        raise ValueError(f"bundle={bundle}: placement group {pg.id:#x} has bundles 0.."
+                         f"{pg.bundle_count - 1} (None or -1: any of them)")
+    return InBundle(pg.id, bundle)
 
 
 class ResourceOptions:
@@ -394,29 +421,38 @@ class ResourceOptions:
     request and placement strategy (see ``ProcessPoolExecutor.options``). Chain
     ``options()`` to refine it."""
 
-    __slots__ = ("_executor", "_spec")
+    __slots__ = ("_executor", "_pg", "_spec")
 
-    def __init__(self, executor: ProcessPoolExecutor, spec: dict) -> None:
+    def __init__(self, executor: ProcessPoolExecutor, spec: dict, pg: Any = None) -> None:
         self._executor = executor
         self._spec = spec
+        self._pg = pg  # the placement group its tasks run in (None: none)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         """``executor.submit(fn, *args, **kwargs)`` with this view's resource request."""
         ex = self._executor
+        if self._pg is not None:
+            self._pg._usable()  # (waits until it is ready; raises if it never will be)
         return ex._submit_request(fn, args, kwargs, ex._request(fn, self._spec))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
         """``executor.map(...)`` with this view's resource request for every call."""
         ex = self._executor
+        if self._pg is not None:
+            self._pg._usable(timeout)
         return ex._map(fn, iterables, timeout, chunksize, ex._request(fn, self._spec), True)
 
     def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
-                scheduling: Any = None) -> "ResourceOptions":
-        return ResourceOptions(self._executor, {**self._spec, **_options_spec(
-            num_cpus, num_gpus, memory, resources, scheduling)})
+                scheduling: Any = None, placement_group: Any = None,
+                bundle: Optional[int] = None) -> "ResourceOptions":
+        spec = {**self._spec, **_options_spec(num_cpus, num_gpus, memory, resources,
+                                              scheduling, placement_group, bundle)}
+        pg = placement_group if placement_group is not None or bundle is not None else (
+            None if scheduling is not None else self._pg)
+        return ResourceOptions(self._executor, spec, pg)
 
     def __repr__(self) -> str:
         return f"<ResourceOptions {_resources.build(self._spec) or '{CPU: 1}'} of " \

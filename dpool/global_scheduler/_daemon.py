@@ -23,6 +23,7 @@ import threading
 from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
+from dpool.global_scheduler._groups import Groups
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
 from dpool.node._links import welcome_message
@@ -33,6 +34,7 @@ from dpool.protocol._ioloop import IOLoop
 from dpool.scheduling import _resources
 from dpool.scheduling._placement_policy import (
     Demand,
+    InBundle,
     LeastWait,
     NodeLoad,
     PlacementError,
@@ -65,6 +67,7 @@ class GlobalScheduler:
         self._beater = threading.Thread(target=self._beat_loop, daemon=True,
                                         name="dpool-gs-heartbeat")
         self._alive: Optional[set] = None  # node addresses alive in the node table
+        self.groups = Groups(self._send_to)  # the placement groups it reserved (``_groups``)
 
     def serve(self) -> None:
         self.server.start()
@@ -108,16 +111,31 @@ class GlobalScheduler:
             entry = self._nodes.get(h.address)
             if entry is not None and entry[0] is h:
                 del self._nodes[h.address]
+                self.groups.node_lost(h.address, self._loads_locked())
         h.alive = False
         h.chan.close()
         log.info("node %s unlinked", h.peer_id)
 
-    def _send(self, h: PeerHandle, msgs: list) -> None:
+    def _send_to(self, address: str, msgs: list) -> None:
+        """To a linked node by address (dropped if it is not linked: its link closed, and
+        what it held is accounted for by ``_on_closed``)."""
+        entry = self._nodes.get(address)
+        if entry is not None:
+            self._send(entry[0], msgs)
+
+    def _loads_locked(self) -> list:
+        alive = self._alive
+        return [load for _, load in self._nodes.values()
+                if alive is None or load.address in alive]
+
+    def _send(self, h: PeerHandle, msgs: list) -> bool:
+        """False: ``h``'s link is closed (nothing was sent)."""
         try:
             if not h.chan.send(encode_batch(msgs)):
                 self._io.want_write(h)
         except ChannelClosed:
-            pass
+            return False
+        return True
 
     # -- messages ------------------------------------------------------------------------
     def _on_frames(self, h: PeerHandle, frames: list) -> None:
@@ -138,10 +156,21 @@ class GlobalScheduler:
                             load.resources = {k: total for k, total, _ in msg.resources}
                             load.free = {k: free for k, _, free in msg.resources}
                             load.pending = 0
+                            self.groups.on_load(self._loads_locked())
+                elif isinstance(msg, (m.PGReserve, m.PGRemove, m.BundleHeld)):
+                    with self._lock:
+                        self.groups.on_message(msg, self._loads_locked())
                 else:
                     raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
         for target, msgs in out.items():
-            self._send(target, msgs)
+            if not self._send(target, msgs) and target is not h:
+                # the chosen node's link closed under it: its origin tries again now
+                # rather than after its place timeout
+                back = [m.SpillRejected(x.task_id, f"node {target.address} went away as "
+                                        "the task was sent to it")
+                        for x in msgs if isinstance(x, m.RemoteTask)]
+                if back:
+                    self._send(h, back)
 
     def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> tuple:
         """(where to send, what): the chosen node and the task, or the origin and a
@@ -160,9 +189,20 @@ class GlobalScheduler:
         strategy = strategy_from_wire(wire[4]) if wire is not None and len(wire) > 4 else None
         demand = Demand(msg.origin, req, tuple(inputs), size, strategy)
         with self._lock:
-            alive = self._alive
-            loads = [load for _, load in self._nodes.values()
-                     if alive is None or load.address in alive]
+            if isinstance(strategy, InBundle):  # to the node holding its bundle
+                node, why = self.groups.place(strategy, msg.origin)
+                entry = self._nodes.get(node) if node is not None else None
+                self.rejected += 1
+                if node == msg.origin:  # (spilled from its queue before it was routed:
+                    # back home, where its bundle is -- not RunHere, which drops it)
+                    return origin, m.SpillRejected(msg.task_id, "its bundle is on its origin")
+                if entry is None:
+                    return origin, m.PlacementFailed(msg.task_id, why or (
+                        f"the node holding its bundle ({node}) is not linked"))
+                self.rejected -= 1
+                self.placed += 1
+                return entry[0], msg
+            loads = self._loads_locked()
             try:
                 best = self.policy.place(demand, loads)
             except PlacementError as exc:

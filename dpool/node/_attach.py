@@ -125,6 +125,8 @@ class DriverSessions:
         self.published: set[str] = set()  # digests other nodes can fetch
         # called with a peer's handle (a PeerHandle) that closed, lock held
         self.peer_closed_hooks: list[Callable[[Any], None]] = []
+        # called with a driver's handle that detached, lock held (its placement groups)
+        self.driver_closed_hooks: list[Callable[[Any], None]] = []
         scheduler.register_handler(m.CreateGroup.CODE, self._on_create_group_locked)
         scheduler.register_handler(m.GroupOp.CODE, self._on_group_op_locked)
         scheduler.register_handler(m.CancelTask.CODE, self._on_cancel_task_locked)
@@ -409,6 +411,10 @@ class DriverSessions:
         groups = list(s.groups_locked())
         busy = sum(1 for g in groups for w in g.workers
                    if w.alive and w.inflight and not w.blocked)
+        # CPUs placement-group bundles reserve and no task uses count as used: the
+        # scheduler's cpu_limit leaves them out (``scheduling._bundle_ledger``)
+        if s.cpu_limit is not None and s.cpu_limit < self.num_cpus:
+            busy += self.num_cpus - s.cpu_limit
         return {
             "node_id": self.node_id,
             "alive": True,
@@ -461,6 +467,8 @@ class DriverSessions:
         s = self._s
         d.alive = False
         self.drivers.pop(d.session_id, None)
+        for hook in self.driver_closed_hooks:
+            hook(d)
         if not d.local:
             self._drop_pushed_locked(d)
         log.info("driver pid %d on %s detached (session %d)", d.pid, d.hostname, d.session_id)

@@ -37,6 +37,7 @@ from dpool.node import _process
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
+from dpool.node._pgroups import PlacementGroups
 from dpool.node._remote import RemoteRunner
 from dpool.node._server import NodeServer
 from dpool.node._spill import Spiller
@@ -114,6 +115,7 @@ class NodeDaemon:
         self.control: Optional[ClusterControlStore] = None
         self.agent: Optional[ClusterAgent] = None
         self.spiller: Optional[Spiller] = None
+        self.pgroups: Optional[PlacementGroups] = None  # placement groups (in a cluster)
         self.prefixes: Optional[IdPrefixes] = None
         if join:  # the head tells a joining node where the control store is
             chan, welcome = dial(join, token, peer_hello(self.node_id, self.address,
@@ -142,6 +144,9 @@ class NodeDaemon:
             local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g),
             mirror=self.runner.is_mirror)
         self.spiller.token = self.token
+        self.pgroups = PlacementGroups(self.scheduler, self.address, self.links.send,
+                                       self.agent.linked_schedulers)
+        self.sessions.driver_closed_hooks.append(self.pgroups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)
         self.sessions.cluster_status = self._cluster_status
@@ -232,6 +237,8 @@ class NodeDaemon:
             self.links.forget(h)
         if self.spiller is not None:
             self.spiller.peer_closed_locked(h)
+        if self.pgroups is not None:
+            self.pgroups.peer_closed_locked(h)
 
     def _unreachable(self, address: str, msgs: list) -> None:
         s = self.scheduler

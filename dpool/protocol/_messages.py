@@ -523,6 +523,68 @@ class RunHere:
     task_id: int
 
 
+@record(slots=True)
+class PGReserve:
+    """D->N->G reserve a placement group (``dpool.placement_group``): all its bundles
+    or none. The node fills in ``origin`` (its address) and forwards it to one global
+    scheduler, which answers with ``PGState``."""
+
+    CODE: ClassVar[int] = 102
+    pg_id: int
+    origin: str
+    bundles: tuple  # each bundle's request in wire form (``_resources.to_wire``)
+    strategy: str  # "pack" | "spread" | "strict_spread"
+
+
+@record(slots=True)
+class PGRemove:
+    """D->N->G free a placement group's bundles (or stop waiting for them)."""
+
+    CODE: ClassVar[int] = 103
+    pg_id: int
+    origin: str
+
+
+@record(slots=True)
+class PGState:
+    """G->N->D (and in a node) what became of a placement group: ``state`` is
+    "ready" (``nodes``: the node holding each bundle), "failed" (it can never be
+    reserved: ``reason``) or "lost" (a node holding a bundle died: ``reason``)."""
+
+    CODE: ClassVar[int] = 104
+    pg_id: int
+    state: str
+    nodes: tuple
+    reason: str
+
+
+@record(slots=True)
+class BundleHold:
+    """G->N hold (``hold=True``) or free one bundle of a placement group: the node takes
+    its CPUs and resources out of what its other tasks may use."""
+
+    CODE: ClassVar[int] = 105
+    pg_id: int
+    index: int
+    req: tuple  # the bundle's request in wire form
+    hold: bool
+    attempt: int  # which try of the global scheduler's at holding the group
+
+
+@record(slots=True)
+class BundleHeld:
+    """N->G the answer to ``BundleHold(hold=True)``: ``ok`` False if the node cannot hold
+    it now (``reason``): the global scheduler frees the group's other bundles and tries
+    again later."""
+
+    CODE: ClassVar[int] = 106
+    pg_id: int
+    index: int
+    ok: bool
+    reason: str
+    attempt: int  # as in the ``BundleHold`` it answers
+
+
 ALL_MESSAGES = (
     Hello,
     InitFailed,
@@ -572,6 +634,11 @@ ALL_MESSAGES = (
     LeasedLost,
     PlacementFailed,
     RunHere,
+    PGReserve,
+    PGRemove,
+    PGState,
+    BundleHold,
+    BundleHeld,
 )
 
 

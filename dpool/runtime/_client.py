@@ -103,5 +103,14 @@ class Driver(Client, Protocol):
         """What the runtime offers every executor (``runtime_resources``, as
         ``scheduling._resources.spec`` gives it); None: detect."""
 
+    def reserve_placement_group(self, pg_id: int, bundles: list, strategy: str,
+                                on_state: Callable[[str, tuple, str], None]) -> None:
+        """Reserve the bundles (``Request``s) of placement group ``pg_id``, all or none;
+        ``on_state(state, nodes, reason)`` is called (on any thread) with "ready" and
+        the node of each bundle, "failed" (it can never be reserved) or "lost"."""
+
+    def remove_placement_group(self, pg_id: int) -> None:
+        """Free placement group ``pg_id``'s bundles (or stop waiting for them)."""
+
     def close(self) -> None:
         """End of the driver: shut its executors down (as the stdlib does at exit)."""

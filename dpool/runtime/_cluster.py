@@ -65,6 +65,7 @@ from dpool.runtime._channel_client import ChannelClient
 from dpool.runtime._lease import DriverLeases
 from dpool.runtime._move import Mover, TaskRecord
 from dpool.runtime._tcp_objects import TcpValues
+from dpool.scheduling import _resources
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.runtime")
@@ -154,6 +155,7 @@ class ClusterRuntime(ChannelClient):
         super().__init__((hello.id_prefix << 40) + 1, self.store_owner or self.pid)
         self._tcp_values = TcpValues(self)  # (used only when there is no shared store)
         self._groups: dict[int, RemoteGroup] = {}
+        self._pg_states: dict[int, Callable[[str, tuple, str], None]] = {}  # placement groups
         self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
         self._decoders: dict[tuple, Any] = {}
         self._print_lock = threading.Lock()
@@ -341,6 +343,20 @@ class ClusterRuntime(ChannelClient):
         log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
                   "ignored on a cluster driver")
 
+    # -- placement groups: the node relays them to a global scheduler (``node._pgroups``) --
+    def reserve_placement_group(self, pg_id: int, bundles: list, strategy: str,
+                                on_state: Callable[[str, tuple, str], None]) -> None:
+        self._pg_states[pg_id] = on_state
+        self._send([m.PGReserve(pg_id, "", tuple(_resources.to_wire(b) for b in bundles),
+                                strategy)])
+
+    def remove_placement_group(self, pg_id: int) -> None:
+        if self._pg_states.pop(pg_id, None) is not None and self._lost is None:
+            try:
+                self._send([m.PGRemove(pg_id, "")])
+            except (NodeLostError, OSError):
+                pass  # its node is gone, and the group with it
+
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
                kwargs: dict, req: Any = None) -> Future:
@@ -517,6 +533,10 @@ class ClusterRuntime(ChannelClient):
                 g.cancelled.set()
         elif code == m.StatusReply.CODE and self.mover is not None:  # the node table
             self.mover.learn(msg.status)
+        elif code == m.PGState.CODE:  # what became of a placement group
+            cb = self._pg_states.get(msg.pg_id)
+            if cb is not None:
+                cb(msg.state, tuple(msg.nodes), msg.reason)
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
 
@@ -567,6 +587,10 @@ class ClusterRuntime(ChannelClient):
     def _connection_lost(self, reason: str, chan: Optional[Channel] = None) -> bool:
         """The connection ``chan`` broke: move to a live node (True), or fail every
         unfinished future with ``NodeLostError``."""
+        if self._pg_states and not self._closed:  # the node relayed them: lost with it
+            states, self._pg_states = self._pg_states, {}
+            for cb in states.values():
+                cb("lost", (), reason)
         if self.mover is not None and chan is not None and not self._closed:
             return self.mover.move(reason, chan)
         self._fail_all(reason)

@@ -46,6 +46,7 @@ class DriverRuntime:
         self.arg_cache = ArgumentCache(self._put)
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closed = False
+        self._groups: Any = None  # placement groups (``_pgroups.LocalGroups``), on first use
         atexit.register(self.close)
 
     def new_id(self) -> int:
@@ -87,6 +88,21 @@ class DriverRuntime:
 
     def set_resource_offer(self, spec: Optional[dict]) -> None:
         self.scheduler.set_resource_offer(spec)
+
+    # -- placement groups (``_pgroups``) ---------------------------------------------------------
+    def reserve_placement_group(self, pg_id: int, bundles: list, strategy: str,
+                                on_state: Callable[[str, tuple, str], None]) -> None:
+        groups = self._groups
+        if groups is None:
+            from dpool.runtime._current import cluster_cpus
+            from dpool.runtime._pgroups import LocalGroups
+
+            groups = self._groups = LocalGroups(self.scheduler, cluster_cpus())
+        groups.reserve(pg_id, bundles, strategy, on_state)
+
+    def remove_placement_group(self, pg_id: int) -> None:
+        if self._groups is not None:
+            self._groups.remove(pg_id)
 
     # -- the task API --------------------------------------------------------------------------
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,

@@ -23,7 +23,9 @@ the task can never be placed as asked (a hard ``NodeAffinity`` to a node that is
 in the cluster): the task fails with it.
 
 Strategies (``Demand.strategy``): ``None`` (the default rule), ``"spread"``
-(round-robin over the nodes that fit) and ``NodeAffinity(node, soft)``.
+(round-robin over the nodes that fit) and ``NodeAffinity(node, soft)``. A task in a
+placement group's bundle (``InBundle``) never reaches a policy: the global scheduler
+that reserved the group sends it to the bundle's node (``global_scheduler._groups``).
 
 Pure functions and small classes over plain data: unit-tested with fake nodes, no
 processes.
@@ -39,9 +41,9 @@ from typing import Any, Iterable, NamedTuple, Optional, Protocol, Sequence, runt
 from dpool.errors import PlacementError
 
 __all__ = [
-    "DEFAULT_BANDWIDTH", "HERE", "Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
-    "PlacementError", "PlacementPolicy", "Spread", "load", "missing_bytes",
-    "strategy_from_wire", "strategy_to_wire", "validate_strategy",
+    "BUNDLE", "DEFAULT_BANDWIDTH", "HERE", "Demand", "InBundle", "LeastWait", "LocalQueue",
+    "NodeAffinity", "NodeLoad", "PlacementError", "PlacementPolicy", "Spread", "load",
+    "missing_bytes", "strategy_from_wire", "strategy_to_wire", "validate_strategy",
 ]
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until transfers are measured
@@ -119,8 +121,21 @@ class NodeAffinity:
             raise TypeError(f"NodeAffinity(soft=...) must be a bool, got {self.soft!r}")
 
 
+@dataclass(frozen=True)
+class InBundle:
+    """Run in a bundle of a placement group (``options(placement_group=pg, bundle=i)``):
+    on the node that holds bundle ``index`` of group ``pg_id`` (-1: any of its bundles),
+    from what the bundle reserved. Never soft: a bundle that is gone fails the task
+    with ``PlacementError``."""
+
+    pg_id: int
+    index: int = -1
+    soft: bool = False  # (read by the node's spiller as for every strategy)
+
+
 SPREAD = "spread"
 DEFAULT = "default"
+BUNDLE = "bundle"
 # Wire form of "placed: run on this node, never spill it" (a task whose strategy was
 # honoured -- a global scheduler chose its origin, or it names its own node). Only a
 # node sets it, on its own tasks; it never travels.
@@ -146,6 +161,8 @@ def strategy_to_wire(s: Any) -> Optional[tuple]:
         return None
     if s == SPREAD:
         return (SPREAD,)
+    if isinstance(s, InBundle):
+        return (BUNDLE, s.pg_id, s.index)
     return ("node", s.node, s.soft)
 
 
@@ -156,6 +173,8 @@ def strategy_from_wire(t: Any) -> Any:
         return SPREAD
     if t[0] == "node":
         return NodeAffinity(str(t[1]), bool(t[2]))
+    if t[0] == BUNDLE:
+        return InBundle(int(t[1]), int(t[2]))
     raise ValueError(f"unknown placement strategy on the wire: {t!r}")
 
 

@@ -34,13 +34,14 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Optional
+from typing import Any, Optional
 
 from dpool.errors import PlacementError, ResourceError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
+from dpool.scheduling._bundle_ledger import BundleAllocation, BundleLedger
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._placement_policy import HERE, NodeAffinity, strategy_from_wire
+from dpool.scheduling._placement_policy import BUNDLE, HERE, NodeAffinity, strategy_from_wire
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger, Request
 
@@ -52,6 +53,9 @@ _now = time.time
 class ResourceDispatch(SchedulerCore):
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]
+    # placement-group bundles held here (``_bundle_ledger``); made by the first hold, so
+    # a runtime that never holds one pays nothing
+    _bundles: Optional[BundleLedger] = None
 
     def resources_locked(self) -> Ledger:
         """This runtime's (or node's) ledger, detected on first use."""
@@ -78,9 +82,13 @@ class ResourceDispatch(SchedulerCore):
     # -- entering ------------------------------------------------------------------------
     def _route_res_locked(self, g: Group, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
-        if t.req.strategy is not None and t.req.strategy != HERE and \
-                self._place_strategy_locked(g, t):
-            return
+        st = t.req.strategy
+        if st is not None and st != HERE:
+            if st[0] == BUNDLE:
+                self._route_bundle_locked(g, t)
+                return
+            if self._place_strategy_locked(g, t):
+                return
         try:
             reason = self._impossible_locked(g, t.req)
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed DPOOL_NUM_GPUS
@@ -91,12 +99,7 @@ class ResourceDispatch(SchedulerCore):
                 return  # a node of a cluster: another node may have it
             self.fail_unmet_locked(t, reason)
             return
-        waiting = g.rq.get(t.req)
-        if waiting is None:
-            waiting = g.rq[t.req] = deque()
-        waiting.append(t)
-        self.io.poke()  # the tick looks at tasks waiting for resources
-        self._dispatch_res_locked(g)
+        self._wait_res_locked(g, t)
 
     def _place_strategy_locked(self, g: Group, t: Task) -> bool:
         """``t`` asks where to run (``scheduling=``): True if it went to a global
@@ -125,6 +128,117 @@ class ResourceDispatch(SchedulerCore):
         t.req = t.req._replace(strategy=HERE)
         return False
 
+    def _route_bundle_locked(self, g: Group, t: Task) -> None:
+        """``t`` runs in a placement group's bundle: here if this scheduler holds it
+        (it waits in ``g.rq`` for the bundle's room), else on the node that does (a node
+        hands it to a global scheduler, which knows where its group's bundles are)."""
+        _, pg_id, index = t.req.strategy
+        bl = self._bundles
+        which = f"bundle {index}" if index >= 0 else "a bundle"
+        if bl is not None and bl.holds(pg_id, index):
+            why = bl.never_fits(pg_id, index, t.req)
+            if why is None and t.req.cpus > g.max_workers:
+                why = (f"the task asks for {t.req.cpus} CPUs, more than its executor's "
+                       f"max_workers ({g.max_workers})")
+            if why is not None:
+                self.fail_placement_locked(t, PlacementError(why))
+                return
+            self._wait_res_locked(g, t)
+            return
+        sp = self._spiller
+        if sp is not None and sp.unmet_locked(
+                g, t, f"the task runs in {which} of placement group {pg_id:#x}, held by "
+                "another node"):
+            return
+        self.fail_placement_locked(t, PlacementError(
+            f"the task asks to run in {which} of placement group {pg_id:#x}, which no node "
+            "holds (the group was removed, is not ready yet, or lost a node)"))
+
+    def _wait_res_locked(self, g: Group, t: Task) -> None:
+        waiting = g.rq.get(t.req)
+        if waiting is None:
+            waiting = g.rq[t.req] = deque()
+        waiting.append(t)
+        self.io.poke()  # the tick looks at tasks waiting for resources
+        self._dispatch_res_locked(g)
+
+    # -- placement-group bundles -------------------------------------------------------------
+    def _cpu_total_locked(self) -> Optional[int]:
+        """A node's CPUs, those its bundles reserve included (``cpu_limit`` leaves out
+        the reserved ones that no task uses)."""
+        if self.cpu_limit is None:
+            return None
+        bl = self._bundles
+        return self.cpu_limit + (bl.idle_cpus if bl is not None else 0)
+
+    def hold_bundle_locked(self, pg_id: int, index: int, req: Request,
+                           host_cpus: int = 0) -> Optional[str]:
+        """Reserve ``req`` for bundle ``index`` of placement group ``pg_id``: None when
+        held, else why not now. ``host_cpus``: the CPUs to count on the embedded runtime
+        (a node counts its own)."""
+        bl = self._bundles
+        if bl is None:
+            bl = self._bundles = BundleLedger(self.resources_locked())
+        bl.ledger = self.resources_locked()
+        total = self._cpu_total_locked()
+        idle = bl.idle_cpus
+        why = bl.hold((pg_id, index), req, total if total is not None else host_cpus)
+        self._bundle_cpus_moved_locked(idle)
+        if why is None:
+            self._refence_all_locked()
+        return why
+
+    def free_bundles_locked(self, pg_id: int, index: Optional[int] = None) -> int:
+        """Give up the bundles of ``pg_id`` held here (``index``: that one only); tasks
+        waiting to run in one that is now gone fail with ``PlacementError``. Returns how
+        many were freed."""
+        bl = self._bundles
+        if bl is None:
+            return 0
+        idle = bl.idle_cpus
+        keys = bl.keys(pg_id) if index is None else [(pg_id, index)]
+        n = sum(1 for k in keys if bl.free(k))
+        self._bundle_cpus_moved_locked(idle)
+        for g in list(self._groups.values()):
+            for req, waiting in list(g.rq.items()):
+                st = req.strategy
+                if st is None or st[0] != BUNDLE or st[1] != pg_id or bl.holds(st[1], st[2]):
+                    continue
+                del g.rq[req]
+                for t in waiting:
+                    self.fail_placement_locked(t, PlacementError(
+                        f"placement group {pg_id:#x} was removed (or lost a node) before "
+                        "this task could run in it"))
+        if n:
+            self._refence_all_locked()
+            refill = self._refill
+            for g in self._groups.values():  # CPUs and resources came free
+                if (g.queue or g.rq) and g not in refill:
+                    refill.append(g)
+            self.io.poke()
+        return n
+
+    def bundles_held_locked(self) -> list:
+        """``(pg_id, index)`` of the bundles held here."""
+        bl = self._bundles
+        return [] if bl is None else [k for k, b in bl.bundles.items() if not b.removed]
+
+    def _bundle_cpus_moved_locked(self, idle_before: int) -> None:
+        """Keep ``cpu_limit`` = CPUs - reserved idle ones after ``idle_cpus`` changed."""
+        bl = self._bundles
+        if self.cpu_limit is not None and bl is not None:
+            self.cpu_limit -= bl.idle_cpus - idle_before
+
+    def _free_alloc_locked(self, a: object) -> None:
+        if isinstance(a, BundleAllocation):
+            bl = self._bundles
+            if bl is not None:
+                idle = bl.idle_cpus
+                bl.release(a)
+                self._bundle_cpus_moved_locked(idle)
+        elif self.ledger is not None:
+            self.ledger.release(a)  # type: ignore[arg-type]
+
     def fail_placement_locked(self, t: Task, err: Exception) -> None:
         """``t`` can never be placed as it asks: its future fails with ``err``."""
         if t.future is not None and not t.started:
@@ -138,8 +252,8 @@ class ResourceDispatch(SchedulerCore):
         """Why ``r`` can never run here (None: it can, once enough is released)."""
         led = self.resources_locked()
         problems = []
-        cap = g.max_workers if self.cpu_limit is None else min(g.max_workers,
-                                                               self.cpu_limit)
+        total = self._cpu_total_locked()
+        cap = g.max_workers if total is None else min(g.max_workers, total)
         if r.cpus > cap:
             problems.append(f"CPU: {r.cpus} asked, {cap} here")
         short = led.shortfall(r)
@@ -154,8 +268,9 @@ class ResourceDispatch(SchedulerCore):
     def offer_locked(self, g: Optional[Group] = None) -> str:
         from dpool.scheduling._resources import _describe
 
-        cpus = self.cpu_limit if g is None else (
-            g.max_workers if self.cpu_limit is None else min(g.max_workers, self.cpu_limit))
+        total = self._cpu_total_locked()
+        cpus = total if g is None else (
+            g.max_workers if total is None else min(g.max_workers, total))
         return _describe(self.resources_locked().offer(cpus))
 
     def fail_unmet_locked(self, t: Task, reason: str) -> None:
@@ -202,24 +317,43 @@ class ResourceDispatch(SchedulerCore):
         if r.cpus and self._cpus_busy_locked(g) + r.cpus > g.max_workers:
             self._starve_locked(g)
             return False
-        if r.cpus and self.cpu_limit is not None and \
+        in_bundle = r.strategy is not None and r.strategy[0] == BUNDLE
+        if in_bundle:  # its CPUs are the bundle's, among the node's (``_bundle_ledger``)
+            total = self._cpu_total_locked()
+            if r.cpus and total is not None and self.busy_cpus_locked() + r.cpus > total:
+                self._starve_locked(g)
+                return False
+        elif r.cpus and self.cpu_limit is not None and \
                 self.busy_cpus_locked() + r.cpus > self.cpu_limit:
             self._starve_locked(g)
             return False
         led = self.resources_locked()
         idle = [w for w in g.workers if w.alive and not w.inflight and not w.blocked
                 and not w.retiring and w.leased is None]
-        a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
+        a: Any
+        if in_bundle:
+            bl = self._bundles
+            _, pg_id, index = r.strategy  # type: ignore[misc]
+            if bl is None or not bl.holds(pg_id, index):
+                self.fail_placement_locked(t, PlacementError(
+                    f"placement group {pg_id:#x} was removed (or lost a node) before this "
+                    "task could run in it"))
+                return True
+            idle_before = bl.idle_cpus
+            a = bl.acquire(pg_id, index, r)
+            self._bundle_cpus_moved_locked(idle_before)
+        else:
+            a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False
         w = self._res_worker_locked(g, a.gpu_ids, idle, r.cpus)
         if w is None:
-            led.release(a)
+            self._free_alloc_locked(a)
             self._starve_locked(g)
             return False
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
-                led.release(a)
+                self._free_alloc_locked(a)
                 self.skip_cancelled_locked(t)
                 return True
             t.started = True
@@ -323,8 +457,7 @@ class ResourceDispatch(SchedulerCore):
         """``t`` ended or left its worker: what it held is free again."""
         a, t.alloc = t.alloc, None
         led = self.ledger
-        if led is not None:
-            led.release(a)
+        self._free_alloc_locked(a)
         if w is not None:
             if not w.blocked:
                 w.group.extra -= w.rcpus

@@ -124,6 +124,16 @@ def with_strategy(s: Optional[Mapping[str, Any]], scheduling: Any) -> dict:
     return out
 
 
+def in_bundle(s: Optional[Mapping[str, Any]], where: Any) -> dict:
+    """Spec ``s`` run in a placement group's bundle (``where``: a validated
+    ``_placement_policy.InBundle``)."""
+    from dpool.scheduling._placement_policy import strategy_to_wire
+
+    out: dict = dict(s or {})
+    out[STRATEGY] = strategy_to_wire(where)
+    return out
+
+
 def build(*specs: Optional[Mapping[Any, Any]]) -> Optional[Request]:
     """The request of validated partial specs merged left to right (later ones win per
     resource); ``None`` when that is the default (one CPU, nothing else)."""
