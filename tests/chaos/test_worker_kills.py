@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import threading
+import time
 
 import psutil
 import pytest
@@ -32,7 +33,12 @@ N = 1000
 
 
 class _Killer:
-    """SIGKILL a random live child worker every ``every`` s while the block runs."""
+    """SIGKILL a random live child worker at least ``min_age`` s old every ``every`` s
+    while the block runs. (The age: on a machine so loaded that starting a worker takes
+    longer than two intervals, killing workers as they start would leave none to run
+    anything -- no progress at all, which says nothing about retries; seen at load 10.)"""
+
+    min_age = 0.1
 
     def __init__(self, every: float = 0.02, seed: int = 11) -> None:
         self.every = every
@@ -42,9 +48,11 @@ class _Killer:
 
     def _workers(self) -> list:
         out = []
+        now = time.time()
         for p in psutil.Process().children():
             try:
-                if p.status() != psutil.STATUS_ZOMBIE and not any(
+                if p.status() != psutil.STATUS_ZOMBIE \
+                        and now - p.create_time() >= self.min_age and not any(
                         h in part for part in p.cmdline()
                         for h in ("resource_tracker", "forkserver")):
                     out.append(p.pid)
