@@ -9,6 +9,11 @@ never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` whe
 done: the value inline, its local record dropped right after; or, for a result of
 ``REFERENCE_MIN`` bytes or more, a reference the origin pulls (the value is *lent*,
 kept here until the origin says ``ReleaseLent`` or ``lend_timeout_s`` passes).
+The origin keeps the lend while it keeps its own copy, and sends the tasks that take
+that result a reference to the lent segment here: such a task placed here runs on the
+lent value itself (pinned while it runs), with no copy; if the lend is gone by then it
+fails with ``ObjectLostError`` naming this node, and the origin sends it again with its
+own copy (``_spill``). Data locality: bench/LOCALITY.md.
 
 Large inputs held by another node are copied into this node's store once, whatever
 number of its tasks need them (``transfer._pull``), and kept for later tasks until
@@ -100,7 +105,8 @@ class RemoteRunner:
         # holder that went away without saying so).
         self.copy_ttl_s = 30.0
         self.address = node_id  # where other nodes reach this one (its node id)
-        self._lent: dict[str, tuple] = {}  # result segments lent: name -> (local id, since)
+        # result segments lent: name -> (local id, since, payload)
+        self._lent: dict[str, tuple] = {}
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
         self._remote: dict[int, tuple] = {}  # local task id -> (origin, its task id)
         scheduler.register_handler(m.RemoteTask.CODE, self._on_task_locked)
@@ -196,9 +202,14 @@ class RemoteRunner:
             keys[("args", ref[1], ref[2], msg.task_id)] = ref[0]
         for _oid, ok, p in msg.deps or ():
             ref = _pull.parse_remote(p) if ok else None
-            if ref is not None:
+            if ref is not None and ref[1] != self.address:  # (own: lent from here)
                 keys[("dep", ref[1], ref[2], 0)] = ref[0]
         return keys
+
+    def _own_lent(self, ref: tuple) -> bool:
+        """Whether remote reference ``ref`` names a result this node lends: its origin
+        pulled it and points the tasks that take it here (``_spill.lent_copies``)."""
+        return ref[1] == self.address and ref[2] in self._lent
 
     def _start_fetch_locked(self, key: tuple, size: int) -> None:
         if key in self._copies:
@@ -247,11 +258,20 @@ class RemoteRunner:
         s = self._s
         args, deps = msg.args, msg.deps
         failed = next((k for k in keys if self._copies[k].error is not None), None)
-        if failed is not None:
-            copy = self._copies[failed]
-            err = copy.error if isinstance(copy.error, ObjectLostError) else \
-                ObjectLostError(f"input {failed[2]} of this task, held by node {failed[1]}, "
-                                f"could not be fetched: {copy.error}")
+        gone = next((ref for _oid, ok, p in msg.deps or () if ok
+                     for ref in (_pull.parse_remote(p),)
+                     if ref is not None and ref[1] == self.address
+                     and ref[2] not in self._lent), None)
+        if failed is not None or gone is not None:
+            err: BaseException
+            if failed is not None:
+                copy = self._copies[failed]
+                err = copy.error if isinstance(copy.error, ObjectLostError) else \
+                    ObjectLostError(f"input {failed[2]} of this task, held by node "
+                                    f"{failed[1]}, could not be fetched: {copy.error}")
+            elif gone is not None:  # (its origin sends it again with its copy: _spill)
+                err = ObjectLostError(f"input {gone[2]} of this task is no longer lent "
+                                      f"by this node", node=self.address)
             for key in keys:  # the task's own argument copy goes with it
                 if key[0] == "args":
                     own = self._copies.pop(key)
@@ -270,7 +290,11 @@ class RemoteRunner:
             new = []
             for oid, ok, p in deps:
                 ref = _pull.parse_remote(p) if ok else None
-                if ref is not None:
+                if ref is not None and self._own_lent(ref):
+                    lid, _since, p = self._lent[ref[2]]
+                    self._lent[ref[2]] = (lid, time.monotonic(), p)  # in use: kept longer
+                    s.store.pin(p)
+                elif ref is not None:
                     p = self._copies[("dep", ref[1], ref[2], 0)].payload
                     s.store.pin(p)  # while this task needs it (unpinned at its finish)
                 new.append((oid, ok, p))
@@ -347,6 +371,13 @@ class RemoteRunner:
             if localized is None:
                 return
             msg = localized
+        elif any(ref is not None and ref[1] == self.address
+                 for _oid, ok, p in msg.deps or () if ok
+                 for ref in (_pull.parse_remote(p),)):
+            localized = self._localize_locked(msg, keys)  # inputs lent from here
+            if localized is None:
+                return
+            msg = localized
         g = self._group_locked(msg)
         self._last_used[g.group_id] = time.monotonic()
         fkey = (msg.origin, msg.fn_id)
@@ -363,7 +394,7 @@ class RemoteRunner:
             if stored is not None and stored[2] >= REFERENCE_MIN:
                 # large: lent by reference; the origin pulls it, then says ReleaseLent
                 value = _pull.remote_ref(payload, self.address)
-                self._lent[stored[1]] = (local_id, time.monotonic())
+                self._lent[stored[1]] = (local_id, time.monotonic(), payload)
             else:
                 try:
                     value = _inline.inline_payload(payload) if ok else payload
@@ -437,7 +468,7 @@ class RemoteRunner:
         """Retire mirror groups idle for a while, free idle input copies."""
         now = time.monotonic()
         self._drop_idle_copies_locked(now)
-        for name, (oid, since) in list(self._lent.items()):
+        for name, (oid, since, _p) in list(self._lent.items()):
             if now - since > self.lend_timeout_s:  # the origin never came for it
                 del self._lent[name]
                 self._s.decref_locked(oid)

@@ -29,6 +29,14 @@ inline, so the node that runs it needs nothing from here. What can go wrong:
   attempts are used the task fails with ``ObjectLostError`` naming the result and node
   (the pull, not the link's closing, decides: the two race when the lender dies).
 
+Data locality: after pulling a lent result, this node leaves it lent (``lent_copies``,
+released when its own copy is freed) and, for ``LEND_USE_S``, sends the tasks that take
+it a reference to the *lender's* copy. The global scheduler's policy then sees the input
+on the lender (``missing_bytes`` 0 there) and places them there when it can start them
+soon enough; the lender runs them on its copy, with nothing to pull. A task that finds
+that copy gone (``ObjectLostError`` from the lender) is offered again, uncharged, with
+this node's copy; a lender that goes away is forgotten (``_lost_locked``).
+
 A task asking for resources this node does not have at all (``_resdispatch``: more
 CPUs or GPUs, a custom resource it lacks) goes to a global scheduler at once
 (``unmet``), which places it only on a node that has them. While no node has them
@@ -93,6 +101,10 @@ _BACKOFF_S = 0.2
 # by reference the runner pulls them on a kept connection (bench/NOTES.md).
 REFERENCE_MIN = 256 << 10
 GRACE_S = 10.0  # default of DPOOL_RESOURCE_GRACE_S
+# After pulling a lent result, this node points tasks that take it at the lender's copy
+# for this long (data locality: the global scheduler then places them there, with
+# nothing to pull). The lender keeps it ``_remote.lend_timeout_s`` (60 s) unreleased.
+LEND_USE_S = 20.0
 _CHECK_S = 3.0  # how often a node running tasks for this one is asked which it still has
 
 
@@ -121,7 +133,7 @@ def policy_from_env() -> PlacementPolicy:
 
 class _Away:
     __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs", "accepted_at",
-                 "strikes")
+                 "strikes", "lenders")
 
     def __init__(self, task: Task, gs: str, sent_at: float) -> None:
         self.task = task
@@ -132,6 +144,7 @@ class _Away:
         self.refs: tuple = ()  # segments of this store it was sent references to
         self.accepted_at = 0.0  # when ``node`` said Accepted
         self.strikes = 0  # answers in a row from ``node`` that it has no trace of it
+        self.lenders: set = set()  # nodes whose lent copies its inputs were sent from
 
 
 class Spiller:
@@ -159,6 +172,9 @@ class Spiller:
         self._rr = 0
         self.token = b""  # the cluster token, to pull lent results
         self._borrowers: dict[str, set] = {}  # our segment -> nodes that may hold a copy
+        # Results pulled from a node that still lends them (data locality):
+        # our segment -> (lender, its segment, size, pulled at); released when ours is freed
+        self.lent_copies: dict[str, tuple] = {}
         scheduler.store.on_freed = self._freed_locked
         self.grace_s = resource_grace_s()
         self._unmet: dict[int, list] = {}  # task id -> [first seen, why not placed]
@@ -246,11 +262,12 @@ class Spiller:
         deps = None
         if t.args:
             s.store.restore_payload(t.args)  # a spilled-to-disk argument block comes back
+        lenders: set = set()
         if t.deps:
             for _oid, ok, p in t.deps:
                 if ok:
                     s.store.restore_payload(p)
-            deps = tuple((oid, ok, self._outgoing(p) if ok else p)
+            deps = tuple((oid, ok, self._outgoing(p, lenders) if ok else p)
                          for oid, ok, p in t.deps)
         ctx = g.mp_context
         cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
@@ -265,15 +282,25 @@ class Spiller:
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
         a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
                        if ok and (ref := _pull.parse_remote(p)) is not None)
+        a.lenders = lenders
         self._away_per_group[g.group_id] = self._away_per_group.get(g.group_id, 0) + 1
         s.control.log_event(t.task_id, "spill", time.time(), 0)
         return msg
 
-    def _outgoing(self, payload: bytes) -> bytes:
+    def _outgoing(self, payload: bytes, lenders: Optional[set] = None) -> bytes:
         """A value for another node: a reference when it is large and in this node's
-        store (the node that runs the task pulls it, once), else its bytes inline."""
+        store (the node that runs the task pulls it, once), else its bytes inline. A
+        result pulled from a node that still lends it (``lent_copies``): a reference
+        to the lender's copy, so that the task is placed there and pulls nothing
+        (its lender added to ``lenders``)."""
         ref = _values.stored(payload)
         if ref is not None and ref[2] >= REFERENCE_MIN:
+            lent = self.lent_copies.get(ref[1]) if lenders is not None else None
+            if lent is not None and time.monotonic() - lent[3] < LEND_USE_S:
+                lenders.add(lent[0])  # type: ignore[union-attr]
+                theirs = _values._STORED_HEAD.pack(_values.TAG_STORED, ref[0], lent[2]) \
+                    + lent[1].encode()
+                return _pull.remote_ref(theirs, lent[0])
             return _pull.remote_ref(payload, self.address)
         return _inline.inline_payload(payload)
 
@@ -410,14 +437,45 @@ class Spiller:
 
     def _freed_locked(self, name: str) -> None:
         """Segment ``name`` of this node's store was freed (its last reference died):
-        the nodes that may keep a copy of it free theirs (``_remote``)."""
+        the nodes that may keep a copy of it free theirs (``_remote``), and the node
+        that lent it, if it still does."""
         for node in self._borrowers.pop(name, ()):
             self._send(node, [m.ReleaseLent(name)])
+        lent = self.lent_copies.pop(name, None)
+        if lent is not None:
+            for node in {lent[0], *self._borrowers.pop(lent[1], ())}:
+                self._send(node, [m.ReleaseLent(lent[1])])
+
+    def _lender_lost_locked(self, t: Task, a: _Away, payload: bytes) -> bool:
+        """``t`` failed with its input gone from the lender it was pointed at (the
+        lender died, or no longer lends it): forget that lender's copies and offer
+        the task again, uncharged, with this node's own copies (True)."""
+        try:
+            err = _payload.loads_error(payload)
+        except Exception:  # noqa: BLE001 - not an error this node can read: the task's
+            return False
+        if not isinstance(err, ObjectLostError) or (
+                err.node is not None and err.node not in a.lenders):
+            return False
+        self._forget_lenders_locked(a.lenders)
+        log.warning("task %#x: an input lent by %s is gone (%s): sending it again with "
+                    "this node's copy", t.task_id, ", ".join(sorted(a.lenders)), err)
+        self._home_locked(t, charge=False)
+        return True
+
+    def _forget_lenders_locked(self, nodes: set) -> None:
+        for name, lent in list(self.lent_copies.items()):
+            if lent[0] in nodes:
+                del self.lent_copies[name]
 
     def _on_result_locked(self, h: Any, msg: m.TaskResult) -> None:
+        a = self.away.get(msg.task_id)
         t = self._take_locked(msg.task_id)
         if t is None:
             return  # a late duplicate: it was retried and finished already
+        if a is not None and a.lenders and not msg.ok and \
+                self._lender_lost_locked(t, a, msg.payload):
+            return
         self._unmet.pop(t.task_id, None)
         self._homeless.pop(t.task_id, None)
         s = self._s
@@ -482,10 +540,15 @@ class Spiller:
                     except Exception as exc:  # noqa: BLE001 - e.g. the store is full
                         _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
                         payload, ok = _payload.dumps_error(exc), False
+                if ok:  # the lender keeps its copy until ours is freed (``_freed_locked``)
+                    ours = _values.stored(payload)[1]  # type: ignore[index]
+                    self.lent_copies[ours] = (holder, name, size, time.monotonic())
+                    name = ""
                 s.finish_locked(t, ok, payload)
             out = s.take_out_locked()
         s.deliver(out)
-        self._send(holder, [m.ReleaseLent(name)])
+        if name:
+            self._send(holder, [m.ReleaseLent(name)])
 
     def unreachable_locked(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
@@ -505,6 +568,7 @@ class Spiller:
         self._lost_locked({address}, gs_too=False)
 
     def _lost_locked(self, names: set, gs_too: bool = True) -> None:
+        self._forget_lenders_locked(names)
         lost = [a for a in self.away.values()  # (a result being pulled: its puller decides)
                 if (gs_too and a.node is None and a.gs in names) or
                 (a.node is not None and a.node in names and not a.pulling)]
