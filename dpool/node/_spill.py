@@ -29,34 +29,9 @@ inline, so the node that runs it needs nothing from here. What can go wrong:
   attempts are used the task fails with ``ObjectLostError`` naming the result and node
   (the pull, not the link's closing, decides: the two race when the lender dies).
 
-Data locality: after pulling a lent result, this node leaves it lent (``lent_copies``,
-released when its own copy is freed) and, for ``LEND_USE_S``, sends the tasks that take
-it a reference to the *lender's* copy. The global scheduler's policy then sees the input
-on the lender (``missing_bytes`` 0 there) and places them there when it can start them
-soon enough; the lender runs them on its copy, with nothing to pull. A task that finds
-that copy gone (``ObjectLostError`` from the lender) is offered again, uncharged, with
-this node's copy; a lender that goes away is forgotten (``_lost_locked``).
-
-A task asking for resources this node does not have at all (``_resdispatch``: more
-CPUs or GPUs, a custom resource it lacks) goes to a global scheduler at once
-(``unmet``), which places it only on a node that has them. While no node has them
-(``SpillRejected``, or no global scheduler linked) it is parked here and offered again
-every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 s: time
-for such a node to join) it fails with ``ResourceError``, saying what it asked and what
-the nodes offer.
-
-Nothing may hold a task that nobody will act on (issue 17):
-
-- a node with no CPUs runs nothing itself: a task queued there that no node takes
-  (every offer rejected, no global scheduler linked, its code not shareable) fails
-  with ``ResourceError`` after ``grace_s``, like a task whose resources nobody has;
-  a pool whose ``max_workers`` is 0 (sized while the cluster had no CPUs) still
-  sends one task at a time;
-- a task accepted by another node is not timed out (it may run for hours), but every
-  ``check_s`` (3 s) the node running tasks accepted that long ago is asked which of them
-  it still has (``TasksQuery``; ``_remote`` answers ``TasksKnown`` on the link its
-  results take, after them). One it has no trace of in two answers in a row (the first
-  may have crossed its result) is offered again, uncharged.
+Results and their lenders (data locality): ``_spill_results``. Tasks asking for
+resources this node lacks, and the safety nets that keep any task from being held
+where nobody will act on it: ``_spill_waits``.
 
 How many queued tasks a node keeps is the cluster's placement policy's call
 (``PlacementPolicy.keep``; the built-in rule is the formula above), named by
@@ -73,39 +48,35 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from typing import Any, Callable, Optional
 
-from dpool.errors import ObjectLostError, WorkerCrashedError
-from dpool.objects import _inline, _payload, _segment, _values
+from dpool.errors import WorkerCrashedError
+from dpool.node._spill_base import (
+    _BACKOFF_S,
+    _CHECK_S,
+    GRACE_S,
+    LEND_USE_S,
+    REFERENCE_MIN,
+    _Away,
+)
+from dpool.node._spill_results import SpillResults
+from dpool.node._spill_waits import SpillWaits
+from dpool.objects import _inline, _payload, _values
 from dpool.protocol import _messages as m
 from dpool.scheduling import Group, SchedulerAPI, Task, _resources
 from dpool.scheduling._placement_policy import (
     HERE,
-    SPREAD,
     LeastWait,
     LocalQueue,
     PlacementError,
     PlacementPolicy,
-    strategy_from_wire,
 )
 from dpool.scheduling._placement_policy import load as load_policy
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
 
-_BACKOFF_S = 0.2
-# Stored inputs this large go by reference (pulled by the runner): every stored value, at
-# the default store threshold. Inline, a large input's bytes cross both peers' IO loops;
-# by reference the runner pulls them on a kept connection (bench/NOTES.md).
-REFERENCE_MIN = 256 << 10
-GRACE_S = 10.0  # default of DPOOL_RESOURCE_GRACE_S
-# After pulling a lent result, this node points tasks that take it at the lender's copy
-# for this long (data locality: the global scheduler then places them there, with
-# nothing to pull). The lender keeps it ``_remote.lend_timeout_s`` (60 s) unreleased.
-LEND_USE_S = 20.0
-_CHECK_S = 3.0  # how often a node running tasks for this one is asked which it still has
 
 
 def resource_grace_s() -> float:
@@ -131,23 +102,7 @@ def policy_from_env() -> PlacementPolicy:
         return LeastWait()
 
 
-class _Away:
-    __slots__ = ("task", "gs", "node", "sent_at", "pulling", "refs", "accepted_at",
-                 "strikes", "lenders")
-
-    def __init__(self, task: Task, gs: str, sent_at: float) -> None:
-        self.task = task
-        self.gs = gs
-        self.node: Optional[str] = None
-        self.sent_at = sent_at
-        self.pulling = False  # done there; its lent result is being pulled from ``node``
-        self.refs: tuple = ()  # segments of this store it was sent references to
-        self.accepted_at = 0.0  # when ``node`` said Accepted
-        self.strikes = 0  # answers in a row from ``node`` that it has no trace of it
-        self.lenders: set = set()  # nodes whose lent copies its inputs were sent from
-
-
-class Spiller:
+class Spiller(SpillWaits, SpillResults):
     """The node's ``SpillService``: decides what leaves, and keeps each task's record
     until its outcome comes back."""
 
@@ -358,70 +313,6 @@ class Spiller:
             self._homeless.pop(t.task_id, None)
             self._s.finish_locked(t, False, _payload.dumps_error(PlacementError(msg.reason)))
 
-    # -- resources this node lacks ---------------------------------------------------------
-    def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:
-        """``t`` asks for resources this node never has (``reason``): send it to a node
-        that has them, or park it until one joins; after the grace period, fail it.
-        False: not this spiller's (a mirror group's task: the caller fails it)."""
-        if self._mirror(g):
-            return False
-        now = time.monotonic()
-        gss = self._schedulers()
-        strategy = strategy_from_wire(t.req.strategy) if t.req.strategy else None
-        if strategy is not None and not gss and t.task_id not in self._unmet and (
-                strategy == SPREAD or strategy.soft):
-            return False  # nobody to ask where: a soft strategy runs here (the caller)
-        unmet = self._unmet.get(t.task_id)
-        if unmet is None:
-            unmet = self._unmet[t.task_id] = [now, reason]
-        if now - unmet[0] >= self.grace_s:
-            del self._unmet[t.task_id]
-            why = (f"{unmet[1]}; no node of the cluster offered it within "
-                   f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S)")
-            if strategy is not None:
-                if t.future is not None and not t.started:
-                    if not t.future.set_running_or_notify_cancel():
-                        self._s.skip_cancelled_locked(t)
-                        return True
-                    t.started = True
-                self._s.finish_locked(t, False, _payload.dumps_error(PlacementError(why)))
-            else:
-                self._s.fail_unmet_locked(t, why)
-            return True
-        if not gss or self._keep_local(g):  # (its code is not published for others yet)
-            if not gss:
-                unmet[1] = f"{reason} (and no global scheduler is linked to place it)"
-            self._parked.append((now + _BACKOFF_S, g, t))
-            return True
-        gs = self._start_locked(t, gss)
-        if gs is None:
-            del self._unmet[t.task_id]
-            return True
-        try:
-            msg = self._spill_locked(t, g, gs)
-        except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
-            del self._unmet[t.task_id]
-            self._s.fail_unmet_locked(
-                t, f"{reason}; it could not be sent to another node: {exc}")
-            return True
-        self._send(gs, [msg])
-        return True
-
-    def _retry_parked_locked(self, now: float) -> None:
-        due = [p for p in self._parked if p[0] <= now]
-        if not due:
-            return
-        self._parked = [p for p in self._parked if p[0] > now]
-        for _, g, t in due:
-            if g.broken is not None:
-                continue  # failed with its group
-            if t.future is not None and not t.started and t.future.cancelled():
-                self._unmet.pop(t.task_id, None)
-                self._s.skip_cancelled_locked(t)
-                continue
-            reason = self._unmet.get(t.task_id, [0.0, ""])[1]
-            self.unmet_locked(g, t, reason)
-
     def _on_accepted_locked(self, h: Any, msg: m.Accepted) -> None:
         a = self.away.get(msg.task_id)
         if a is not None:
@@ -434,121 +325,6 @@ class Spiller:
                     del self._homeless[tid]
             for name in a.refs:  # it will copy these inputs, and keep them for later tasks
                 self._borrowers.setdefault(name, set()).add(a.node)
-
-    def _freed_locked(self, name: str) -> None:
-        """Segment ``name`` of this node's store was freed (its last reference died):
-        the nodes that may keep a copy of it free theirs (``_remote``), and the node
-        that lent it, if it still does."""
-        for node in self._borrowers.pop(name, ()):
-            self._send(node, [m.ReleaseLent(name)])
-        lent = self.lent_copies.pop(name, None)
-        if lent is not None:
-            for node in {lent[0], *self._borrowers.pop(lent[1], ())}:
-                self._send(node, [m.ReleaseLent(lent[1])])
-
-    def _lender_lost_locked(self, t: Task, a: _Away, payload: bytes) -> bool:
-        """``t`` failed with its input gone from the lender it was pointed at (the
-        lender died, or no longer lends it): forget that lender's copies and offer
-        the task again, uncharged, with this node's own copies (True)."""
-        try:
-            err = _payload.loads_error(payload)
-        except Exception:  # noqa: BLE001 - not an error this node can read: the task's
-            return False
-        if not isinstance(err, ObjectLostError) or (
-                err.node is not None and err.node not in a.lenders):
-            return False
-        self._forget_lenders_locked(a.lenders)
-        log.warning("task %#x: an input lent by %s is gone (%s): sending it again with "
-                    "this node's copy", t.task_id, ", ".join(sorted(a.lenders)), err)
-        self._home_locked(t, charge=False)
-        return True
-
-    def _forget_lenders_locked(self, nodes: set) -> None:
-        for name, lent in list(self.lent_copies.items()):
-            if lent[0] in nodes:
-                del self.lent_copies[name]
-
-    def _on_result_locked(self, h: Any, msg: m.TaskResult) -> None:
-        a = self.away.get(msg.task_id)
-        t = self._take_locked(msg.task_id)
-        if t is None:
-            return  # a late duplicate: it was retried and finished already
-        if a is not None and a.lenders and not msg.ok and \
-                self._lender_lost_locked(t, a, msg.payload):
-            return
-        self._unmet.pop(t.task_id, None)
-        self._homeless.pop(t.task_id, None)
-        s = self._s
-        s.batch.observe(t.fn_id, msg.duration)
-        ok, payload = msg.ok, msg.payload
-        ref = _pull.parse_remote(payload) if ok else None
-        if ref is not None:  # a large result, lent: pull it into this node's store
-            a = self.away[t.task_id] = _Away(t, "", time.monotonic())  # out till pulled
-            a.node, a.pulling = ref[1], True
-            gid = t.group.group_id
-            self._away_per_group[gid] = self._away_per_group.get(gid, 0) + 1
-            threading.Thread(target=self._pull_result, args=(t, ref), daemon=True,
-                             name="dpool-pull-result").start()
-            return
-        if ok:  # a large result joins this node's store: its drivers and workers map it
-            name = _segment.segment_name(s.store.owner_pid, t.task_id)
-            stored = None
-            try:
-                stored = _inline.into_store(payload, name) or payload
-                s.store.adopt(stored)
-                payload = stored
-            except Exception as exc:  # noqa: BLE001 - e.g. full: the task fails with it
-                if stored is not None and stored is not payload:
-                    _segment.unlink(name)
-                ok, payload = False, _payload.dumps_error(exc)
-        s.finish_locked(t, ok, payload)
-        g = t.group
-        if g.queue:
-            self.consider_locked(g)  # room away again: do not wait for the next tick
-
-    def _pull_result(self, t: Task, ref: tuple) -> None:
-        """Fetch a lent result (own thread), then finish its task and release the lend."""
-        s = self._s
-        size, holder, name = ref
-        lost: Optional[ObjectLostError] = None
-        try:
-            payload = _pull.fetch(holder, self.token, name, t.task_id, s.store.owner_pid,
-                                  size)
-            ok = True
-        except ObjectLostError as exc:  # the holder died (part-way) or freed it
-            lost = ObjectLostError(
-                f"the result of task {t.task_id:#x} is lost: its only copy was on node "
-                f"{holder}, which ran the task ({exc})", object_id=t.task_id, node=holder)
-            lost.__cause__ = exc
-            payload, ok = _payload.dumps_error(lost), False
-        except Exception as exc:  # noqa: BLE001 - the task fails with it
-            payload, ok = _payload.dumps_error(exc), False
-        with s.lock:
-            t_away = self._take_locked(t.task_id)
-            g = t.group
-            if t_away is None:  # the group failed meanwhile: the task is finished
-                if ok:
-                    _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
-            elif lost is not None and t.attempts < g.max_attempts and g.broken is None:
-                # As if the node had died running it (``_lost``): run it again.
-                log.warning("%s: running it again", lost)
-                self._home_locked(t, charge=True)
-            else:
-                if ok:
-                    try:
-                        s.store.adopt(payload)
-                    except Exception as exc:  # noqa: BLE001 - e.g. the store is full
-                        _segment.unlink(_values.stored(payload)[1])  # type: ignore[index]
-                        payload, ok = _payload.dumps_error(exc), False
-                if ok:  # the lender keeps its copy until ours is freed (``_freed_locked``)
-                    ours = _values.stored(payload)[1]  # type: ignore[index]
-                    self.lent_copies[ours] = (holder, name, size, time.monotonic())
-                    name = ""
-                s.finish_locked(t, ok, payload)
-            out = s.take_out_locked()
-        s.deliver(out)
-        if name:
-            self._send(holder, [m.ReleaseLent(name)])
 
     def unreachable_locked(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
@@ -639,63 +415,3 @@ class Spiller:
         if self.away and now >= self._next_check:
             self._next_check = now + self.check_s
             self._ask_runners_locked(now)
-
-    # -- safety nets: nobody may hold a task that nobody will act on -----------------------
-    def _homeless_locked(self, now: float) -> None:
-        """A node with no CPUs runs nothing itself: a task queued here that no node took
-        within ``grace_s`` (none with CPUs joined, no global scheduler linked, ...)
-        fails with ``ResourceError`` instead of waiting for good."""
-        gss = self._schedulers()
-        for g in list(self._s.groups_locked()):
-            if not g.queue or g.broken is not None or self._mirror(g):
-                continue
-            why = ("no global scheduler is linked to place it" if not gss else
-                   "its code could not be shared with other nodes" if self._keep_local(g)
-                   else None)
-            if why is not None:
-                for t in g.queue:
-                    self._homeless.setdefault(t.task_id, [now, why, g])
-        for tid, (since, why, g) in list(self._homeless.items()):
-            if now - since < self.grace_s or tid in self.away:
-                continue  # (away: it may be accepted yet)
-            del self._homeless[tid]
-            t = next((t for t in g.queue if t.task_id == tid), None)
-            if t is None:
-                continue  # it ran, was cancelled or failed meanwhile
-            g.queue.remove(t)
-            self._s.fail_unmet_locked(
-                t, f"this node has no CPUs and no node of the cluster took the task within "
-                f"{self.grace_s:g} s (DPOOL_RESOURCE_GRACE_S): {why or 'none with CPUs'}; "
-                "add a node with CPUs, or give this one some (--num-cpus)")
-
-    def _ask_runners_locked(self, now: float) -> None:
-        """Ask each node running tasks accepted ``check_s`` ago or more whether it still
-        has them (``TasksQuery``; the answer: ``_on_known_locked``)."""
-        ask: dict[str, list] = {}
-        for tid, a in self.away.items():
-            if a.node is not None and not a.pulling and now - a.accepted_at >= self.check_s:
-                ask.setdefault(a.node, []).append(tid)
-        for node, ids in ask.items():
-            self._send(node, [m.TasksQuery(self.address, tuple(ids))])
-
-    def _on_known_locked(self, h: Any, msg: m.TasksKnown) -> None:
-        """A node's answer: which of the tasks it accepted from here it still has. One
-        it has no trace of in two answers in a row (the first may cross its result) is
-        offered again, uncharged: no result of it will ever come."""
-        sender = {h.address, h.peer_id, msg.node_id}
-        for tid in msg.known:
-            a = self.away.get(tid)
-            if a is not None and a.node in sender:
-                a.strikes = 0
-        for tid in msg.unknown:
-            a = self.away.get(tid)
-            if a is None or a.pulling or a.node not in sender:
-                continue
-            a.strikes += 1
-            if a.strikes < 2:
-                continue
-            t = self._take_locked(tid)
-            if t is not None:
-                log.warning("node %s has no trace of task %#x it accepted: offering it "
-                            "again", a.node, tid)
-                self._home_locked(t, charge=False)
