@@ -1,6 +1,8 @@
 """Moving objects between node stores, against this machine's memcpy rate (same run).
 
-    python bench/transfer.py [--sizes 1,64,1024] [--reps 5] [--out bench/TRANSFER.md]
+    python bench/transfer.py [--sizes 1,64,1024] [--reps 5] [--fresh 3] [--fresh-mb 1024]
+                             [--no-ray] [--out bench/TRANSFER.md]
+                             [--json bench/transfer.json (default: beside --out)]
 
 A head that runs nothing (127.0.0.2, ``--num-cpus 0``) and one node with 2 CPUs
 (127.0.0.3); a driver on the head's host puts an array of each size (MB) into the head's
@@ -15,8 +17,11 @@ that difference implies, next to ``numpy`` copying the same bytes in this proces
 (memcpy: the limit); and the holder's own time for sending each copy (its node log's
 ``sent ... in X ms (N bytes from OFFSET)`` lines, one per range sent at once: the
 transfer alone, without the put and the task). Then the same 64 MB array broadcast to 8
-tasks over two nodes (a head and two nodes, for both libraries); and the cost of packing
-a project of ~1,000 files for the nodes, first and cached (``protocol._workdir``).
+tasks over two nodes (a head and two nodes, for both libraries); the first ``--fresh-mb``
+value into a newly started node (``--fresh`` new clusters of each library, alternating:
+no freed pages to reuse, no connections yet); and the cost of packing a project of
+~1,000 files for the nodes, first and cached (``protocol._workdir``). The header gives
+the 1-minute load average before and after the run (the machine may be shared).
 ``bench/micro/fetch.py`` times the transfer path with no cluster.
 """
 
@@ -64,7 +69,8 @@ with dpool.ProcessPoolExecutor(2) as ex:
             assert ex.submit(touch, ref).result() == touch(arr)
             times.append(time.perf_counter() - t0)
             del ref, arr
-        out[mb] = statistics.median(times[1:])
+        out[mb] = statistics.median(times[1:]) if reps else None
+        out[f"first{mb}"] = times[0]
 print(json.dumps(out))
 """
 
@@ -91,7 +97,8 @@ for mb in [0] + sizes:
         assert ray.get(touch.remote(ref)) == float(arr[::65536].sum())
         times.append(time.perf_counter() - t0)
         del ref, arr
-    out[mb] = statistics.median(times[1:])
+    out[mb] = statistics.median(times[1:]) if reps else None
+    out[f"first{mb}"] = times[0]
 print(json.dumps(out))
 """
 
@@ -148,10 +155,10 @@ print(json.dumps({"broadcast8": statistics.median(times), "nodes": len(nodes)}))
 
 
 @contextlib.contextmanager
-def dpool_cluster(tmp: str, nodes: int) -> Iterator[tuple[dict, str]]:
+def dpool_cluster(tmp: str, nodes: int, tag: str = "") -> Iterator[tuple[dict, str]]:
     """A 0-CPU head on 127.0.0.2 and ``nodes`` nodes of 2 CPUs on 127.0.0.3...: (the
     environment of a driver on the head's host, the head's state directory)."""
-    head = os.path.join(tmp, f"head-{nodes}")
+    head = os.path.join(tmp, f"head-{nodes}{tag}")
     port = _free_port("127.0.0.2")
     out = _cli(["start", "--head", "--port", str(port), "--node-ip", "127.0.0.2",
                 "--num-cpus", "0", "--global-schedulers", "1"], head)
@@ -159,7 +166,7 @@ def dpool_cluster(tmp: str, nodes: int) -> Iterator[tuple[dict, str]]:
     states = [head]
     try:
         for i in range(nodes):
-            states.append(os.path.join(tmp, f"node-{nodes}-{i}"))
+            states.append(os.path.join(tmp, f"node-{nodes}-{i}{tag}"))
             _cli(["start", "--address", f"127.0.0.2:{port}", "--token", token, "--node-ip",
                   f"127.0.0.{3 + i}", "--num-cpus", "2"], states[-1])
         time.sleep(1.5)  # the nodes link to the global scheduler at their first heartbeat
@@ -240,6 +247,29 @@ def sent_ms(log: str) -> dict:
     return out
 
 
+def fresh_lines(fresh: dict, mb: int, peer: str) -> list:
+    """The first ``mb`` MB value into a newly started node (put + remote task, after one
+    tiny task), per cluster started, and the medians."""
+    if not fresh["dpool"]:
+        return []
+    ours = [r[f"first{mb}"] for r in fresh["dpool"]]
+    theirs = [r[f"first{mb}"] for r in fresh["ray"]]
+
+    def ms(xs: list) -> str:
+        return ", ".join(f"{x * 1e3:.0f}" for x in xs) + " ms" if xs else "n/a"
+
+    ratio = (f"{statistics.median(ours) / statistics.median(theirs):.2f}x" if theirs
+             else "n/a")
+    failed = fresh.get("ray_failed", 0)
+    note = [f"({failed} of the fresh {peer} clusters did not start in time; not counted.)",
+            ""] if failed else []
+    return [f"The first {mb} MB value into a newly started node (a new cluster each time, "
+            "one tiny task first; put + remote task), alternating:", "",
+            f"| | dpool | {peer} | dpool / peer (medians) |", "|---|---|---|---|",
+            f"| first {mb} MB into a fresh node | {ms(ours)} | {ms(theirs)} | {ratio} |",
+            "", *note]
+
+
 def package_cost(tmp: str) -> tuple[float, float]:
     from dpool.protocol import _workdir
 
@@ -260,11 +290,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,64,1024")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--fresh", type=int, default=3,
+                    help="clusters started for the first-value-into-a-fresh-node figure")
+    ap.add_argument("--fresh-mb", type=int, default=1024)
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench/TRANSFER.md"))
+    ap.add_argument("--json", default=None,
+                    help="raw figures (default: transfer.json beside --out)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     py = None if args.no_ray else _ray_python()
+    load = [os.getloadavg()[0]]
     tmp = tempfile.mkdtemp(prefix="dpool-transfer-")
     ray: dict = {}
     try:
@@ -279,9 +315,23 @@ def main() -> int:
                                 env)
             with ray_cluster(py, 2) as (env, address):
                 ray.update(_run_json([py, "-c", RAY_BROADCAST, str(args.reps), address], env))
+        fresh: dict = {"dpool": [], "ray": []}  # the first large value into a new node
+        for i in range(args.fresh):  # (alternating: both see the same load)
+            with dpool_cluster(tmp, 1, f"fresh{i}") as (env, head):
+                fresh["dpool"].append(_run_json([sys.executable, "-c", DRIVER,
+                                                 str(args.fresh_mb), "0"], env))
+            if py is not None:
+                try:
+                    with ray_cluster(py, 1) as (env, address):
+                        fresh["ray"].append(_run_json([py, "-c", RAY_DRIVER,
+                                                       str(args.fresh_mb), "0", address], env))
+                except (subprocess.SubprocessError, RuntimeError) as exc:  # not the run
+                    fresh["ray_failed"] = fresh.get("ray_failed", 0) + 1
+                    print(f"a fresh Ray cluster failed: {exc}", file=sys.stderr)
         first, cached = package_cost(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    load.append(os.getloadavg()[0])
     base = res["0"]
     peer = "Ray 2.60" if ray else "Ray (not installed)"
 
@@ -289,7 +339,8 @@ def main() -> int:
         return f"{theirs * 1e3:.1f} ms | {ours / theirs:.2f}x" if theirs else "n/a | n/a"
 
     lines = [f"# Objects between nodes ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{os.cpu_count()} cores, loopback 'hosts')", "",
+             f"{os.cpu_count()} cores, loopback 'hosts', load average "
+             f"{' / '.join(f'{x:.1f}' for x in load)} before / after)", "",
              "`python bench/transfer.py` -- one run, peers in the same run. A task on node B "
              "reads an array put on node A (a 0-CPU head, the driver on its host); B pulls "
              f"it into its own store. {peer} does the same on the same layout (a 0-CPU head "
@@ -299,17 +350,22 @@ def main() -> int:
              f"Fixed cost of put + remote task with a tiny array: {base * 1e3:.1f} ms. ",
              "The holder's send time is the median over the copies of that size it sent, "
              "from its node log (a copy goes in ranges at once: the longest range's time).",
-             "",
+             "", "![GB/s against object size](transfer.png)", "",
+             "(`python bench/plots.py --only transfer` draws it from transfer.json.)", "",
              f"| size | put + remote task | {peer} | dpool / peer | minus fixed cost | "
              "implied rate | memcpy of the same bytes | rate ÷ memcpy rate | holder's "
              "send time (rate) |",
              "|---|---|---|---|---|---|---|---|---|"]
+    saved: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
+                   "reps": args.reps, "peer": peer, "sizes_mb": sizes, "dpool_s": res,
+                   "ray_s": ray, "memcpy_s": {}, "holder_send_ms": {}}
     for mb in sizes:
         t = res[str(mb)]
         extra = max(t - base, 1e-9)
         mc = memcpy_s(mb)
         rate = mb / 1024 / extra
         sent = statistics.median(sends[mb]) if sends.get(mb) else None
+        saved["memcpy_s"][str(mb)], saved["holder_send_ms"][str(mb)] = mc, sent
         send = f"{sent:.1f} ms ({mb / 1024 / (sent / 1e3):.2f} GB/s)" if sent else "n/a"
         lines.append(f"| {mb} MB | {t * 1e3:.1f} ms | {vs(t, ray.get(str(mb)))} | "
                      f"{extra * 1e3:.1f} ms | {rate:.2f} GB/s | {mc * 1e3:.1f} ms "
@@ -324,8 +380,11 @@ def main() -> int:
               "It crosses once per node: "
               "`tests/cluster/test_multinode.py::test_a_broadcast_input_crosses_once_per_node` "
               "counts the holder's transfers.", "",
+              *fresh_lines(fresh, args.fresh_mb, peer),
               f"Packing a project of 1,000 files for the nodes: {first * 1e3:.1f} ms the "
               f"first time, {cached * 1e3:.1f} ms unchanged (cached).", ""]
+    json_out = Path(args.json) if args.json else Path(args.out).with_name("transfer.json")
+    json_out.write_text(json.dumps(saved, indent=1))  # bench/plots.py draws it
     out = Path(args.out)
     old = out.read_text() if out.exists() else ""
     kept = old[old.index("\n## ") + 1:] if "\n## " in old else ""  # hand-written history

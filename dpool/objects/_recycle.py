@@ -18,8 +18,17 @@ read. A reader that opened the old name just before the rename finds, once it ho
 lock, that the name no longer refers to its inode, and reports the object missing.
 
 Pool segments live at most ``DPOOL_SEGMENT_POOL_TTL`` seconds (default 0.5; 0 disables
-recycling) and take at most ``max_bytes``; a timer thread of the owner unlinks expired
-ones, :meth:`SegmentPool.purge` unlinks all (shutdown, or the store needs the room), and
+recycling) plus ``LINGER_S_PER_GIB`` per GiB of the segment (4.5 s for 1 GiB), and take
+at most ``max_bytes``. The linger: a program makes its next large value in about the
+time it made the last, which grows with its size (filling 1 GiB with numpy takes a
+second or more here), and a segment unlinked meanwhile leaves the next writer fresh
+pages -- on a VM that reports freed memory to its host (free page reporting, as this one
+does), pages the host must fault in again (1 GB written into fresh tmpfs pages took
+0.36-3.6 s here, into a freed segment's 0.26-0.45 s; bench/TRANSFER.md). A write is
+given a pool segment at most twice its size: cutting most of a big one away costs more
+than fresh pages, and takes the pages the next big value wants. A timer thread of the
+owner unlinks expired ones, :meth:`SegmentPool.purge` unlinks all (shutdown, or the
+store needs the room), and
 ``_segment.reap_owner`` / ``reap_orphans`` cover an owner that died.
 """
 
@@ -40,6 +49,8 @@ __all__ = ["SegmentPool", "claim", "pool_dir", "pool_ttl", "release"]
 log = logging.getLogger("dpool.objects")
 
 _DEFAULT_TTL_S = 0.5
+LINGER_S_PER_GIB = 4.0
+"""Seconds a pool segment lives beyond the TTL, per GiB of its size."""
 
 
 def pool_ttl() -> float:
@@ -93,7 +104,8 @@ class SegmentPool:
                 os.rename(SHM_DIR + name, path)
             except OSError:
                 return False
-            self._entries[path] = (size, time.monotonic() + self.ttl_s)
+            self._entries[path] = (size, time.monotonic() + self.ttl_s
+                                   + LINGER_S_PER_GIB * size / (1 << 30))
             if self._timer is None:
                 self._timer = threading.Thread(target=self._expire_loop,
                                                name="dpool-segment-pool", daemon=True)
@@ -173,9 +185,11 @@ def claim(owner_pid: int, name: str, size: int) -> int | None:
         if n.startswith("claim-"):
             continue
         try:
-            sized.append((os.stat(f"{pool}/{n}").st_size, n))
+            have = os.stat(f"{pool}/{n}").st_size
         except OSError:
             continue
+        if have <= _MAX_SHRINK * size:  # (cutting most of a big one costs more than
+            sized.append((have, n))     # fresh pages, and the next big value wants it)
     # The smallest that is big enough (only its tail is freed), else the biggest.
     sized.sort(key=lambda x: (x[0] < size, x[0] if x[0] >= size else -x[0]))
     for have, n in sized:
@@ -195,6 +209,7 @@ def claim(owner_pid: int, name: str, size: int) -> int | None:
 
 
 _claims = itertools.count()
+_MAX_SHRINK = 2  # a pool segment is reused for a write at least 1/_MAX_SHRINK its size
 
 
 def _take_over(mine: str, target: str, have: int, size: int) -> int | None:

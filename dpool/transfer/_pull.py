@@ -5,12 +5,13 @@ that holds it, into a segment of its own store.
     fetch(address, name, size) ─ kept connections: FetchSegment(name, offset, length) ─▶
        a segment of B's store (a freed one's pages)     one NodeServer thread each
          ◀── per range: size, then raw bytes (sendfile from /dev/shm) ──┘
-       recv_into a buffer, pwrite at the range's offset (a thread per range)
+       splice socket -> pipe -> segment at the range's offset (a thread per range)
 
 A stored value is one segment whose layout is self-describing (``_segment``), so a copy
 is the segment's bytes, verbatim: A sends them with ``sendfile`` from the tmpfs file, B
-receives them into a buffer it keeps and writes them into its new segment -- no copy of
-the value in Python memory on either side, and nothing unpickled. Transfers have
+splices them from the socket into its new segment (``_ranges.receive``: the kernel copies
+each byte once, into B's pages) -- no copy of the value in Python memory on either side,
+and nothing unpickled. Transfers have
 connections of their own, authenticated like any other (``protocol._auth``), so a large
 one never holds up a node's control messages; ``_conns`` keeps them for the next
 transfer from the same node (a handshake costs more than copying 1 MB).
@@ -55,6 +56,7 @@ _SIZE = struct.Struct("!Q")
 _SEND_CHUNK = 8 << 20  # bytes sent per open of the segment (``serve``)
 _FORK_WAIT_S = 0.5  # the longest one send or write holds off a fork of this process
 FETCH_TIMEOUT = 30.0
+_LOG_SIZE = 1 << 20  # a fetch of at least this many bytes is logged (time, pages)
 _OTHER_TIMEOUT = 5.0  # the limit on a call that makes no progress, with a listed copy
 
 
@@ -207,16 +209,22 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
     src = _Source(host, port, address, token, name, _held_id(name), size, timeout, local)
+    t0 = time.monotonic()
     with _forkguard.no_fork():  # (no child may inherit the claimed segment's lock)
         fd = _segment._claim_recycled(local, size)
+        recycled = fd is not None
         if fd is None:
             fd = _segment._create(local, size, allocate=False)
-        os.close(fd)  # each chunk opens it again (``_ranges.write_chunk``)
+        os.close(fd)  # each chunk opens it again (``_ranges.receive``)
     try:
         src.pull_all()
     except BaseException:
         _segment.unlink(local)  # never a torn value
         raise
+    if size >= _LOG_SIZE:
+        log.info("fetched %s from node %s in %.1f ms (%d bytes into %s pages)", name,
+                 address, (time.monotonic() - t0) * 1e3, size,
+                 "recycled" if recycled else "fresh")  # (bench/transfer.py)
     return _values._STORED_HEAD.pack(_values.TAG_STORED, object_id, size) + local.encode()
 
 
@@ -281,28 +289,25 @@ class _Source:
             raise self.lost(f"node {address} holds {size} bytes of it, not {self.size}")
 
     def _receive(self, sock: socket.socket, offset: int, length: int) -> None:
-        """The range's bytes, into the copy's segment."""
-        address, timeout = self.address, self.timeout
-        got = 0
-        # pwrite from a buffer, not recv_into a mapping: pages of a mapping fault in one
-        # at a time, and a fresh mapping needs them allocated first.
-        buf = _ranges.take_buffer()
+        """The range's bytes, into the copy's segment (``_ranges.receive``: spliced from
+        the socket into the segment's pages, not through a buffer of this process)."""
+        address = self.address
+        written = [0]
+
+        def moved(n: int) -> None:
+            written[0] += n
+
         try:
-            _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
-            while got < length:
-                n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
-                if n == 0:
-                    raise self.lost(f"node {address} went away after {got} of the "
-                                    f"{length} bytes from {offset}")
-                _ranges.write_chunk(self.path, buf[:n], offset + got)
-                got += n
+            _ranges.blocking(sock, socket.SO_RCVTIMEO, self.timeout)
+            _ranges.receive(sock, self.path, offset, length, moved)
+        except _ranges.Closed as exc:
+            raise self.lost(f"node {address} went away after {exc.received} of the "
+                            f"{length} bytes from {offset}") from exc
         except OSError as exc:
             if exc.errno in _segment._NO_SPACE_ERRNOS:
                 raise _segment._full(self.local, self.size, str(exc)) from exc
-            raise self.lost(f"the transfer from node {address} broke after {got} of the "
-                            f"{length} bytes from {offset} ({exc})") from exc
-        finally:
-            _ranges.give_buffer(buf)
+            raise self.lost(f"the transfer from node {address} broke after {written[0]} "
+                            f"of the {length} bytes from {offset} ({exc})") from exc
 
 
 def _held_id(name: str) -> int:

@@ -5,8 +5,8 @@ segment of the node's store, off the control connection.
     put/submit: pickle 5, buffers out of band
     PushSegment(object id, size) ─── a kept transfer connection ──▶ its NodeServer thread:
         ◀── go ahead (or: full / refused) ───────────────────────── checks, claims a segment
-    header + table, meta, each buffer at its aligned offset ───────▶ recv_into a buffer,
-        (sendmsg straight from the user's buffers: nothing joined)    pwrite into it
+    header + table, meta, each buffer at its aligned offset ───────▶ splice socket -> pipe
+        (sendmsg straight from the user's buffers: nothing joined)    -> segment
         ◀── stored: the segment's name (or: full / refused) ────────┘
     PutObject / SubmitTask, the payload naming that segment ──▶ (control connection) the
                                                                  scheduler adopts it, as
@@ -39,6 +39,7 @@ behind (the node unlinks its partial copy) and fails the driver's call with
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -329,7 +330,7 @@ class Receiver:
                 return _answer(sock, FULL, str(exc))
             except FileExistsError as exc:
                 return _answer(sock, REFUSED, str(exc))
-            os.close(fd)  # each chunk opens it again (``_ranges.write_chunk``)
+            os.close(fd)  # each chunk opens it again (``_ranges.receive``)
         inc = _Incoming(size, offsets={0})
         with self._cv:
             self._incoming[name] = inc
@@ -452,35 +453,23 @@ def _path(name: str) -> str:
 
 
 def _receive_into(sock: socket.socket, name: str, offset: int, length: int, size: int,
-                  timeout: float, moved: Callable[[int], None]) -> Optional[Error]:
-    """Receive ``length`` bytes into segment ``name`` from ``offset`` (each chunk written
-    with ``_ranges.write_chunk``: no fork is held off while the bytes come). If the store
-    fills up part-way, the rest is read and dropped (the driver is still sending it;
-    closing on it would reset the connection before it reads the answer) and the error
-    returned."""
-    full: Optional[Error] = None
-    path = _path(name)
-    buf = _ranges.take_buffer()  # kept between transfers: its pages are faulted in
-    got = 0
+                  timeout: float, moved: Callable[[int], None]) -> Error | None:
+    """Receive ``length`` bytes into segment ``name`` from ``offset``
+    (``_ranges.receive``: spliced into its pages; no fork is held off while the bytes
+    come). If the store fills up part-way (or another range failed and the segment is
+    gone), the rest is read and dropped (the driver is still sending it; closing on it
+    would reset the connection before it reads the answer) and the error returned."""
+    _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
     try:
-        _ranges.blocking(sock, socket.SO_RCVTIMEO, timeout)
-        while got < length:
-            n = sock.recv_into(buf, min(len(buf), length - got), socket.MSG_WAITALL)
-            if n == 0:
-                raise ConnectionError(f"the driver closed the connection after {got} of "
-                                      f"{length} bytes from {offset}")
-            if full is None:
-                try:
-                    _ranges.write_chunk(path, buf[:n], offset + got)
-                except OSError as exc:
-                    if exc.errno not in _segment._NO_SPACE_ERRNOS:
-                        raise
-                    full = _segment._full(name, size, str(exc))
-            got += n
-            moved(n)
-    finally:
-        _ranges.give_buffer(buf)
-    return full
+        full = _ranges.receive(sock, _path(name), offset, length, moved, keep_reading=True)
+    except _ranges.Closed as exc:
+        raise ConnectionError(f"the driver closed the connection after {exc.received} "
+                              f"of {length} bytes from {offset}") from exc
+    if full is None:
+        return None
+    if full.errno == errno.ENOENT:  # removed: another range failed (its error is told)
+        return _Lost(f"the upload of {name} failed")
+    return _segment._full(name, size, str(full))
 
 
 def _not_a_segment(fd: int, size: int, name: str) -> Optional[Error]:

@@ -83,7 +83,18 @@ def _read(payload: bytes):
     return _segment.read_object(name)
 
 
-def test_values_arrive_intact_over_one_kept_connection(holder, segments):
+@pytest.fixture(params=["spliced", "buffered"])
+def receive_path(request, monkeypatch):
+    """Both ways a range reaches the segment: spliced from the socket (where the kernel
+    can), else received into a buffer and written with pwrite."""
+    if request.param == "buffered":
+        monkeypatch.setattr(_ranges, "_splice_ok", False)
+    elif not _ranges._splice_ok:
+        pytest.skip("no splice(2) here")
+    return request.param
+
+
+def test_values_arrive_intact_over_one_kept_connection(holder, segments, receive_path):
     values = [np.arange(3_000_000, dtype=np.float64), b"x" * (1 << 20),
               {"a": np.ones((300, 700), dtype=np.int16, order="F"), "b": [1, "two"]}]
     for _ in range(2):
@@ -102,7 +113,7 @@ def test_a_kept_connection_the_holder_closed_is_replaced(holder, segments, monke
     assert len({s[0] for s in holder.served}) == 2
 
 
-def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segments):
+def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segments, receive_path):
     name = _stored(np.ones(1 << 20), segments)
 
     size = _segment.segment_size(name)
@@ -159,13 +170,16 @@ def test_a_stored_value_is_its_segments_bytes_verbatim(holder, segments):
     assert (deserialize(value.meta, value.buffers) == np.arange(10)).all()
 
 
-def test_no_room_for_the_copy(holder, segments, monkeypatch):
+def test_no_room_for_the_copy(holder, segments, monkeypatch, receive_path):
     name = _stored(np.ones(1 << 20), segments)
 
-    def no_space(fd: int, data: memoryview, offset: int) -> None:
+    def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_segment, "_pwrite_all", no_space)
+    if receive_path == "buffered":
+        monkeypatch.setattr(_segment, "_pwrite_all", no_space)
+    else:
+        monkeypatch.setattr(_ranges, "_drain", no_space)
     with pytest.raises(dpool.ObjectStoreFullError):
         _fetch(holder, name, segments)
     assert not _exists(segments[-1])
@@ -214,7 +228,7 @@ def test_a_large_value_comes_in_ranges_over_several_connections(holder, segments
     assert 2 <= len(peers) <= 3, peers
 
 
-def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges):
+def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges, receive_path):
     name = _stored(np.ones(1 << 20), segments)
     size = _segment.segment_size(name)
 
