@@ -8,10 +8,7 @@ import os
 import sys
 
 from dpool.errors import Error
-from dpool.protocol import _messages as m
-from dpool.protocol import decode_batch, encode_batch
 from dpool.runtime import _address
-from dpool.runtime._cluster import connect
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,19 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def query(address: str) -> dict:
     """The cluster's state as a dict (what ``--json`` prints)."""
-    target = _address.resolve(address)
-    chan, hello = connect(target)
-    try:
-        chan.send(encode_batch([m.StatusRequest()]))
-        frames = chan.recv_frames(timeout=10.0)
-        replies = [x for f in frames for x in decode_batch(f) if isinstance(x, m.StatusReply)]
-        if not replies:
-            raise Error(f"node {hello.node_id} did not answer the status request")
-        status = json.loads(replies[0].status)
-    finally:
-        chan.close()
-    status["address"] = target.address
-    return status
+    from dpool.observe._cluster import node_status
+
+    return node_status(_address.resolve(address))
 
 
 def _watch(args: argparse.Namespace) -> int:

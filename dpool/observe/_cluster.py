@@ -38,6 +38,12 @@ def cluster_address(address: str | None = None) -> str:
 def cluster_status(address: str | None = None) -> tuple[dict, _address.Target]:
     """The status the cluster's node reports (nodes, global schedulers, shards)."""
     target = _address.resolve(cluster_address(address))
+    return node_status(target), target
+
+
+def node_status(target: _address.Target) -> dict:
+    """The status the node at ``target`` reports (``dpool status --json``), with its
+    ``address``."""
     chan, hello = connect(target)
     try:
         chan.send(encode_batch([m.StatusRequest()]))
@@ -49,7 +55,7 @@ def cluster_status(address: str | None = None) -> tuple[dict, _address.Target]:
     finally:
         chan.close()
     status["address"] = target.address
-    return status, target
+    return status
 
 
 def open_store(address: str | None = None) -> tuple[Any, dict]:

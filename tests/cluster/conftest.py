@@ -150,12 +150,13 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
 
 
 def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2,
-                  global_schedulers: int = 1) -> Cluster:
-    """A head on ``host(2)`` (Redis shards, global schedulers, a node) and nodes joining
-    it from ``host(3)``, ``host(4)``, ... (started at once); stop with ``stop_cluster``."""
+                  global_schedulers: int = 1, shards: int = 2, extra: tuple = ()) -> Cluster:
+    """A head on ``host(2)`` (Redis shards, global schedulers, a node; ``extra``: more
+    ``dpool start --head`` flags) and nodes joining it from ``host(3)``, ``host(4)``, ...
+    (started at once); stop with ``stop_cluster``."""
     head, token = start_node(tmp, host(2), head=True, num_cpus=head_cpus,
-                             extra=("--shards", "2", "--global-schedulers",
-                                    str(global_schedulers)))
+                             extra=("--shards", str(shards), "--global-schedulers",
+                                    str(global_schedulers), *extra))
     c = Cluster(head, token, [head])
     try:
         with ThreadPoolExecutor(max(1, n_nodes - 1)) as pool:

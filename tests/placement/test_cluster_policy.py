@@ -8,14 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.cluster.conftest import (
-    Cluster,
-    dpool_cli,
-    host,
-    start_node,
-    stop_cluster,
-    wait_for_nodes,
-)
+from tests.cluster.conftest import dpool_cli, start_cluster, stop_cluster
 
 POLICY = "tests.placement._policies:Last"
 
@@ -23,15 +16,9 @@ POLICY = "tests.placement._policies:Last"
 @pytest.fixture(scope="module")
 def last_cluster(tmp_path_factory):
     """A head without CPUs (everything spills) and two 2-CPU nodes, placed by ``Last``."""
-    tmp = tmp_path_factory.mktemp("placement")
-    head, token = start_node(tmp, host(2), head=True, num_cpus=0,
-                             extra=("--shards", "1", "--placement-policy", POLICY))
-    c = Cluster(head, token, [head])
+    c = start_cluster(tmp_path_factory.mktemp("placement"), head_cpus=0, shards=1,
+                      extra=("--placement-policy", POLICY))
     try:
-        for i in (3, 4):
-            node, _ = start_node(tmp, host(i), head=False, address=head.address, token=token)
-            c.nodes.append(node)
-        wait_for_nodes(c, 3)
         yield c
     finally:
         stop_cluster(c)

@@ -12,19 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Cluster, host, start_node, stop_cluster, wait_for_nodes
+from tests.cluster.conftest import Cluster, start_cluster, stop_cluster
 
 
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("strategies")
-    head, token = start_node(tmp, host(2), head=True, num_cpus=2, extra=("--shards", "1"))
-    c = Cluster(head, token, [head])
+    c = start_cluster(tmp_path_factory.mktemp("strategies"), head_cpus=2, shards=1)
     try:
-        for i in (3, 4):
-            node, _ = start_node(tmp, host(i), head=False, address=head.address, token=token)
-            c.nodes.append(node)
-        wait_for_nodes(c, 3)
         yield c
     finally:
         stop_cluster(c)

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from dpool.scheduling._placement_policy import DEFAULT_BANDWIDTH, Demand, LeastWait, NodeLoad
-from tests.cluster.conftest import Cluster, host, start_node, stop_cluster, wait_for_nodes
+from tests.cluster.conftest import start_cluster, stop_cluster
 
 MB64 = 64 * 10**6
 
@@ -73,14 +73,8 @@ def _copies(node) -> int:
 @pytest.fixture
 def spill_cluster(tmp_path_factory):
     """A head without CPUs (every task spills) and two 2-CPU nodes, the default policy."""
-    tmp = tmp_path_factory.mktemp("locality")
-    head, token = start_node(tmp, host(2), head=True, num_cpus=0, extra=("--shards", "1"))
-    c = Cluster(head, token, [head])
+    c = start_cluster(tmp_path_factory.mktemp("locality"), head_cpus=0, shards=1)
     try:
-        for i in (3, 4):
-            node, _ = start_node(tmp, host(i), head=False, address=head.address, token=token)
-            c.nodes.append(node)
-        wait_for_nodes(c, 3)
         yield c
     finally:
         stop_cluster(c)

@@ -23,14 +23,7 @@ import pytest
 
 import dpool
 from dpool import PlacementError, ProcessPoolExecutor
-from tests.cluster.conftest import (
-    Cluster,
-    base_env,
-    host,
-    start_node,
-    stop_cluster,
-    wait_for_nodes,
-)
+from tests.cluster.conftest import Cluster, base_env, start_cluster, stop_cluster
 
 
 def where(x):
@@ -141,14 +134,8 @@ def test_embedded_bundle_gpus_are_the_bundles_and_kept_from_other_tasks():
 # -- a loopback cluster ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pgroups")
-    head, token = start_node(tmp, host(2), head=True, num_cpus=2, extra=("--shards", "1"))
-    c = Cluster(head, token, [head])
+    c = start_cluster(tmp_path_factory.mktemp("pgroups"), head_cpus=2, shards=1)
     try:
-        for i in (3, 4):
-            node, _ = start_node(tmp, host(i), head=False, address=head.address, token=token)
-            c.nodes.append(node)
-        wait_for_nodes(c, 3)
         yield c
     finally:
         stop_cluster(c)
