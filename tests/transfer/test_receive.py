@@ -16,6 +16,7 @@ from dpool.node import _server
 from dpool.objects import _recycle, _segment, _values
 from dpool.objects._serialization import serialize
 from dpool.transfer import _conns, _pull, _push, _ranges
+from tests.transfer.conftest import exists, stored
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(_segment.SHM_DIR), reason="needs /dev/shm")
 
@@ -37,24 +38,8 @@ def holder():
         srv.close()
 
 
-@pytest.fixture
-def segments():
-    """Names of the segments a test made or copied (removed after it)."""
-    made: list = []
-    yield made
-    for n in made:
-        _segment.unlink(n)
-
-
-def _exists(name: str) -> bool:
-    return os.path.exists(os.path.join(_segment.SHM_DIR, name.lstrip("/")))
-
-
 def _stored(value, segments: list) -> str:
-    name = _segment.segment_name(os.getpid(), next(_ids))
-    _segment.write_object(name, serialize(value))
-    segments.append(name)
-    return name
+    return stored(value, segments, next(_ids))
 
 
 def _fetch(address: str, name: str, segments: list):
@@ -142,9 +127,9 @@ def test_an_upload_that_finds_the_store_full_part_way_is_refused_whole(
                        serialize(np.ones(6 << 20)), timeout=10)
         assert written[0] > 2 and not kept
         deadline = time.monotonic() + 10
-        while _exists(name) and time.monotonic() < deadline:
+        while exists(name) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _exists(name)
+        assert not exists(name)
     finally:
         _conns.close_all()
         srv.close()

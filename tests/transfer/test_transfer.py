@@ -20,6 +20,7 @@ from dpool.node import _server
 from dpool.objects import _segment
 from dpool.objects._serialization import deserialize, serialize
 from dpool.transfer import _conns, _pull, _ranges
+from tests.transfer.conftest import exists, stored
 
 TOKEN = b"t" * 32
 _ids = itertools.count(1)
@@ -49,30 +50,14 @@ def holder():
         srv.close()
 
 
-@pytest.fixture
-def segments():
-    """Names of the segments a test made or copied (removed after it)."""
-    made: list = []
-    yield made
-    for n in made:
-        _segment.unlink(n)
-
-
-def _exists(name: str) -> bool:
-    return os.path.exists(os.path.join(_segment.SHM_DIR, name.lstrip("/")))
-
-
 def _stored(value, segments: list) -> str:
-    name = _segment.segment_name(os.getpid(), next(_ids))
-    _segment.write_object(name, serialize(value))
-    segments.append(name)
-    return name
+    return stored(value, segments, next(_ids))
 
 
 def _fetch(holder, name: str, segments: list, token: bytes = TOKEN):
     oid = next(_ids)
     segments.append(_segment.segment_name(os.getpid(), oid))
-    size = _segment.segment_size(name) if _exists(name) else 4096
+    size = _segment.segment_size(name) if exists(name) else 4096
     return _pull.fetch(holder.address, token, name, oid, os.getpid(), size, timeout=10)
 
 
@@ -125,7 +110,7 @@ def test_a_holder_that_goes_away_part_way_leaves_no_partial_copy(holder, segment
     holder.serve = staticmethod(half)
     with pytest.raises(dpool.ObjectLostError) as info:
         _fetch(holder, name, segments)
-    assert not _exists(segments[-1])  # the partial copy is gone
+    assert not exists(segments[-1])  # the partial copy is gone
     err = info.value
     assert err.node == holder.address and err.object_id == int(name.rsplit("_", 1)[1], 16)
     assert f"went away after {1 << 20} of the {size} bytes from 0" in str(err)
@@ -137,7 +122,7 @@ def test_a_value_the_holder_does_not_have(holder, segments):
     gone = _segment.segment_name(os.getpid(), next(_ids))
     with pytest.raises(dpool.ObjectLostError, match="does not hold it"):
         _fetch(holder, gone, segments)
-    assert not _exists(segments[-1])
+    assert not exists(segments[-1])
 
 
 def test_a_holder_that_cannot_be_reached(segments):
@@ -154,7 +139,7 @@ def test_a_reader_without_the_token_gets_nothing(holder, segments):
     name = _stored(np.ones(1000), segments)
     with pytest.raises(dpool.AuthenticationError):
         _fetch(holder, name, segments, token=b"wrong" * 8)
-    assert holder.served == [] and not _exists(segments[-1])
+    assert holder.served == [] and not exists(segments[-1])
 
 
 def test_a_stored_value_is_its_segments_bytes_verbatim(holder, segments):
@@ -182,7 +167,7 @@ def test_no_room_for_the_copy(holder, segments, monkeypatch, receive_path):
         monkeypatch.setattr(_ranges, "_drain", no_space)
     with pytest.raises(dpool.ObjectStoreFullError):
         _fetch(holder, name, segments)
-    assert not _exists(segments[-1])
+    assert not exists(segments[-1])
 
 
 def test_a_reader_that_goes_away_part_way_leaves_the_holder_serving(holder, segments):
@@ -241,7 +226,7 @@ def test_one_broken_range_fails_the_whole_copy(holder, segments, ranges, receive
     holder.serve = staticmethod(one_breaks)
     with pytest.raises(dpool.ObjectLostError, match="went away after 1000 of the"):
         _fetch(holder, name, segments)
-    assert not _exists(segments[-1])
+    assert not exists(segments[-1])
 
 
 def test_a_holder_with_another_size_is_refused(holder, segments):
@@ -250,7 +235,7 @@ def test_a_holder_with_another_size_is_refused(holder, segments):
     segments.append(_segment.segment_name(os.getpid(), oid))
     with pytest.raises(dpool.ObjectLostError, match="holds .* bytes of it, not 12345"):
         _pull.fetch(holder.address, TOKEN, name, oid, os.getpid(), 12345, timeout=10)
-    assert not _exists(segments[-1])
+    assert not exists(segments[-1])
 
 
 def test_a_copy_lands_in_a_freed_segments_pages(holder, segments):
@@ -300,7 +285,7 @@ def test_a_reader_whose_holder_fails_takes_another_nodes_copy(holder, segments):
                            timeout=10, others=lambda: [dead, "not an address"])
         assert info.value.node == holder.address  # the holder's error, the others noted
         assert "could not be fetched either" in "".join(getattr(info.value, "__notes__", []))
-        assert not _exists(segments[-1])
+        assert not exists(segments[-1])
     finally:
         _conns.close_all()
         other.close()
@@ -427,9 +412,9 @@ def test_an_upload_whose_driver_stalls_holds_off_no_fork(segments):
         assert forked, "the fork waited for the stalled upload"
         assert inherited == 0
         deadline = time.monotonic() + 10
-        while _exists(name) and time.monotonic() < deadline:
+        while exists(name) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _exists(name)  # the partial value is gone
+        assert not exists(name)  # the partial value is gone
     finally:
         _conns.close_all()
         srv.close()
