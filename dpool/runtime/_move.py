@@ -181,12 +181,14 @@ class Mover:
             log.info("dpool: cannot move to %s: %s", address, exc)
             return False
         with rt._send_lock:
+            # the replay is encoded for the new node (its ids, its address for pushes);
+            # the move counts (``generation``) only once it was sent
+            old = (rt._chan, rt.target, rt.node_id, rt.cluster_cpus, rt._ids)
             rt._chan = chan
             rt.target = target
             rt.node_id = hello.node_id
             rt.cluster_cpus = hello.cluster_cpus
             rt._ids = itertools.count((hello.id_prefix << 40) + 1)
-            self.generation += 1
             try:
                 msgs = self._replay(dead)
                 chan.send(encode_batch(msgs))
@@ -194,7 +196,9 @@ class Mover:
                 log.info("dpool: node %s failed while this driver moved to it: %s",
                          address, exc)
                 chan.close()
+                rt._chan, rt.target, rt.node_id, rt.cluster_cpus, rt._ids = old
                 return False
+            self.generation += 1
         rt._start_reader()
         with self.moved:
             self.moved.notify_all()

@@ -163,8 +163,10 @@ class GangTable:
         """Node ``address`` is gone: its groups (as origin) are removed, those holding a
         bundle there are lost (ready) or try again (holding)."""
         for g in list(self.gangs.values()):
-            if g.origin == address:
-                self.remove(g.pg_id, ())
+            if g.origin == address:  # (freed into ``loads``: the retry below may use them)
+                self.gangs.pop(g.pg_id, None)
+                if g.state in (HOLDING, READY):
+                    self._free_all(g, loads, but=address)
             elif address in g.nodes and g.state == HOLDING:
                 self._abandon(g, loads)
             elif address in g.nodes and g.state == READY:

@@ -57,7 +57,7 @@ class Obj:
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
-                 "sees", "rcpus", "leased", "hello")
+                 "sees", "rcpus", "leased", "hello", "killed_here")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -88,6 +88,7 @@ class WorkerHandle:
         # it said Hello (after its initializer): it runs what it is sent. One that dies
         # before never started a task, so none is charged an attempt for its death.
         self.hello = False
+        self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
 
 
 @record

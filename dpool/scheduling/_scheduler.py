@@ -543,8 +543,9 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         """The completions gathered in this locked region."""
         if self.store.has_news:  # large segments freed or spilled in this region
             self._forget_mappings_locked()
-        if self.io.idle and self._tick_wanted():  # (one attribute read while it ticks)
-            self.io.poke()
+        if self.io.idle and self._tick_wanted() and not self.is_io_thread():
+            self.io.poke()  # (one attribute read while it ticks; the tick itself says
+            # whether more is left when it returns)
         out = self._out
         if out:
             self._out = []

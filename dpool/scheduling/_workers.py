@@ -328,7 +328,7 @@ class WorkerPool(SchedulerCore):
         g = w.group
         if held:
             self._requeue_locked(w, tuple(t.task_id for t in held))
-        if exitcode != -signal.SIGKILL:
+        if exitcode != -signal.SIGKILL or w.killed_here:  # (we killed it: it hung up)
             g.start_failures += 1
         log.warning("worker %d (pid %s) died with %s before it started (%d start-up "
                     "failure(s) in a row); the %d task(s) it held go back uncharged",
@@ -426,11 +426,13 @@ def _broken_error(reason: str) -> BaseException:
 
 
 def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:
-    """Wait for a worker process to exit (killing it after ``kill_after`` s)."""
+    """Wait for a worker process to exit (killing it after ``kill_after`` s: its exit
+    code then says SIGKILL, and ``w.killed_here`` is set)."""
     proc = w.process
     try:
         proc.join(kill_after)
         if proc.exitcode is None:
+            w.killed_here = True
             proc.kill()
             proc.join(2.0)
         return proc.exitcode
