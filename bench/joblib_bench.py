@@ -2,6 +2,7 @@
 
     python bench/joblib_bench.py                 # writes bench/JOBLIB.md
     python bench/joblib_bench.py --reps 7 --quick --out /tmp/J.md
+    python bench/joblib_bench.py --quick --reps 12 --workloads grid_search --peers loky,dpool
     bench/.venv-peers/bin/python bench/joblib_bench.py   # with Ray and Dask, if installed
 
 Workloads (scikit-learn, small enough for a laptop; every one under
@@ -107,17 +108,18 @@ def _setup(peer: str) -> str:
     return peer
 
 
-def measure(peers: list[str], reps: int, quick: bool) -> dict:
+def measure(peers: list[str], reps: int, quick: bool,
+            workloads: tuple = WORKLOADS) -> dict:
     """``{workload: {peer: [seconds...]}}``, peers alternating in this process."""
     backends = {p: _setup(p) for p in peers}
     data = _data(quick)
-    for w in WORKLOADS:  # warm-up: workers started, imports done
+    for w in workloads:  # warm-up: workers started, imports done
         for p in peers:
             run_workload(w, backends[p], data, quick)
-    times: dict = {w: {p: [] for p in peers} for w in WORKLOADS}
+    times: dict = {w: {p: [] for p in peers} for w in workloads}
     for r in range(reps):
         order = peers[r % len(peers):] + peers[:r % len(peers)]
-        for w in WORKLOADS:
+        for w in workloads:
             for p in order:
                 times[w][p].append(run_workload(w, backends[p], data, quick))
     return times
@@ -129,8 +131,9 @@ def _importable(module: str) -> str:
     return "" if out.returncode == 0 else out.stderr.strip().splitlines()[-1]
 
 
-def _child(peers: str, reps: int, quick: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", peers, "--reps", str(reps)]
+def _child(peers: str, reps: int, quick: bool, workloads: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", peers, "--reps", str(reps),
+           "--workloads", workloads]
     if quick:
         cmd.append("--quick")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -158,12 +161,17 @@ def report(groups: dict, notes: list, args: argparse.Namespace) -> str:
                for w, per in res.items()} for g, res in groups.items()}
     cmd = "python bench/joblib_bench.py" + (" --quick" if args.quick else "") + \
         f" --reps {args.reps}"
+    if args.workloads != ",".join(WORKLOADS):
+        cmd += f" --workloads {args.workloads}"
+    if args.peers != "loky,dpool,ray,dask":
+        cmd += f" --peers {args.peers}"
     lines = [
         "# joblib backends: scikit-learn's n_jobs on loky, dpool, Ray, Dask",
         "",
         f"`{cmd}` ({sys.executable.replace(str(HERE.parent) + '/', '')}), "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.2f}; versions {_versions()}.",
+        f"{args.load_before:.2f} before, {os.getloadavg()[0]:.2f} after; versions "
+        f"{_versions()}.",
         "",
         f"Median wall time of {args.reps} warm runs per backend, backends alternating in "
         "one process; ratio = backend / loky in the same process (lower is faster; "
@@ -174,6 +182,8 @@ def report(groups: dict, notes: list, args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for w in WORKLOADS:
+        if w not in args.workloads.split(","):
+            continue
         row = [w]
         main = med.get("main", {}).get(w, {})
         loky = main.get("loky")
@@ -187,6 +197,16 @@ def report(groups: dict, notes: list, args: argparse.Namespace) -> str:
             else:
                 row += ["-", "-"]
         lines.append("| " + " | ".join(row) + " |")
+    paired = []
+    for g, res in groups.items():
+        for w, per in res.items():
+            for peer, ts in per.items():
+                if peer != "loky" and "loky" in per:
+                    r = statistics.median(t / lk for t, lk in zip(ts, per["loky"]))
+                    paired.append(f"{w} {peer} {r:.2f}x")
+    lines += ["", "Paired ratios (median over the rounds of backend / loky, each pair "
+              "run one after the other in the same round): "
+              + ", ".join(paired) + "."]
     lines += ["", "Samples (seconds), per group:", "", "```",
               json.dumps({g: {w: {p: [round(t, 4) for t in ts] for p, ts in per.items()}
                               for w, per in res.items()} for g, res in groups.items()},
@@ -201,18 +221,25 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--peers", default="loky,dpool,ray,dask")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help="comma-separated, of: " + ", ".join(WORKLOADS))
     ap.add_argument("--out", default=str(HERE / "JOBLIB.md"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    workloads = tuple(args.workloads.split(","))
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workload(s) {sorted(unknown)}; choose among {list(WORKLOADS)}")
     if args.child:
-        times = measure(args.child.split(","), args.reps, args.quick)
+        times = measure(args.child.split(","), args.reps, args.quick, workloads)
         print(json.dumps(times))
         return 0
+    args.load_before = os.getloadavg()[0]
     wanted = args.peers.split(",")
     groups: dict = {}
     notes: list = []
     main_peers = [p for p in ("loky", "dpool") if p in wanted]
-    groups["main"] = _child(",".join(main_peers), args.reps, args.quick)
+    groups["main"] = _child(",".join(main_peers), args.reps, args.quick, args.workloads)
     for peer, module in (("ray", "ray.util.joblib"), ("dask", "dask.distributed")):
         if peer not in wanted:
             continue
@@ -223,7 +250,7 @@ def main() -> int:
                          f"(e.g. bench/.venv-peers/bin/python).")
             continue
         try:
-            groups[peer] = _child(f"loky,{peer}", args.reps, args.quick)
+            groups[peer] = _child(f"loky,{peer}", args.reps, args.quick, args.workloads)
         except Exception as exc:  # noqa: BLE001 - reported in the output
             notes.append(f"{peer}: failed: {str(exc)[-600:]}")
     text = report(groups, notes, args)

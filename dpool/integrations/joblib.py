@@ -166,10 +166,12 @@ class DpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     """joblib's ``"dpool"`` backend (see the module docstring).
 
     ``parallel_config(backend="dpool", idle_worker_timeout=300)``: seconds the warm
-    executor waits unused before its workers exit. joblib's ``max_nbytes`` is the size
-    from which an array argument is stored once per call rather than sent with each
-    batch (default ``"1M"``; ``None``: never); ``mmap_mode`` and ``temp_folder`` have
-    no use here (dpool's store maps arrays copy-on-write, in shared memory).
+    executor waits unused before its workers exit. An array argument of at least
+    dpool's store threshold (256 KiB) is stored once per call rather than sent with
+    each batch; joblib's ``max_nbytes=None`` sends every array with its batch, and
+    other values of it change nothing (see ``_threshold``); ``mmap_mode`` and
+    ``temp_folder`` have no use here (dpool's store maps arrays copy-on-write, in
+    shared memory).
     """
 
     supports_retrieve_callback = True
@@ -238,7 +240,7 @@ class DpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         if hasattr(func, "items"):
             batch, values = func, ()
             if self._threshold is not None:
-                batch, values = split_batch(func, self._store)
+                batch, values = split_batch(func, self._store_once())
             if self._by_value:
                 future = ex.submit(run_pickled, pickle_batch(batch), *values)
             else:
@@ -259,14 +261,31 @@ class DpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     def retrieve_result_callback(self, future: Any) -> Any:
         return future.result()
 
+    def _store_once(self) -> Any:
+        """``_store`` for one batch: an array that several calls of the batch take (the
+        ``X`` of every fit) is looked up, and its bytes compared, once."""
+        seen: dict[int, Any] = {}
+
+        def store(value: Any) -> Any:
+            key = id(value)  # (the batch holds every value: no id is reused meanwhile)
+            if key not in seen:
+                seen[key] = self._store(value)
+            return seen[key]
+
+        return store
+
     def _store(self, value: Any) -> Any:
         """The stored object for a large array argument (stored on first use in this
         call, again if its bytes changed since); None to send ``value`` inline."""
         np = sys.modules.get("numpy")
         if np is None or type(value) is not np.ndarray or self._threshold is None \
-                or value.nbytes < self._threshold or value.dtype.hasobject \
-                or not (value.flags.c_contiguous or value.flags.f_contiguous):
-            return None  # (a strided view travels with its batch, copied)
+                or value.nbytes < self._threshold or value.dtype.hasobject:
+            return None
+        if not (value.flags.c_contiguous or value.flags.f_contiguous) \
+                and value.dtype.itemsize not in _WORDS:
+            return None  # (no cheap bitwise compare: it travels with its batch, copied)
+        # A strided view (load_digits' X is a column slice) is stored as a contiguous
+        # copy, once per call, as the serializer would copy it for every batch.
         key = id(value)
         with self._lock:
             entry = self._stored.get(key)
@@ -345,25 +364,42 @@ def _rebuild(cls: type, nesting_level: Any, inner: Any, kwargs: dict) -> DpoolBa
 
 
 def _threshold(max_nbytes: Any) -> Optional[int]:
-    """Bytes from which an array argument is stored once per call (None: never)."""
+    """Bytes from which an array argument is stored once per call (None: never).
+
+    dpool's store threshold (256 KiB), for any ``max_nbytes`` but ``None``: an array
+    that large goes through shared memory anyway, and sent with each batch it takes a
+    segment of its own per batch (created, written on the runtime's IO thread -- the
+    done-callback dispatches the next batch there --, mapped by the worker, freed). A
+    grid search on digits (X of 300-900 KB, below joblib's "1M") paid that for every
+    batch (bench/JOBLIB.md). A smaller array travels inline with its batch, which
+    costs less than a put.
+    """
     if max_nbytes is None:
         return None
     if isinstance(max_nbytes, str):
         from joblib.disk import memstr_to_bytes
 
-        max_nbytes = memstr_to_bytes(max_nbytes)
-    # below the store's threshold an array travels inline with its batch anyway
-    return max(int(max_nbytes), _values.store_threshold_bytes())
+        memstr_to_bytes(max_nbytes)  # raises ValueError on a bad string, as with loky
+    return _values.store_threshold_bytes()
+
+
+_WORDS = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}  # itemsize -> unsigned type of that size
 
 
 def _same_bytes(a: Any, b: Any, np: Any) -> bool:
-    """Whether contiguous arrays ``a`` and ``b`` hold the same bytes (a full compare
-    costs a fraction of storing ``a`` again; bitwise, so a NaN equals itself)."""
-    if a.shape != b.shape or a.dtype != b.dtype or a.strides != b.strides:
+    """Whether arrays ``a`` and ``b`` (the stored copy) hold the same values, bitwise (a
+    NaN equals itself, -0.0 differs from 0.0); a full compare costs a fraction of
+    storing ``a`` again. ``b`` is contiguous; ``a`` may be a strided view."""
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    word = np.uint64 if a.nbytes % 8 == 0 else np.uint8
-    return bool(np.array_equal(np.ravel(a, order="K").view(word),
-                               np.ravel(b, order="K").view(word)))
+    if a.strides == b.strides:  # both contiguous, the same order: compare the bytes
+        word = np.uint64 if a.nbytes % 8 == 0 else np.uint8
+        return bool(np.array_equal(np.ravel(a, order="K").view(word),
+                                   np.ravel(b, order="K").view(word)))
+    word = _WORDS.get(a.dtype.itemsize)
+    if word is None:
+        return False
+    return bool(np.array_equal(a.view(word), b.view(word)))  # element by element
 
 
 def register(make_default: bool = False) -> None:

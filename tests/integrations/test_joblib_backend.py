@@ -294,6 +294,70 @@ def test_an_array_changed_between_dispatches_is_sent_again():
     assert set(out) <= {float(i * a.size) for i in range(4)} and out[0] == 0.0
 
 
+def _counting_puts(monkeypatch) -> list:
+    puts: list = []
+    real_put = dpool_joblib.put
+    monkeypatch.setattr(dpool_joblib, "put", lambda v: puts.append(v.nbytes) or real_put(v))
+    return puts
+
+
+def array_checksum(a, i):
+    return float((a * np.arange(1, a.shape[-1] + 1)).sum()) + i  # depends on the layout
+
+
+def test_arrays_from_the_store_threshold_and_strided_views_are_stored_once(monkeypatch):
+    """An array that would go through shared memory anyway (>= 256 KiB, below joblib's
+    "1M") and a strided view (load_digits' X is a column slice) are stored once per
+    call, not written to a segment of their own with every batch; the results are
+    loky's."""
+    puts = _counting_puts(monkeypatch)
+    mid = np.arange(40_000, dtype=np.float64)  # 320 KB
+    strided = np.arange(2_000 * 65, dtype=np.float64).reshape(2_000, 65)[:, :64]  # 1 MB
+    assert not (strided.flags.c_contiguous or strided.flags.f_contiguous)
+    for a in (mid, strided):
+        out = both(lambda a=a: Parallel(n_jobs=2, batch_size=1)(
+            delayed(array_checksum)(a, i) for i in range(8)))
+        assert out["dpool"] == out["loky"]
+    assert puts == [mid.nbytes, strided.nbytes]
+
+
+def test_max_nbytes_none_sends_arrays_with_each_batch(monkeypatch):
+    puts = _counting_puts(monkeypatch)
+    a = np.arange(40_000, dtype=np.float64)
+    out = Parallel(n_jobs=2, backend="dpool", batch_size=1, max_nbytes=None)(
+        delayed(array_sum)(a, i) for i in range(4))
+    assert out == [float(a.sum()) + i for i in range(4)] and puts == []
+
+
+def test_a_strided_view_changed_between_dispatches_is_sent_again(monkeypatch):
+    puts = _counting_puts(monkeypatch)
+    base = np.zeros((1_000, 65))
+    view = base[:, :64]  # 512 KB, not contiguous
+
+    def tasks():
+        for i in range(4):
+            base[:] = i
+            yield delayed(array_sum)(view, 0)
+
+    out = Parallel(n_jobs=2, backend="dpool", batch_size=1, pre_dispatch=1)(tasks())
+    assert set(out) <= {float(i * view.size) for i in range(4)} and out[0] == 0.0
+    assert len(puts) == len(set(out))  # stored again whenever its values changed
+
+
+def test_the_stored_copy_is_compared_bit_for_bit():
+    same = dpool_joblib._same_bytes
+    a = np.zeros((300, 9))[:, :8]
+    b = np.ascontiguousarray(a)
+    assert same(a, b, np)
+    a[0, 0] = np.nan
+    b[0, 0] = np.nan
+    assert same(a, b, np)  # a NaN equals itself
+    a[0, 0] = -0.0
+    b[0, 0] = 0.0
+    assert not same(a, b, np)  # -0.0 == 0.0 in value, not in bits
+    assert not same(a, b.astype(np.float32), np)
+
+
 # -- scikit-learn --------------------------------------------------------------------------
 def _data():
     from sklearn.datasets import make_classification
