@@ -15,7 +15,8 @@ attempts whose worker was lost, and spills. Times are µs since the first event
 A "start" is logged when the task is *sent* to its worker, and a busy worker may be sent
 several at once (batching), which it runs one after another: a span therefore starts at
 the later of its start event and the end of the previous span on the same worker lane,
-so lanes never overlap (``args.sent_us`` keeps the send time).
+so lanes never overlap (``args.sent_us`` keeps the send time). An attempt sent again
+before its worker was free never ran there: it is an instant ("sent again"), not a span.
 """
 
 from __future__ import annotations
@@ -88,10 +89,18 @@ def build_trace(events: list[Event], fn_of: dict[int, int], names: dict[int, str
             raw, key=lambda r: (r[0], r[1], r[2], r[3])):
         lane = (node, wid)
         used_lanes.add(lane)
-        begin = min(max(sent, lanes.get(lane, sent)), end)
-        lanes[lane] = end
         fn = fn_of.get(tid)
         name = names.get(fn, f"function {fn}") if fn is not None else "task"
+        free = lanes.get(lane, sent)
+        if outcome == "lost" and end <= free:
+            # sent behind a busy worker's running task and sent elsewhere before that
+            # finished (taken back, or the worker died first): it never ran on this lane
+            out.append({"name": f"sent again: {name}", "cat": "scheduler", "ph": "i",
+                        "s": "t", "ts": _us(end, t0), "pid": pid_of[node], "tid": wid,
+                        "args": {"task_id": tid, "attempt": attempt}})
+            continue
+        begin = min(max(sent, free), end)
+        lanes[lane] = max(free, end)
         args: dict[str, Any] = {"task_id": tid, "attempt": attempt, "attempts": attempts,
                                 "outcome": outcome, "sent_us": _us(sent, t0)}
         if submitted is not None:
