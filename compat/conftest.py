@@ -6,7 +6,7 @@ other and pinned to what the stdlib documents. Where dpool differs on purpose, t
 spells out both expectations and names the entry of ``compat/DIFFERENCES.md``.
 
 Every test is checked for leaks: no child process and no ``/dev/shm/dpool_*`` segment of
-this process may outlive it. Run in several processes (``-n 2``): see tests/_parallel.py.
+this process may outlive it. Run in several processes (``-n 3``): see tests/_parallel.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Running the suite in several processes (pytest-xdist: ``-n 2 --dist loadfile
+"""Running the suite in several processes (pytest-xdist: ``-n 3 --dist loadfile
 --no-loadscope-reorder`` in pyproject.toml), with nothing shared that a test could trip
 over. Files go to the workers whole (a module-scoped cluster starts once), in collection
 order: the long cluster files first, the many short ones after, filling the gaps.
 
-What two test processes (xdist *workers*) could share, and what keeps them apart:
+What the test processes (xdist *workers*) could share, and what keeps them apart:
 
 - **Loopback addresses and ports.** A cluster test's nodes listen on a block of loopback
   addresses of their worker's own (``host``: ``127.0.<worker>.<n>``; 127.0.0.n without

@@ -1,5 +1,5 @@
 """Shared fixtures: every test must leave no worker process and no shm segment behind.
-Run in several processes (``-n 2``), see ``tests/_parallel.py``."""
+Run in several processes (``-n 3``), see ``tests/_parallel.py``."""
 
 from __future__ import annotations
 
