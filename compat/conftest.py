@@ -24,12 +24,13 @@ import dpool
 sys.path.insert(0, os.path.dirname(__file__))  # compat_tasks, importable by stdlib workers
 
 from compat_helpers import check_no_leaks
-from tests import _parallel
+from tests import _bytecode, _parallel
 
 IMPLS = ("stdlib", "dpool")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _bytecode.compile_once(config)
     _parallel.install(config)
 
 

@@ -10,11 +10,12 @@ import time
 import psutil
 import pytest
 
-from tests import _parallel
+from tests import _bytecode, _parallel
 from tests._started import STARTED_PIDS
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _bytecode.compile_once(config)
     _parallel.install(config)
 
 

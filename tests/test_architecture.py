@@ -29,6 +29,7 @@ Starting a process by the name of its entry module (``python -m dpool.node``,
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,16 +155,20 @@ def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-ALL_IMPORTS = [imp for module in MODULES for imp in _imports(module)]
+@functools.cache
+def all_imports() -> list[Import]:
+    """Every dpool import in dpool/ (parsed on first use: not in every xdist worker that
+    merely collects this file)."""
+    return [imp for module in MODULES for imp in _imports(module)]
 
 
 def test_the_scan_finds_the_imports_it_checks():
     """The parser sees what it must: relative, function-level and type-checking imports."""
     assert len(MODULES) > 50 and "dpool.scheduling" in MODULES
-    assert any(imp.type_checking for imp in ALL_IMPORTS)
-    assert {i.target for i in ALL_IMPORTS if i.module == "dpool.__main__"} == {"dpool.cli"}
-    assert all(i.target in MODULES for i in ALL_IMPORTS), \
-        sorted({i.target for i in ALL_IMPORTS} - set(MODULES))
+    assert any(imp.type_checking for imp in all_imports())
+    assert {i.target for i in all_imports() if i.module == "dpool.__main__"} == {"dpool.cli"}
+    assert all(i.target in MODULES for i in all_imports()), \
+        sorted({i.target for i in all_imports()} - set(MODULES))
 
 
 def test_every_module_is_in_a_layer():
@@ -178,7 +183,7 @@ def test_every_module_is_in_a_layer():
 
 def test_imports_point_down_the_layers():
     upward = []
-    for imp in ALL_IMPORTS:
+    for imp in all_imports():
         src, dst = _layer(imp.module), _layer(imp.target)
         if dst < src:
             upward.append(f"{imp}: layer '{LAYERS[src][0]}' imports layer '{LAYERS[dst][0]}'")
@@ -187,19 +192,19 @@ def test_imports_point_down_the_layers():
 
 @pytest.mark.parametrize("a, b", APART, ids=[f"{a}-{b}" for a, b in APART])
 def test_the_runtime_and_the_daemons_do_not_import_each_other(a, b):
-    crossing = [str(imp) for imp in ALL_IMPORTS
+    crossing = [str(imp) for imp in all_imports()
                 if (_in(imp.module, a) and _in(imp.target, b))
                 or (_in(imp.module, b) and _in(imp.target, a))]
     assert not crossing, f"{a} and {b} must not import each other:\n" + "\n".join(crossing)
 
 
 def test_nothing_but_an_entry_point_imports_the_worker_or_the_cli():
-    wrong = [str(imp) for imp in ALL_IMPORTS
+    wrong = [str(imp) for imp in all_imports()
              if _owner(imp.target, STARTED) and not _owner(imp.module, STARTERS)]
     assert not wrong, "only cli/, worker/, __main__ and testing/ may import worker/ or " \
                       "cli/:\n" + "\n".join(wrong)
 
 
 def test_futures_is_a_leaf_of_types():
-    deps = sorted({imp.target for imp in ALL_IMPORTS if imp.module == "dpool.futures"})
+    deps = sorted({imp.target for imp in all_imports() if imp.module == "dpool.futures"})
     assert set(deps) <= {"dpool.errors"}, f"dpool.futures imports {deps}"

@@ -4,14 +4,17 @@ the cluster's CPUs, with the same results as on one process."""
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 
 import pytest
 
 from tests.cluster.conftest import start_cluster, stop_cluster
 
-pytest.importorskip("joblib")
-pytest.importorskip("sklearn")
+# looked up, not imported: importing scikit-learn takes ~2 s in every xdist worker
+pytestmark = pytest.mark.skipif(
+    not (importlib.util.find_spec("joblib") and importlib.util.find_spec("sklearn")),
+    reason="needs joblib and scikit-learn (the test extra)")
 
 SCRIPT = textwrap.dedent("""
     import collections, os, sys, time
