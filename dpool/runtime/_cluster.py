@@ -630,8 +630,9 @@ class ClusterRuntime(ChannelClient):
         self._closed = True
         if self.leases is not None:
             self.leases.stop()
-        for (node, pid, stream), rest in list(self._partial.items()):  # unfinished lines
-            self._print(m.Output(0, pid, node, stream, b"\n"))
+        with self._print_lock:  # (the reader may still be printing)
+            for node, pid, stream in list(self._partial):  # unfinished lines
+                self._print(m.Output(0, pid, node, stream, b"\n"))
         self._wake.set()
         try:
             self._chan.sock.shutdown(socket.SHUT_RDWR)

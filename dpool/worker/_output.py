@@ -8,6 +8,21 @@ comes out as ``Output`` messages over the worker's connection: Python's ``print`
 worker pid prefix each line when the task ran on another host. ``sys.stdout`` becomes
 line-buffered, so lines arrive as they are printed, and logging starts unconfigured, as
 in a fresh process (not in the node daemon's format).
+
+A line is sent whole, by one path. What a worker writes may reach the driver by two --
+the node's connection (relayed) or a lease's (direct) -- and a line may be written in
+many pieces: under ``PYTHONUNBUFFERED=1`` (or ``-u``) ``print("init")`` is two writes,
+``"init"`` and ``"\\n"``. Sent as they were read, the pump sent ``"init"`` to the node
+while a lent worker's initializer ran, and ``drain()`` sent the ``"\\n"`` over the lease
+with ``LeaseReady``; the driver got the newline first and printed a blank line, then
+held ``"init"`` until it closed (a CI failure in tests/cluster/test_leases.py). So the
+pump sends only up to the last newline it has; the rest of the line (``_tails``, per
+stream) waits for its newline, or for ``drain()``, which sends everything ahead of a
+result or ``LeaseReady`` on the connection that carries them (the driver has it before
+it sees that message, and the path changes only there: a lease begins with its
+``LeaseReady`` and ends after the driver has seen its last result), or for the worker's
+exit; a line longer than ``_CHUNK`` goes in pieces. Whole lines printed around a change
+of path may reach the driver in another order than they were printed in.
 """
 
 from __future__ import annotations
@@ -31,6 +46,8 @@ class OutputForwarder:
         self.chan = chan  # where output goes: the node, or the driver a worker is lent to
         self._threads: list[threading.Thread] = []
         self._pipes: list[tuple[int, int, threading.Lock]] = []  # (stream, read end, lock)
+        # what follows each stream's last newline, not sent yet (under that stream's lock)
+        self._tails: dict[int, bytes] = {1: b"", 2: b""}
         for stream in (1, 2):
             _flush(stream)
             r, w = os.pipe()
@@ -67,38 +84,62 @@ class OutputForwarder:
                         data = os.read(r, _CHUNK)
                     except BlockingIOError:
                         continue  # drain() took it
-                    if not data:
-                        return
-                    msg = encode_batch([m.Output(0, pid, "", stream, data)])
-                    try:
-                        self.chan.send(msg)
-                    except ChannelClosed:  # a lease that ended (or is ending): the node
-                        try:
-                            self.node_chan.send(msg)
-                        except ChannelClosed:
-                            return  # the worker is going: its main loop sees it too
-        except OSError:
-            return
+                    eof = not data
+                    if eof:  # the worker exits: what is left of a line goes too
+                        data, self._tails[stream] = self._tails[stream], b""
+                    else:
+                        data = self._whole_lines(stream, data)
+                    if data:
+                        self._send(encode_batch([m.Output(0, pid, "", stream, data)]))
+                if eof:
+                    return
+        except (OSError, ChannelClosed):
+            return  # (ChannelClosed: the worker is going; its main loop sees it too)
         finally:
             os.close(r)
 
+    def _send(self, msg: bytes) -> None:
+        try:
+            self.chan.send(msg)
+        except ChannelClosed:  # a lease that ended (or is ending): the node
+            self.node_chan.send(msg)
+
+    def _whole_lines(self, stream: int, data: bytes) -> bytes:
+        """``data`` read from ``stream``'s pipe after what was kept of it: the whole lines
+        to send now (the rest is kept; with the stream's lock held)."""
+        data = self._tails[stream] + data
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) < _CHUNK:
+            self._tails[stream] = data
+            return b""
+        if end == 0 or len(data) - end >= _CHUNK:  # a line too long to keep: as it is
+            end = len(data)
+        self._tails[stream] = data[end:]
+        return data[:end]
+
     def drain(self) -> list:
-        """What was written and not sent yet, as messages to send ahead of a result, so
-        a task's output reaches the driver before its result does."""
+        """What was written and not sent yet, an unfinished line included, as messages
+        to send ahead of a result on the same connection, so a task's output reaches the
+        driver before its result does."""
         out: list = []
         pid = 0
         for stream, r, lock in self._pipes:
             _flush(stream)
             with lock:
+                data, self._tails[stream] = self._tails[stream], b""
                 while True:
                     try:
-                        data = os.read(r, _CHUNK)
+                        more = os.read(r, _CHUNK)
                     except (BlockingIOError, OSError):
+                        more = b""
+                    if more:
+                        data += more
+                    if data and (not more or len(data) >= _CHUNK):
+                        pid = pid or os.getpid()
+                        out.append(m.Output(0, pid, "", stream, data))
+                        data = b""
+                    if not more:
                         break
-                    if not data:
-                        break
-                    pid = pid or os.getpid()
-                    out.append(m.Output(0, pid, "", stream, data))
         return out
 
     def stop(self, timeout: float = 1.0) -> None:
