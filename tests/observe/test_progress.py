@@ -139,10 +139,14 @@ def test_run_progress_shows_a_live_line_for_an_unmodified_script(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in __import__("os").environ.items() if k != "DPOOL_ADDRESS"}
+    # bytes, decoded here: text=True reads with universal newlines, which turn the live
+    # line's "\r" into "\n" (every redraw would look like a line of its own)
     out = subprocess.run([sys.executable, "-m", "dpool", "run", "--progress", str(script)],
-                         capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(sum(range(8)) - 5)  # the program's own output
-    final = out.stderr.strip().split("\r")[-1].strip()
-    assert final.startswith("dpool: 7 done, 0 running, 0 queued, 1 failed"), out.stderr
+                         capture_output=True, timeout=100, env=env, cwd=tmp_path)
+    stdout, stderr = out.stdout.decode(), out.stderr.decode()
+    assert out.returncode == 0, stderr
+    assert stdout.strip() == str(sum(range(8)) - 5)  # the program's own output
+    assert stderr.endswith("\n") and stderr.count("\n") == 1, repr(stderr)  # one line
+    final = stderr.strip().split("\r")[-1].strip()
+    assert final.startswith("dpool: 7 done, 0 running, 0 queued, 1 failed"), repr(stderr)
     assert "CPUs used" in final
