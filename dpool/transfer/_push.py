@@ -293,6 +293,9 @@ class Receiver:
         self._unkeep = unkeep or (lambda name: False)  # undo keep: whether it was kept
         self._cv = threading.Condition(threading.Lock())
         self._incoming: dict[str, _Incoming] = {}
+        # uploads that failed lately, and why: a range that asks after its upload was
+        # dropped hears that reason ("full"), not "no upload under way" (lost)
+        self._failed: dict[str, tuple[Error, float]] = {}
 
     def serve(self, sock: socket.socket, object_id: int, size: int, offset: int = 0,
               length: int = -1) -> None:
@@ -334,6 +337,7 @@ class Receiver:
         inc = _Incoming(size, offsets={0})
         with self._cv:
             self._incoming[name] = inc
+            self._failed.pop(name, None)  # (an upload of it again)
         try:
             _answer(sock, OK, "")
             full = _receive_into(sock, name, 0, length, size, self.timeout,
@@ -349,6 +353,8 @@ class Receiver:
             raise
         with self._cv:
             self._incoming.pop(name, None)
+            if failed is not None:
+                self._remember_failed_locked(name, failed)
         if failed is None:
             with _forkguard.no_fork():
                 fd = os.open(os.path.join(_segment.SHM_DIR, name.lstrip("/")), os.O_RDONLY)
@@ -374,6 +380,7 @@ class Receiver:
         self._arrived(inc, 0, _Lost("the first range's connection broke"))
         with self._cv:
             self._incoming.pop(name, None)
+            self._remember_failed_locked(name, inc.failed or _Lost("dropped"))
         _segment.unlink(name)
 
     def _other(self, sock: socket.socket, name: str, size: int, offset: int,
@@ -384,6 +391,9 @@ class Receiver:
                 and offset not in inc.offsets
             if ok:
                 inc.offsets.add(offset)  # type: ignore[union-attr]
+            gone = self._failed.get(name) if inc is None else None
+        if gone is not None:  # it failed before this range asked: the same answer
+            return _answer(sock, _status(gone[0]), str(gone[0]))
         if not ok or inc is None:
             return _answer(sock, LOST, f"no upload of {name} ({size} bytes) under way "
                                           f"that lacks the bytes from {offset}")
@@ -403,6 +413,12 @@ class Receiver:
         if failed is not None:
             return _answer(sock, _status(failed), str(failed))
         _answer(sock, OK, "")
+
+    def _remember_failed_locked(self, name: str, failed: Error) -> None:
+        now = time.monotonic()
+        for old in [n for n, (_, t) in self._failed.items() if now - t > self.timeout]:
+            del self._failed[old]
+        self._failed[name] = (failed, now)
 
     def _moved(self, inc: _Incoming, n: int) -> None:
         with self._cv:

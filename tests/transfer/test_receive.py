@@ -87,11 +87,14 @@ def test_a_kernel_that_cannot_splice_from_the_socket_falls_back_to_a_buffer(
     assert np.array_equal(got, value) and len(calls) == 1
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["", "late-range"])
 @pytest.mark.parametrize("path", ["spliced", "buffered"])
 def test_an_upload_that_finds_the_store_full_part_way_is_refused_whole(
-        segments, monkeypatch, path):
+        segments, monkeypatch, path, late):
     """The node reads the rest of the upload and drops it, then answers "full": the
-    driver gets ObjectStoreFullError (not a reset connection), nothing is left."""
+    driver gets ObjectStoreFullError (not a reset connection), nothing is left.
+    ``late``: the other ranges ask only once the node has dropped the upload (a busy
+    driver's threads start late): they hear "full" too, not "no upload under way"."""
     if path == "buffered":
         monkeypatch.setattr(_ranges, "_splice_ok", False)
     elif not _ranges._splice_ok:
@@ -120,6 +123,16 @@ def test_an_upload_that_finds_the_store_full_part_way_is_refused_whole(
     srv = _server.NodeServer(TOKEN, "127.0.0.1", 0, None, None, lambda c, h: c.close(),
                              on_push=lambda s, r: receiver.serve(s, r.object_id, r.size,
                                                                  r.offset, r.length))
+    if late:
+        real_range = _push._Upload._range
+
+        def late_range(self, offset, length):
+            deadline = time.monotonic() + 10
+            while name in receiver._incoming and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the first range's failure dropped the upload
+            return real_range(self, offset, length)
+
+        monkeypatch.setattr(_push._Upload, "_range", late_range)
     srv.start()
     try:
         with pytest.raises(dpool.ObjectStoreFullError):
