@@ -5,7 +5,9 @@
 spilling: an evicted object's segment is copied to a spill directory on disk and brought
 back into shared memory when a task or a reader needs it again. Nothing is lost to
 eviction; ``ObjectStoreFullError`` comes only when the pinned objects (inputs of pending
-tasks) alone leave no room, or an object is bigger than the whole store.
+tasks) alone leave no room, or an object is bigger than the whole store. A spill file
+deleted under the store (a tmp cleaner) makes ``restore`` raise ``ObjectLostError``; the
+scheduler then rebuilds the value from lineage (``scheduling._lineage``).
 
 Reference counting, end to end (who keeps an object alive):
 
@@ -38,6 +40,7 @@ import shutil
 import tempfile
 from typing import Callable, Optional
 
+from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _recycle, _segment, _values
 from dpool.objects._accounting import ObjectStore, default_capacity
 
@@ -154,12 +157,37 @@ class HostStore:
             self.store.unpin(info[0])
 
     def restore(self, oid: int) -> None:
+        """Bring a spilled object back into shared memory (no-op if it is not spilled).
+
+        Raises ``ObjectStoreFullError`` when it cannot fit (it stays on disk), and
+        ``ObjectLostError`` when its spill file is gone or cut short (a tmp cleaner, disk
+        trouble): the object is forgotten here, and the scheduler rebuilds it from
+        lineage or fails its readers (``scheduling._lineage``)."""
         spilled = self._spilled.get(oid)
         if spilled is None:
             return
         path, name, size = spilled
-        self.store.reserve(size)  # may evict (spill) others; raises when it cannot
-        shutil.copyfile(path, _segment.SHM_DIR + name)
+        try:
+            src = open(path, "rb")  # noqa: SIM115 - closed by the with below
+            on_disk = os.fstat(src.fileno()).st_size
+        except OSError as exc:
+            del self._spilled[oid]
+            raise _lost(oid, path, exc.strerror or type(exc).__name__) from exc
+        with src:
+            if on_disk != size:
+                del self._spilled[oid]
+                _remove(path)
+                raise _lost(oid, path, f"{on_disk} of its {size} bytes are left")
+            self.store.reserve(size)  # may evict (spill) others; raises when it cannot
+            target = _segment.SHM_DIR + name
+            try:
+                with open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except OSError as exc:  # /dev/shm is full: the file stays, nothing is lost
+                _segment.unlink(name)
+                raise ObjectStoreFullError(
+                    f"cannot bring object {oid:#x} ({size} bytes) back from disk into "
+                    f"shared memory: {exc}") from exc
         self.store.add(oid, name, size)
         del self._spilled[oid]
         _remove(path)
@@ -188,6 +216,12 @@ class HostStore:
         if self._spill_dir is not None:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
             self._spill_dir = None
+
+
+def _lost(oid: int, path: str, why: str) -> ObjectLostError:
+    return ObjectLostError(
+        f"object {oid:#x} was evicted from shared memory to disk and its spill file was "
+        f"lost ({path}: {why})", object_id=oid)
 
 
 def _remove(path: str) -> None:

@@ -5,8 +5,10 @@ unfinished tasks again there, and rebuilds results it had not received by runnin
 tasks again (``_move``). A function with side effects that must not happen twice (it
 sends a mail, appends to a file, charges a card) can say no: its tasks that were on the
 lost node are not run again, and their futures fail with ``dpool.ObjectLostError``
-naming the result and the node. The decorator only marks the function; nothing is
-checked on the submit path (the mark is read when a node is lost).
+naming the result and the node. The same holds on one host for a large result whose
+spill file was lost (``scheduling._lineage``, which reads the same mark). The decorator
+only marks the function; nothing is checked on the submit path (the mark is read when a
+node or a value is lost).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ _MARK = "__dpool_no_rebuild__"
 
 def no_rebuild(fn: F) -> F:
     """Mark ``fn``: its tasks are never run again because the node running them (or
-    holding their result) was lost; their futures fail with ``ObjectLostError`` instead.
+    holding their result) was lost, or their result's spill file was; their futures (and
+    the readers of their results) fail with ``ObjectLostError`` instead.
 
     Retries after a *worker* crash are governed by the executor's ``max_attempts`` as
     before."""

@@ -9,20 +9,27 @@ queue (``release``), applied at the next scheduler event.
 
 Values sent to a connection that is not a worker of this host (an attached driver, a
 peer node: ``remote_values``) are made by the drivers' service (``DriverService``).
+
+A reader of a value that was spilled to disk gets it back in shared memory first
+(``_resident_value_locked``); when the spill file is gone, the value is rebuilt from
+lineage and the reader waits for it as for any pending object, or gets
+``ObjectLostError`` (``_lineage``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, cast
+import contextlib
+from concurrent.futures import InvalidStateError
+from typing import Any, Callable, Optional, cast
 
-from dpool.errors import ObjectLostError, ObjectStoreFullError
+from dpool.errors import DeserializationError, ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _payload
 from dpool.protocol import _messages as m
-from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, WorkerHandle
 
 
-class ObjectTable(SchedulerCore):
+class ObjectTable(Lineage):
     # -- public (any thread) -------------------------------------------------------------
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
@@ -43,16 +50,46 @@ class ObjectTable(SchedulerCore):
         """Call ``callback(ok, payload)`` once the object is ready (maybe right away)."""
         with self.lock:
             obj = self._objects.get(object_id)
+            got: Optional[tuple[bool, bytes]] = None
             if obj is None:
-                ok, payload = False, _payload.dumps_error(ObjectLostError(
+                got = False, _payload.dumps_error(ObjectLostError(
                     f"object {object_id:#x} is unknown here: its last reference was "
                     "released or it was created by another runtime"))
-            elif not obj.ready:
-                obj.add_waiter(callback)
+            elif obj.ready:
+                got = self._resident_value_locked(object_id, obj)
+            if got is None:  # pending (maybe being rebuilt just now)
+                obj.add_waiter(callback)  # type: ignore[union-attr]
+            out = self.take_out_locked()  # a rebuild may have dispatched or failed others
+        self.deliver(out)
+        if got is not None:
+            callback(*got)
+
+    def reread(self, future: Any, tries: int = 3) -> None:
+        """Complete a driver ``future`` whose stored result was evicted (spilled) between
+        its task's finish and ``deliver`` mapping it: the segment is gone, the value is
+        on disk. Read it again through the object table, which brings it back (or
+        rebuilds it, ``_lineage``); a few tries, as each read races later evictions.
+        Call *without* the lock."""
+
+        def got(ok: bool, payload: bytes) -> None:
+            if not ok:
+                future.set_exception(_payload.loads_error(payload))
                 return
-            else:
-                ok, payload = self._resident_value_locked(obj)
-        callback(ok, payload)
+            try:
+                value = _payload.loads(payload)
+            except FileNotFoundError as exc:
+                if tries > 1:
+                    self.reread(future, tries - 1)
+                else:
+                    future.set_exception(DeserializationError.wrap("the task's result", exc))
+                return
+            except BaseException as exc:  # noqa: BLE001 - report on the future
+                future.set_exception(DeserializationError.wrap("the task's result", exc))
+                return
+            future.set_result(value)
+
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+            self.subscribe(future._oid, got)
 
     def collect_releases(self) -> None:
         """Apply the handle releases queued by ``release`` now rather than at the next
@@ -107,6 +144,8 @@ class ObjectTable(SchedulerCore):
         obj = self._objects.pop(oid)
         if obj.ok:
             self.store.drop(obj.payload)
+        if self._lineage:
+            self.forget_lineage_locked(oid)
         self.control.remove_object(oid)
 
     def _drain_releases_locked(self) -> None:
@@ -115,19 +154,26 @@ class ObjectTable(SchedulerCore):
             self.decref_locked(rel.popleft())
 
     # -- values to readers (lock held) ---------------------------------------------------
-    def _resident_value_locked(self, obj: Obj) -> tuple[bool, bytes]:
-        """A ready object's (ok, payload), brought back from disk first if it was spilled."""
+    def _resident_value_locked(self, oid: int, obj: Obj) -> Optional[tuple[bool, bytes]]:
+        """A ready object's (ok, payload), brought back from disk first if it was spilled;
+        None if its spill file was gone and it is being rebuilt (``_lineage``): the caller
+        waits on ``obj`` as on any pending object."""
         ok, payload = obj.ok, cast(bytes, obj.payload)  # ready: the payload is set
         if ok:
             try:
                 self.store.restore_payload(payload)
             except ObjectStoreFullError as exc:
                 ok, payload = False, _payload.dumps_error(exc)
+            except ObjectLostError as exc:
+                return self.recover_locked(oid, obj, exc)
         return ok, payload
 
     def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
-        ok, payload = self._resident_value_locked(obj)
-        self.send_locked(w, [self._value_message_locked(w, oid, ok, payload)])
+        got = self._resident_value_locked(oid, obj)
+        if got is None:
+            obj.add_waiter(w)  # sent when the rebuilt value is ready
+            return
+        self.send_locked(w, [self._value_message_locked(w, oid, *got)])
 
     def _value_message_locked(self, w: WorkerHandle, oid: int, ok: bool,
                               payload: bytes) -> m.ObjectValue:

@@ -39,9 +39,10 @@ deadlock. A worker that dies has the task it was running retried up to ``max_att
 This module holds the public calls, the accept/finish path and delivery; its parts:
 ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (worker and driver
 messages), ``_resdispatch`` (tasks with resource requests), ``_objtable`` (the object
-table), ``_core`` (their shared state, declared for the type checker). On a node daemon
-the node's services (``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what
-they may call, ``attach_services`` and ``register_handler`` how they plug in.
+table, and ``_lineage`` below it: rebuilding values whose spill file was lost), ``_core``
+(their shared state, declared for the type checker). On a node daemon the node's
+services (``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what they may call,
+``attach_services`` and ``register_handler`` how they plug in.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
 from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._handlers import WorkerMessages
+from dpool.scheduling._lineage import STORED
 from dpool.scheduling._objtable import ObjectTable
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
@@ -107,6 +109,8 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         self._refill: list[Group] = []  # groups to dispatch once a read is handled (lock held)
         self._exited = threading.Condition(self.lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
+        self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
+        self._fn_refusals = {}  # fn id -> why its tasks may not run again, or None
         # A node daemon's services (``attach_services``); None on the embedded runtime.
         self._sessions: Optional[DriverService] = None
         self._spiller: Optional[SpillService] = None
@@ -407,6 +411,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         """A submitted task (driver or worker): account its stored arguments, accept it."""
         try:
             self.store.adopt(t.args)
+            self.store.pin(t.args)  # an input of a pending task: never evicted before it ran
         except ObjectStoreFullError as exc:
             t.args = None
             obj = self._objects[t.task_id] = Obj()
@@ -476,6 +481,11 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                 self.store.unpin(payload if ok else None)
             self.finish_locked(t, False, _payload.dumps_error(exc))
             return False
+        except ObjectLostError as exc:  # its spill file is gone: rebuild it (``_lineage``)
+            for _oid, ok, payload in deps:
+                self.store.unpin(payload if ok else None)
+            self.dep_lost_locked(t, oid, exc)  # t waits for it, or fails
+            return False
         t.deps = tuple(deps)
         return True
 
@@ -484,6 +494,8 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
         g = t.group
         if counted:
             g.outstanding -= 1
+        if ok and payload[:1] == STORED:  # a large result, which may be evicted and lost
+            self.keep_lineage_locked(t)
         if t.deps:
             for _oid, dep_ok, dep_payload in t.deps:
                 self.store.unpin(dep_payload if dep_ok else None)
@@ -493,6 +505,7 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
             for oid in t.dep_ids or ():
                 self.decref_locked(oid)
         if t.args is not None:
+            self.store.unpin(t.args)
             self.store.drop(t.args)  # a stored argument block lives as long as its task
         if ok:
             self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now())
@@ -569,6 +582,9 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                     try:
                         value = loads(payload)
                     except BaseException as exc:  # noqa: BLE001 - report on the future
+                        if isinstance(exc, FileNotFoundError) and payload[:1] == STORED:
+                            self.reread(target)  # evicted before it was mapped (``_objtable``)
+                            continue
                         from dpool.errors import DeserializationError
 
                         target.set_exception(DeserializationError.wrap("the task's result", exc))
