@@ -3,7 +3,8 @@
 - ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
   built from ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (what
   workers and attached drivers send), ``_resdispatch`` (tasks with resource requests)
-  and ``_objtable`` (the object table), over the state ``_core`` declares.
+  and ``_objtable`` (the object table, with ``_lineage``: values whose spill file was
+  lost are made again), over the state ``_core`` declares.
 - ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and
   what the scheduler calls on them (``DriverService``, ``SpillService``,
   ``LeaseService``), and the lock rule (``_locked`` names expect the lock held).
