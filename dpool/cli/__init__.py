@@ -3,6 +3,13 @@
 One module per command; each has ``add_arguments(parser)`` and ``run(args) -> int``.
 ``run`` (an unmodified program on dpool's pools) keeps its own argument handling, since
 everything after the script belongs to the script.
+
+- ``_start``: a cluster's head on this host, or this host joining one; ``_stop``:
+  everything ``dpool start`` started on this host; ``_procs``: what both share --
+  daemons started detached with a readiness pipe, and stopped.
+- ``_status``: the cluster's nodes; ``_timeline``: the task timeline as a Chrome
+  trace-event file; ``_logs``: task output and daemon logs; ``_objects``: the object
+  table, largest first; ``_dashboard``: a live page of the cluster.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """The control store: all control state (task/lineage, function, object tables, event log).
 
-``ControlStore`` is the interface; ``InProcessControlStore`` is the single-host
+``ControlStore`` is the interface (``_interface``, with ``ClusterControlStore``: what the
+cluster's daemons share too); ``InProcessControlStore`` (``_local``) is the single-host
 implementation used when ``DPOOL_ADDRESS`` is unset. A Redis-sharded implementation of the
-same interface backs the cluster (``_redis``, ``_redis_batch``, ``_keys``; servers:
-``_redis_server``). With replicas, ``_sentinel`` follows a shard's failover through Redis
-Sentinel and puts back what it lost; ``_sentinel_server`` runs replicas and Sentinels.
+same interface backs the cluster (``_redis``, ``_redis_batch``, ``_keys``; its pub/sub:
+``_redis_pubsub``; its reads for people -- event log, task output, object table:
+``_redis_observe``; servers: ``_redis_server``). With replicas, ``_sentinel`` follows a
+shard's failover through Redis Sentinel and puts back what it lost; ``_sentinel_server``
+runs replicas and Sentinels.
+``_fnname`` reads a function's name from its pickled payload without unpickling it.
 """
 
 from dpool.control._interface import ControlStore, TaskRecord

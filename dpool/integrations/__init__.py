@@ -1,7 +1,9 @@
 """dpool under other libraries' parallel APIs.
 
 - ``dpool.integrations.joblib``: joblib's ``"dpool"`` backend, so ``Parallel(...)`` and
-  scikit-learn's ``n_jobs`` run on dpool (``dpool.register_joblib()`` registers it).
+  scikit-learn's ``n_jobs`` run on dpool (``dpool.register_joblib()`` registers it);
+  ``_joblib_batch``: how a joblib batch travels as one dpool task (large arrays stored
+  once per ``Parallel`` call) and what runs it in the worker.
 
 Importing this package imports none of those libraries: ``dpool.register_joblib`` is
 one of dpool's public names, and ``import dpool`` must stay cheap.

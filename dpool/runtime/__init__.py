@@ -18,6 +18,9 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
 - ``_move``: a TCP driver whose node dies moves to a live node and resubmits its
   unfinished tasks from its own records; ``_rebuild``: ``no_rebuild``, the per-function
   opt-out of running a task again after its node was lost.
+- ``_placement_groups``: ``dpool.placement_group`` and ``PlacementGroup`` (bundles of
+  resources reserved together, all or none); ``_pgroups``: ``LocalGroups``, their
+  reservations on the embedded runtime, against this host.
 - ``_address``: where the cluster is (``DPOOL_ADDRESS``, this host's record).
 - ``_calls``, ``_functions``, ``_argcache``: turning a ``submit`` into what the scheduler
   takes: the argument payload and dependencies, function ids, large arguments stored

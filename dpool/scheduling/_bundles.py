@@ -16,8 +16,9 @@ It raises ``PlacementError`` when the group can never fit as asked (a bundle no 
 hold, ``strict_spread`` with more bundles than such nodes).
 
 Pure function over ``NodeLoad`` (free amounts from the nodes' load reports, minus what
-was placed since): unit-tested with fake nodes. Not wired to a user API yet (issue 19
-item 4): the owner of reservations -- a global scheduler -- is to call it.
+was placed since): unit-tested with fake nodes. Its caller: ``_gangs.GangTable`` (the embedded
+runtime's reservations, ``runtime._pgroups``, and a global scheduler's, ``global_scheduler._groups``),
+behind ``dpool.placement_group``.
 """
 
 from __future__ import annotations
