@@ -16,9 +16,9 @@ It raises ``PlacementError`` when the group can never fit as asked (a bundle no 
 hold, ``strict_spread`` with more bundles than such nodes).
 
 Pure function over ``NodeLoad`` (free amounts from the nodes' load reports, minus what
-was placed since): unit-tested with fake nodes. Its caller: ``_gangs.GangTable`` (the embedded
-runtime's reservations, ``runtime._pgroups``, and a global scheduler's, ``global_scheduler._groups``),
-behind ``dpool.placement_group``.
+was placed since): unit-tested with fake nodes. Its caller: ``_gangs.GangTable``, for
+the embedded runtime's reservations (``runtime._pgroups``) and a global scheduler's
+(``global_scheduler._groups``), behind ``dpool.placement_group``.
 """
 
 from __future__ import annotations
