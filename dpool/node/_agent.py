@@ -164,8 +164,23 @@ class ClusterAgent:
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
-        d.sessions.cluster_cpus = _pool_cpus(sum(int(n.get("num_cpus", 0)) for n in nodes)
+        self._set_cluster_cpus(nodes)
+
+    def _set_cluster_cpus(self, alive: list) -> None:
+        d = self._d
+        d.sessions.cluster_cpus = _pool_cpus(sum(int(n.get("num_cpus", 0)) for n in alive)
                                              or d.num_cpus)
+
+    def fresh_cluster_cpus(self) -> int:
+        """The cluster's CPUs for a driver attaching now, read from the node table: a node
+        that joined since the agent's last read (up to ``_READ_EVERY`` beats ago) counts,
+        or ``ProcessPoolExecutor()`` would size its pool without it. The last value read
+        when the control store does not answer."""
+        try:
+            self._set_cluster_cpus([n for n in self._control.nodes() if n.get("alive")])
+        except Exception as exc:  # noqa: BLE001 - the agent's last read will do
+            log.debug("cluster CPUs not read for an attaching driver: %s", exc)
+        return self._d.sessions.cluster_cpus
 
     def _bury(self, dead: list) -> None:
         """Nodes that stopped heartbeating: mark them dead (once, cluster-wide) and retry

@@ -192,7 +192,9 @@ class NodeDaemon:
 
     # -- connections ---------------------------------------------------------------------
     def _attach(self, chan: Channel, hello: m.Attach) -> None:
-        self.sessions.attach(chan, hello, cluster_cpus=self.sessions.cluster_cpus)
+        cpus = self.agent.fresh_cluster_cpus() if self.agent is not None \
+            else self.sessions.cluster_cpus
+        self.sessions.attach(chan, hello, cluster_cpus=cpus)
 
     def _lease(self, sock: socket.socket, req: m.LeaseRequest) -> None:
         """A driver of this host asks for a worker of its own (``node._leases``)."""

@@ -6,7 +6,8 @@ so it told the driver the cluster had 0 CPUs; ``ProcessPoolExecutor()`` took tha
 its ``max_workers``, and the head's spiller, which keeps each pool's tasks away within
 ``max_workers``, never sent one: the task sat on the head, the node idle, for good.
 Here the driver sizes its pool *before* the node joins (the race's outcome, every time),
-then submits once the node is up.
+then submits once the node is up; and a driver that attaches just after the node joined
+is told the node's CPUs (the head reads the node table for each attaching driver).
 
 And what a 0-CPU node does with a task no node can take: after the grace period
 (``DPOOL_RESOURCE_GRACE_S``), ``ResourceError`` -- not a future that never completes.
@@ -34,6 +35,12 @@ if __name__ == "__main__":
         sys.stdin.readline()                       # the node has joined
         ref = dpool.put(np.ones(1 << 20))          # 8 MB, as the issue's large put
         print("RESULT", ex.submit(total, ref).result(timeout=60), flush=True)
+"""
+
+SIZED_NOW = """
+import dpool
+if __name__ == "__main__":
+    print("SIZED", dpool.ProcessPoolExecutor()._max_workers)
 """
 
 NOBODY = """
@@ -76,6 +83,11 @@ def test_a_pool_sized_before_the_node_joined_still_runs_its_task(tmp_path):
                                  token=c.token)
             c.nodes.append(node)
             wait_for_nodes(c, 2)
+            # a driver attaching now is told the node's CPUs, though the head's agent may
+            # not have read the node table since the node joined: the head reads it for
+            # each attaching driver
+            fresh = c.run_script(SIZED_NOW, tmp_path)
+            assert fresh.stdout.split() == ["SIZED", "2"], (fresh.stdout, fresh.stderr[-3000:])
             driver.stdin.write("go\n")
             driver.stdin.flush()
             out, err = driver.communicate(timeout=90)
