@@ -155,7 +155,10 @@ class GlobalScheduler:
                             load.holds = frozenset(msg.holds)
                             load.resources = {k: total for k, total, _ in msg.resources}
                             load.free = {k: free for k, _, free in msg.resources}
-                            load.pending = 0
+                            # placements the report does not show yet (sent after the
+                            # node counted, or crossing the report): still pending there
+                            load.pending = 0 if msg.received < 0 else \
+                                max(0, entry[0].tasks_out - msg.received)
                             self.groups.on_load(self._loads_locked())
                 elif isinstance(msg, (m.PGReserve, m.PGRemove, m.BundleHeld)):
                     with self._lock:
@@ -201,6 +204,7 @@ class GlobalScheduler:
                         f"the node holding its bundle ({node}) is not linked"))
                 self.rejected -= 1
                 self.placed += 1
+                entry[0].tasks_out += 1
                 return entry[0], msg
             loads = self._loads_locked()
             try:
@@ -216,6 +220,7 @@ class GlobalScheduler:
             target = entry[0] if entry is not None else None
             if target is not None:
                 best.pending += 1  # type: ignore[union-attr]
+                target.tasks_out += 1
         if target is None or not target.alive:
             self.rejected += 1
             if req is not None:
@@ -228,6 +233,8 @@ class GlobalScheduler:
                 msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1
         if best is not None and best.address == msg.origin:  # (a strategy chose its origin)
+            with self._lock:
+                target.tasks_out -= 1  # (not sent as a RemoteTask: it never counts it)
             return origin, m.RunHere(msg.task_id)
         return target, msg
 

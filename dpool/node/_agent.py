@@ -63,9 +63,7 @@ class ClusterAgent:
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
         self._bury_lock = threading.Lock()  # the agent thread and the notice listener
         self._notices: Optional[Subscription] = None
-        self._last_load: Optional[m.Load] = None  # the last report pushed, and when
-        self._last_push = 0.0
-        self._pushed_to: set[str] = set()
+        self._pushed: dict[str, tuple] = {}  # scheduler -> (last report pushed, when)
         daemon.sessions.cluster_cpus = _pool_cpus(daemon.sessions.cluster_cpus)
 
     def start(self) -> None:
@@ -96,10 +94,13 @@ class ClusterAgent:
         s = d.scheduler
         with s.lock:
             status = d.sessions.status_locked()
+            status["queued"] += d.runner.fetching_locked()
+            received = d.links.tasks_in()  # the tasks this report's counts include
             busy_groups = [g for g in s.groups_locked() if g.queue]
             avg = (sum(s.batch.estimate(g.queue[0].fn_id) for g in busy_groups)
                    / len(busy_groups)) if busy_groups else s.batch.target_s
         status["avg_task_s"] = avg
+        status["received"] = received
         status["linked_schedulers"] = len(self.linked_schedulers())
         status["holds"] = d.runner.holds()
         # what its tasks hold now, of each resource (the dashboard's "GPU 1/2")
@@ -120,23 +121,26 @@ class ClusterAgent:
         """Send the load to the linked global schedulers: when it changed, to a scheduler
         linked since the last push, and at least every ``_REFRESH_S`` (an idle node sent
         the same report ten times a second to each: issue 21)."""
-        msg = m.Load(load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
-                     load["holds"], self._resources())
+        base = (load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
+                load["holds"], self._resources())
+        received = load.get("received", {})
         now = time.monotonic()
-        linked = self.linked_schedulers()
-        fresh = msg == self._last_load and now - self._last_push < _REFRESH_S
-        for address in linked:
-            if not fresh or address not in self._pushed_to:
+        pushed: dict[str, tuple] = {}
+        for address in self.linked_schedulers():
+            msg = m.Load(*base, received.get(address, -1))
+            last = self._pushed.get(address)
+            if last is None or last[0] != msg or now - last[1] >= _REFRESH_S:
                 self._d.links.send(address, [msg])
-        if not fresh:
-            self._last_load, self._last_push = msg, now
-        self._pushed_to = set(linked)
+                last = (msg, now)
+            pushed[address] = last
+        self._pushed = pushed
 
     def _beat(self) -> None:
         d = self._d
         with d.scheduler.lock:
             d.runner.tick_locked()  # retire idle mirror groups
         load = self._load()
+        del load["received"]  # (the global schedulers' business, not the node table's)
         try:
             if d.prefixes is not None:
                 d.prefixes.top_up()

@@ -88,9 +88,12 @@ class DriverHandle(WorkerHandle):
 class PeerHandle(WorkerHandle):
     """A connection with another cluster process: a node or a global scheduler.
 
-    ``outgoing``: this process connected (to send); else the peer did (to send to us)."""
+    ``outgoing``: this process connected (to send); else the peer did (to send to us).
+    ``tasks_out``/``tasks_in``: the spilled tasks a global scheduler placed over this
+    link, and those a node got over it -- the two ends of one count, so a load report
+    says which placements it already shows (``m.Load.received``)."""
 
-    __slots__ = ("peer_id", "address", "outgoing")
+    __slots__ = ("peer_id", "address", "outgoing", "tasks_out", "tasks_in")
     remote_values = True
 
     def __init__(self, chan: Channel, peer_id: str, address: str, outgoing: bool) -> None:
@@ -98,6 +101,8 @@ class PeerHandle(WorkerHandle):
         self.peer_id = peer_id
         self.address = address
         self.outgoing = outgoing
+        self.tasks_out = 0
+        self.tasks_in = 0
 
 
 class DriverSessions:
@@ -411,6 +416,9 @@ class DriverSessions:
         groups = list(s.groups_locked())
         busy = sum(1 for g in groups for w in g.workers
                    if w.alive and w.inflight and not w.blocked)
+        # a worker lent to a driver holds its CPU: the driver sends it tasks directly
+        busy += sum(1 for w in self.leases.lent.values()
+                    if w.alive and not (w.inflight and not w.blocked))
         # CPUs placement-group bundles reserve and no task uses count as used: the
         # scheduler's cpu_limit leaves them out (``scheduling._bundle_ledger``)
         if s.cpu_limit is not None and s.cpu_limit < self.num_cpus:

@@ -64,6 +64,10 @@ class Links:
     def addresses(self) -> list[str]:
         return [a for a, h in list(self._links.items()) if h.alive]
 
+    def tasks_in(self) -> dict[str, int]:
+        """Per linked address, the spilled tasks received over its link so far."""
+        return {a: h.tasks_in for a, h in list(self._links.items()) if h.alive}
+
     def send(self, address: str, msgs: list) -> None:
         with self._lock:
             h = self._links.get(address)

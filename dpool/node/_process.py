@@ -21,7 +21,7 @@ from typing import Optional
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis", default="", help="control-store shards, comma-separated")
     p.add_argument("--ready-fd", type=int, default=None)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=os.environ.get("DPOOL_LOG_LEVEL", "INFO"))
 
 
 class DaemonProcess:

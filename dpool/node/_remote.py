@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 
 from dpool.control._interface import ClusterControlStore
 from dpool.errors import Error, ObjectLostError
+from dpool.node._attach import PeerHandle
 from dpool.node._workdirs import WorkdirCache
 from dpool.objects import _inline, _payload, _segment, _values
 from dpool.protocol import _messages as m
@@ -154,6 +155,8 @@ class RemoteRunner:
         return g
 
     def _on_task_locked(self, h: Any, msg: m.RemoteTask) -> None:
+        if isinstance(h, PeerHandle):
+            h.tasks_in += 1  # (read with the load it changes: ``ClusterAgent._load``)
         if msg.workdir and self.workdirs is not None and \
                 self.workdirs.path(msg.workdir[0]) is None:
             self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
@@ -331,6 +334,10 @@ class RemoteRunner:
                 stored = _values.stored(copy.payload)
                 return stored[1] if stored is not None else None
         return None
+
+    def fetching_locked(self) -> int:
+        """Tasks placed here that wait for their driver's code (queued, for the load)."""
+        return sum(len(v) for v in self._fetching.values())
 
     def holds(self) -> tuple:
         """Inputs this node has a copy of now, as placement names them (any thread)."""

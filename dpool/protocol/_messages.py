@@ -284,6 +284,9 @@ class Load:
     avg_task_s: float
     holds: tuple  # ("holder address|segment name", ...): inputs it has copies of now
     resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
+    # the tasks it had got over this link when it counted the rest (-1: not counted): the
+    # scheduler's placements past that are not in this report yet
+    received: int = -1
 
 
 @record(slots=True)
