@@ -23,17 +23,57 @@ import pytest
 
 from dpool.control._redis_server import RedisServer
 from tests import _started
-from tests._parallel import host
+from tests._parallel import INDEX, host
 from tests.cluster.redis_helpers import assert_gone, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
 
 
-def free_port(ip: str = "127.0.0.1") -> int:
+# Ports the tests choose come from a block of this xdist worker's own, below the kernel's
+# ephemeral range (which it draws from for every socket bound to port 0 and every outgoing
+# connection: a port taken from there, then released, could be handed out again before
+# the server meant for it listens -- a head's Redis shard found its port taken).
+_PORTS_PER_WORKER = 2500
+_FIRST_PORT = 20000 + (INDEX % 5) * _PORTS_PER_WORKER
+_cursor = _FIRST_PORT
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(ip: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(ip: str = "127.0.0.1", span: int = 1) -> int:
+    """A free port on ``ip``, with the ``span - 1`` ports after it free too (a head puts
+    its Redis shards, replicas and Sentinels there): this worker's ports in turn, so no
+    earlier call, no other worker and no port-0 socket takes it meanwhile."""
+    global _cursor
+    if _FIRST_PORT + _PORTS_PER_WORKER > _ephemeral_low():  # an unusual machine
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return s.getsockname()[1]
+    for _ in range(_PORTS_PER_WORKER):
+        port = _cursor
+        _cursor += span
+        if _cursor >= _FIRST_PORT + _PORTS_PER_WORKER:
+            _cursor = _FIRST_PORT
+        if port + span <= _FIRST_PORT + _PORTS_PER_WORKER and \
+                all(_bindable(ip, p) for p in range(port, port + span)):
+            return port
+    raise RuntimeError(f"no {span} free ports in a row on {ip} from {_FIRST_PORT}")
 
 
 def running(pid: int) -> bool:
@@ -134,7 +174,8 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
     env["DPOOL_STATE_DIR"] = str(state)
     node = Node(ip, str(state), env=env)
     if head:
-        args = ["start", "--head", "--port", str(free_port(ip)), "--node-ip", ip]
+        # (the node's port, then its shards', replicas' and Sentinels')
+        args = ["start", "--head", "--port", str(free_port(ip, span=12)), "--node-ip", ip]
     else:
         args = ["start", "--address", address, "--token", token, "--node-ip", ip]
     out = dpool_cli([*args, "--num-cpus", str(num_cpus), *extra], env)

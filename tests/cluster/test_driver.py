@@ -394,7 +394,7 @@ def test_a_state_dir_others_can_write_is_refused(tmp_path):
     state.chmod(0o777)
     env = base_env()
     env["DPOOL_STATE_DIR"] = str(state)
-    out = dpool_cli(["start", "--head", "--port", str(free_port(host(7))),
+    out = dpool_cli(["start", "--head", "--port", str(free_port(host(7), span=12)),
                      "--node-ip", host(7)], env)
     assert out.returncode == 1 and "not a private directory" in out.stderr
     (state / "cluster.json").write_text(f'{{"address": "{host(7)}:1", "token": "theirs"}}')
