@@ -1,0 +1,316 @@
+"""The cluster's messages: between nodes (N), global schedulers (G) and the nodes' spill
+and transfer services -- peer handshakes, load reports, spilled tasks and their results,
+object transfers, placement groups, the stranded-task safety net. The local scheduler's,
+workers' and drivers' messages are in ``_messages``, which re-exports these (``m.Load``);
+the same rules hold: fields positional and append-only, one ``CODE`` per class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from dpool.protocol._record import record
+
+
+@record(slots=True)
+class PeerHello:
+    """N->N, N->G first frame after the handshake from another node (or from a node to a
+    global scheduler): who it is, where it listens, what it offers."""
+
+    CODE: ClassVar[int] = 25
+    version: int
+    node_id: str
+    address: str
+    num_cpus: int
+
+
+@record(slots=True)
+class PeerWelcome:
+    """N->N, G->N answer to ``PeerHello``: the answering process's id and the cluster's
+    description as JSON (Redis shards, global schedulers)."""
+
+    CODE: ClassVar[int] = 26
+    peer_id: str
+    info: str
+
+
+@record(slots=True)
+class Load:
+    """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
+
+    CODE: ClassVar[int] = 27
+    queued: int
+    busy: int
+    num_cpus: int
+    avg_task_s: float
+    holds: tuple  # ("holder address|segment name", ...): inputs it has copies of now
+    resources: tuple = ()  # ((name, total, free), ...): its GPUs, memory, custom ones
+    # the tasks it had got over this link when it counted the rest (-1: not counted): the
+    # scheduler's placements past that are not in this report yet
+    received: int = -1
+
+
+@record(slots=True)
+class RemoteTask:
+    """N->G a task spilled by its node (``origin``); G->N the same task placed on a node.
+
+    Self-contained: the function's pickle, the arguments and the dependency values travel
+    inline, with the configuration of the group (executor) it belongs to:
+    ``group_cfg`` = (max_workers, start_method, initializer, max_tasks, max_attempts)."""
+
+    CODE: ClassVar[int] = 28
+    task_id: int
+    origin: str  # the origin node's address: results go back there
+    group_id: int
+    group_cfg: tuple
+    fn_id: int
+    fn_payload: bytes
+    args: Optional[bytes]
+    deps: Optional[tuple]
+    cwd: str
+    sys_path: tuple
+    workdir: tuple  # (digest, the driver's directory) of the group's shipped code, or ()
+    req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
+
+
+@record(slots=True)
+class SpillRejected:
+    """G->N no other node can take this spilled task now: run or retry it at home."""
+
+    CODE: ClassVar[int] = 29
+    task_id: int
+    reason: str
+
+
+@record(slots=True)
+class Accepted:
+    """N->N the executing node has the task (the origin now knows where it runs)."""
+
+    CODE: ClassVar[int] = 30
+    task_id: int
+    node_id: str
+
+
+@record(slots=True)
+class TaskResult:
+    """N->N a spilled task's outcome, sent by the node that ran it to the origin."""
+
+    CODE: ClassVar[int] = 31
+    task_id: int
+    ok: bool
+    payload: bytes
+    duration: float
+
+
+@record(slots=True)
+class Output:
+    """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
+    on its way to the driver whose task it ran: the group (the driver's id), the worker's
+    pid and its node (empty for the driver's own node)."""
+
+    CODE: ClassVar[int] = 32
+    group_id: int
+    pid: int
+    node: str
+    stream: int
+    data: bytes
+
+
+@record(slots=True)
+class DropGroup:
+    """N->N the origin's group is gone (its driver left, or it was terminated): stop its
+    tasks here and the mirror group's workers."""
+
+    CODE: ClassVar[int] = 33
+    origin: str
+    group_id: int
+    reason: str
+
+
+@record(slots=True)
+class WorkingDir:
+    """D->S the driver's working directory, packed (``protocol._workdir``), sent once per
+    content digest before the groups that use it."""
+
+    CODE: ClassVar[int] = 34
+    digest: str
+    root: str
+    archive: bytes
+
+
+@record(slots=True)
+class FetchSegment:
+    """N->N a request on an object-transfer connection (its first frame, and any later
+    one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
+    (``transfer._pull``); the answer is raw (the segment's whole size, then the bytes)."""
+
+    CODE: ClassVar[int] = 35
+    version: int
+    name: str
+    offset: int = 0
+    length: int = -1
+
+
+@record(slots=True)
+class ReleaseLent:
+    """N->N the sender no longer needs the receiver to keep segment ``name``: a result
+    the receiver lent it (it has its own copy now, or gave up), or an object of the
+    sender's that the receiver copied for its tasks (freed: its last reference died)."""
+
+    CODE: ClassVar[int] = 36
+    name: str
+
+
+@record(slots=True)
+class PushSegment:
+    """D->N a request on an object-transfer connection (its first frame, or any later
+    one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
+    from ``offset`` of a large value, ``size`` bytes in the store's segment layout, to
+    be object ``object_id`` of the node's store (``transfer._push``). The node answers
+    raw: go ahead (or why not), then, after the bytes, the name of the segment that
+    holds them (or why it does not). A large value comes in ranges on several
+    connections at once: the range at offset 0 creates the segment and is answered
+    last, once every range is in; the others are sent after its go-ahead."""
+
+    CODE: ClassVar[int] = 37
+    version: int
+    object_id: int
+    size: int
+    offset: int = 0
+    length: int = -1
+
+
+@record(slots=True)
+class PlacementFailed:
+    """G->N this spilled task can never be placed as it asks (a hard ``NodeAffinity`` to
+    a node not in the cluster): the origin fails it with ``PlacementError``."""
+
+    CODE: ClassVar[int] = 100
+    task_id: int
+    reason: str
+
+
+@record(slots=True)
+class RunHere:
+    """G->N the placement strategy this spilled task asked for chose its origin (e.g.
+    ``"spread"``'s turn came to it): the origin takes it back and runs it there."""
+
+    CODE: ClassVar[int] = 101
+    task_id: int
+
+
+@record(slots=True)
+class PGReserve:
+    """D->N->G reserve a placement group (``dpool.placement_group``): all its bundles
+    or none. The node fills in ``origin`` (its address) and forwards it to one global
+    scheduler, which answers with ``PGState``."""
+
+    CODE: ClassVar[int] = 102
+    pg_id: int
+    origin: str
+    bundles: tuple  # each bundle's request in wire form (``_resources.to_wire``)
+    strategy: str  # "pack" | "spread" | "strict_spread"
+
+
+@record(slots=True)
+class PGRemove:
+    """D->N->G free a placement group's bundles (or stop waiting for them)."""
+
+    CODE: ClassVar[int] = 103
+    pg_id: int
+    origin: str
+
+
+@record(slots=True)
+class PGState:
+    """G->N->D (and in a node) what became of a placement group: ``state`` is
+    "ready" (``nodes``: the node holding each bundle), "failed" (it can never be
+    reserved: ``reason``) or "lost" (a node holding a bundle died: ``reason``)."""
+
+    CODE: ClassVar[int] = 104
+    pg_id: int
+    state: str
+    nodes: tuple
+    reason: str
+
+
+@record(slots=True)
+class BundleHold:
+    """G->N hold (``hold=True``) or free one bundle of a placement group: the node takes
+    its CPUs and resources out of what its other tasks may use."""
+
+    CODE: ClassVar[int] = 105
+    pg_id: int
+    index: int
+    req: tuple  # the bundle's request in wire form
+    hold: bool
+    attempt: int  # which try of the global scheduler's at holding the group
+
+
+@record(slots=True)
+class BundleHeld:
+    """N->G the answer to ``BundleHold(hold=True)``: ``ok`` False if the node cannot hold
+    it now (``reason``): the global scheduler frees the group's other bundles and tries
+    again later."""
+
+    CODE: ClassVar[int] = 106
+    pg_id: int
+    index: int
+    ok: bool
+    reason: str
+    attempt: int  # as in the ``BundleHold`` it answers
+
+
+@record(slots=True)
+class TasksQuery:
+    """N->N the origin asks a node that accepted these spilled tasks (the origin's task
+    ids) a while ago which of them it still has (``node._spill``'s safety net)."""
+
+    CODE: ClassVar[int] = 120
+    origin: str
+    task_ids: tuple
+
+
+@record(slots=True)
+class TasksKnown:
+    """N->N the answer to ``TasksQuery``, sent after any ``TaskResult`` already sent on
+    the same link: the tasks the node still has (queued, running, fetching their inputs
+    or code) and those it has no trace of (the origin offers those again)."""
+
+    CODE: ClassVar[int] = 121
+    node_id: str
+    known: tuple
+    unknown: tuple
+
+
+CLUSTER_MESSAGES = (
+    PeerHello,
+    PeerWelcome,
+    Load,
+    RemoteTask,
+    SpillRejected,
+    Accepted,
+    TaskResult,
+    Output,
+    DropGroup,
+    WorkingDir,
+    FetchSegment,
+    ReleaseLent,
+    PushSegment,
+    PlacementFailed,
+    RunHere,
+    PGReserve,
+    PGRemove,
+    PGState,
+    BundleHold,
+    BundleHeld,
+    TasksQuery,
+    TasksKnown,
+)
+
+__all__ = [
+    "CLUSTER_MESSAGES", "Accepted", "BundleHeld", "BundleHold", "DropGroup", "FetchSegment",
+    "Load", "Output", "PGRemove", "PGReserve", "PGState", "PeerHello", "PeerWelcome",
+    "PlacementFailed", "PushSegment", "ReleaseLent", "RemoteTask", "RunHere", "SpillRejected",
+    "TaskResult", "TasksKnown", "TasksQuery", "WorkingDir",
+]
