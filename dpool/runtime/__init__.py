@@ -11,6 +11,7 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
 - ``_driver``: ``DriverRuntime``, the embedded runtime (local scheduler, store, control
   store in this process).
 - ``_cluster``: ``ClusterRuntime``, a driver attached to a node (``DPOOL_ADDRESS``).
+- ``_output``: what the tasks of a cluster driver print, written whole-line on its stdout/stderr.
 - ``_channel_client``: what the cluster driver and a worker's client
   (``dpool.worker._client``) share: ids, gets by message, the release queue.
 - ``_lease``: a cluster driver's leased workers (tasks straight to a lent worker).

@@ -31,7 +31,6 @@ those, as the stdlib does.
 from __future__ import annotations
 
 import atexit
-import codecs
 import logging
 import os
 import socket
@@ -64,6 +63,7 @@ from dpool.runtime._address import Target
 from dpool.runtime._channel_client import ChannelClient
 from dpool.runtime._lease import DriverLeases
 from dpool.runtime._move import Mover, TaskRecord
+from dpool.runtime._output import OutputPrinter
 from dpool.runtime._tcp_objects import TcpValues
 from dpool.scheduling import _resources
 from dpool.transfer import _pull
@@ -156,9 +156,7 @@ class ClusterRuntime(ChannelClient):
         self._tcp_values = TcpValues(self)  # (used only when there is no shared store)
         self._groups: dict[int, RemoteGroup] = {}
         self._pg_states: dict[int, Callable[[str, tuple, str], None]] = {}  # placement groups
-        self._partial: dict[tuple, str] = {}  # unfinished output lines, per worker stream
-        self._decoders: dict[tuple, Any] = {}
-        self._print_lock = threading.Lock()
+        self.output = OutputPrinter()  # what its tasks print (``_output``)
         self._send_lock = threading.Lock()
         self._shipped: set[str] = set()  # digests of working directories sent
         self._pending: deque = deque()  # messages queued lock-free (finalizers)
@@ -558,31 +556,8 @@ class ClusterRuntime(ChannelClient):
             pass
 
     def print_output(self, msg: m.Output) -> None:
-        """A worker's output, line by line; prefixed with its pid and node when it ran on
-        another node (as Ray prints ``(pid=..., ip=...)``). From the node's connection,
-        or a leased worker's (two threads)."""
-        with self._print_lock:
-            self._print(msg)
-
-    def _print(self, msg: m.Output) -> None:
-        key = (msg.node, msg.pid, msg.stream)
-        decoder = self._decoders.get(key)
-        if decoder is None:  # a character split over two chunks decodes whole
-            decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
-        text = self._partial.pop(key, "") + decoder.decode(msg.data)
-        lines = text.split("\n")
-        rest = lines.pop()
-        if rest:
-            self._partial[key] = rest
-        if not lines:
-            return
-        prefix = f"(pid={msg.pid}, node={msg.node}) " if msg.node else ""
-        out = sys.stdout if msg.stream == 1 else sys.stderr
-        try:
-            out.write("".join(f"{prefix}{line}\n" for line in lines))
-            out.flush()
-        except (OSError, ValueError):
-            pass  # the driver's stream is closed
+        """A worker's output (from the node's connection or a leased worker's)."""
+        self.output.print(msg)
 
     def _connection_lost(self, reason: str, chan: Optional[Channel] = None) -> bool:
         """The connection ``chan`` broke: move to a live node (True), or fail every
@@ -630,9 +605,7 @@ class ClusterRuntime(ChannelClient):
         self._closed = True
         if self.leases is not None:
             self.leases.stop()
-        with self._print_lock:  # (the reader may still be printing)
-            for node, pid, stream in list(self._partial):  # unfinished lines
-                self._print(m.Output(0, pid, node, stream, b"\n"))
+        self.output.flush()  # unfinished lines (the reader may still be printing)
         self._wake.set()
         try:
             self._chan.sock.shutdown(socket.SHUT_RDWR)
