@@ -22,13 +22,15 @@ import pytest
 from dpool.protocol._record import field, record
 
 # Loaded on first use only: what only large objects (shared memory) or process
-# inspection need (made lazy for issue 21), numpy, and the cluster's modules and clients.
+# inspection need (made lazy for issue 21), numpy, the cluster's modules and clients,
+# and placement strategies.
 DENIED = (
     "psutil", "posix_ipc", "ctypes", "numpy", "redis", "hiredis",
     "dpool.cli", "dpool.node", "dpool.global_scheduler", "dpool.transfer",
     "dpool.worker", "dpool.testing", "dpool.runtime._cluster", "dpool.runtime._address",
     "dpool.control._redis", "dpool.control._redis_batch", "dpool.control._watch",
     "dpool.control._keys", "dpool.scheduling._detect", "dpool.objects._inline",
+    "dpool.scheduling._placement_policy",  # (where a task runs: only a strategy needs it)
 )
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
 from dpool.errors import PlacementError
+from dpool.scheduling import _resources
 
 __all__ = [
     "BUNDLE", "DEFAULT_BANDWIDTH", "HERE", "Demand", "InBundle", "LeastWait", "LocalQueue",
@@ -135,11 +136,7 @@ class InBundle:
 
 SPREAD = "spread"
 DEFAULT = "default"
-BUNDLE = "bundle"
-# Wire form of "placed: run on this node, never spill it" (a task whose strategy was
-# honoured -- a global scheduler chose its origin, or it names its own node). Only a
-# node sets it, on its own tasks; it never travels.
-HERE: tuple = ("here",)
+BUNDLE, HERE = _resources.BUNDLE, _resources.HERE  # (declared there: see why)
 
 
 def validate_strategy(value: Any) -> Any:

@@ -41,7 +41,7 @@ from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling._bundle_ledger import BundleAllocation, BundleLedger
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._placement_policy import BUNDLE, HERE, NodeAffinity, strategy_from_wire
+from dpool.scheduling._resources import BUNDLE, HERE
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger, Request
 
@@ -110,6 +110,8 @@ class ResourceDispatch(SchedulerCore):
         placed here, or a soft strategy with no global scheduler to ask). The embedded
         runtime is one host: every strategy means run here, but a hard ``NodeAffinity``
         to another node can never be met (``PlacementError``)."""
+        from dpool.scheduling._placement_policy import NodeAffinity, strategy_from_wire
+
         s = strategy_from_wire(t.req.strategy)
         here = os.environ.get("DPOOL_NODE_ID") or "local"  # (a node sets it: its address)
         if isinstance(s, NodeAffinity) and s.node == here:

@@ -111,6 +111,13 @@ def spec(num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
 # A spec's entry for the strategy (``scheduling=``): not a str, so no resource name
 # a user gives (``spec`` accepts only str names) can collide with it.
 STRATEGY = ("scheduling",)
+# Wire forms of strategies that the local scheduler reads on every task with a request
+# (the rest of ``_placement_policy`` loads only when a task asks where to run):
+BUNDLE = "bundle"  # (BUNDLE, pg_id, index): run in a placement group's bundle
+# "placed: run on this node, never spill it" (a task whose strategy was honoured -- a
+# global scheduler chose its origin, or it names its own node). Only a node sets it, on
+# its own tasks; it never travels.
+HERE: tuple = ("here",)
 
 
 def with_strategy(s: Optional[Mapping[str, Any]], scheduling: Any) -> dict:
