@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cluster import _cli, _env, _free_port, _ray_python
 
 DPOOL_DRIVER = r"""
 import json, statistics, sys, time
@@ -78,30 +80,6 @@ print(json.dumps(out))
 """
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict:
-    env = dict(os.environ)
-    for k in ("DPOOL_ADDRESS", "DPOOL_TOKEN", "DPOOL_STATE_DIR"):
-        env.pop(k, None)
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
-def _cli(args: list, state: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "dpool", *args],
-                         env=_env(DPOOL_STATE_DIR=state), capture_output=True, text=True,
-                         timeout=120)
-    if out.returncode != 0:
-        raise RuntimeError(f"dpool {' '.join(args)}: {out.stderr}")
-    return out
-
-
 def dpool_gangs(rounds: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="dpool-pg-bench-")
     states = [os.path.join(tmp, f"n{i}") for i in range(3)]
@@ -130,15 +108,6 @@ def dpool_gangs(rounds: int) -> dict:
             except RuntimeError:
                 pass
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _ray_python() -> str | None:
-    explicit = os.environ.get("DPOOL_BENCH_RAY_PYTHON")
-    py = explicit or str(ROOT / "bench/.venv-peers/bin/python")
-    if Path(py).exists() and subprocess.run([py, "-c", "import ray"],
-                                            capture_output=True).returncode == 0:
-        return py
-    return None
 
 
 def ray_gangs(py: str, rounds: int) -> dict:
