@@ -2,7 +2,8 @@
 
 - ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
   built from ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (what
-  workers and attached drivers send), ``_resdispatch`` (tasks with resource requests)
+  workers and attached drivers send), ``_group_calls`` (cancel, close, wait for,
+  terminate a group), ``_resdispatch`` (tasks with resource requests)
   and ``_objtable`` (the object table, with ``_lineage``: values whose spill file was
   lost are made again), over the state ``_core`` declares.
 - ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and

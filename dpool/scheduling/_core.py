@@ -3,6 +3,7 @@
 ``LocalScheduler`` (``_scheduler``) is assembled from parts that each own one
 responsibility -- ``_workers.WorkerPool`` (dispatch, worker processes, deaths),
 ``_handlers.WorkerMessages`` (what workers and attached drivers send),
+``_group_calls.GroupCalls`` (cancel, close, wait for, terminate a group),
 ``_resdispatch.ResourceDispatch`` (tasks with resource requests) and
 ``_objtable.ObjectTable`` (the object table) -- over the records and the lock that
 ``LocalScheduler.__init__`` creates. This base names that shared state and the methods
@@ -45,6 +46,7 @@ class SchedulerCore:
     _releases: deque
     _out: list
     _exited: threading.Condition
+    _closing: deque  # groups of collected executors, closed by the IO thread
     _refill: list[Group]
     _handlers: dict[int, Handler]
     _sessions: Optional[DriverService]
@@ -58,6 +60,7 @@ class SchedulerCore:
     def skip_cancelled_locked(self, t: Task) -> None: raise NotImplementedError
     def _wake_waiters_locked(self, obj: Obj, oid: int) -> None: raise NotImplementedError
     def take_out_locked(self) -> list: raise NotImplementedError
+    def close_group_locked(self, g: Group) -> None: raise NotImplementedError
     def deliver(self, out: list) -> None: raise NotImplementedError
 
     # -- ObjectTable -----------------------------------------------------------------------

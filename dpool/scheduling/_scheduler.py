@@ -38,10 +38,11 @@ deadlock. A worker that dies has the task it was running retried up to ``max_att
 
 This module holds the public calls, the accept/finish path and delivery; its parts:
 ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (worker and driver
-messages), ``_resdispatch`` (tasks with resource requests), ``_objtable`` (the object
-table, and ``_lineage`` below it: rebuilding values whose spill file was lost), ``_core``
-(their shared state, declared for the type checker). On a node daemon the node's
-services (``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what they may call,
+messages), ``_group_calls`` (cancel, close, wait for, terminate a group),
+``_resdispatch`` (tasks with resource requests), ``_objtable`` (the object table, and
+``_lineage`` below it: rebuilding values whose spill file was lost), ``_core`` (their
+shared state, declared for the type checker). On a node daemon the node's services
+(``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what they may call,
 ``attach_services`` and ``register_handler`` how they plug in.
 """
 
@@ -64,6 +65,7 @@ from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
 from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
+from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._objtable import ObjectTable
@@ -90,7 +92,7 @@ class GroupConfig:
     inherited: Optional[tuple] = None
 
 
-class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
+class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
     """The local scheduler; on a node daemon its services use it as ``SchedulerAPI``."""
 
     def __init__(self, control: ControlStore) -> None:
@@ -252,74 +254,6 @@ class LocalScheduler(WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
                 if g.rq:
                     self._refill.append(g)
             self.io.poke()
-
-    def cancel_queued(self, group: Group) -> None:
-        """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
-        with self.lock:
-            for queue in [group.queue, *group.rq.values()]:
-                keep: deque = deque()
-                for t in queue:
-                    if t.future is not None and not t.started and t.future.cancel():
-                        self.skip_cancelled_locked(t)
-                    else:
-                        keep.append(t)
-                queue.clear()
-                queue.extend(keep)
-            for req in [r for r, q in group.rq.items() if not q]:
-                del group.rq[req]
-            # Tasks still waiting for their inputs: cancel their futures now; dispatch
-            # skips them once their inputs are ready.
-            for obj in self._objects.values():
-                for x in obj.waiters or ():
-                    if isinstance(x, Task) and x.group is group and x.future is not None \
-                            and not x.started:
-                        x.future.cancel()
-            out = self.take_out_locked()
-        self.deliver(out)
-
-    def close_group_soon(self, group: Group) -> None:
-        """``close_group`` from a finalizer: no lock taken here (GC may run while this
-        thread holds it); the IO thread closes the group within a tick."""
-        self._closing.append(group)
-        self.io.poke()
-
-    def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
-        """No more submissions to ``group``; its workers stop once its work is done."""
-        with self.lock:
-            if on_idle is not None:
-                group.on_idle.append(on_idle)
-            self.close_group_locked(group)
-
-    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
-        """Block until the closed ``group`` is idle and every one of its workers exited."""
-        deadline = None
-        with self.lock:
-            while group.outstanding > 0 or any(w.process is not None for w in group.workers):
-                if group.outstanding == 0:
-                    if deadline is None:
-                        deadline = time.monotonic() + timeout
-                    elif time.monotonic() > deadline:
-                        break
-                self._exited.wait(0.1)
-            stragglers = list(group.workers)
-        for w in stragglers:  # did not exit within `timeout` of being told to
-            log.warning("worker %d did not exit when asked; killing it", w.worker_id)
-            _reap(w, kill_after=0)
-
-    def terminate_group(self, group: Group, reason: str) -> None:
-        """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
-        with self.lock:
-            group.closed = True
-            group.broken = group.broken or reason
-            self.fail_group_locked(group, reason)
-            victims = list(group.workers)
-            for w in victims:
-                w.alive = False
-                self.send_locked(w, [m.Shutdown()])
-            out = self.take_out_locked()
-        for w in victims:
-            _reap(w, kill_after=0.5)
-        self.deliver(out)
 
     def is_io_thread(self) -> bool:
         return self.io.is_io_thread()

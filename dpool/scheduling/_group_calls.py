@@ -1,0 +1,89 @@
+"""The group calls of the local scheduler: what an executor or pool does to its group
+as a whole -- cancel what has not started, close it (now, or from a finalizer through
+the IO thread), wait until its workers are gone, terminate it. A part of
+``LocalScheduler`` (``_scheduler``), over the state ``_core`` declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Callable, Optional
+
+from dpool.protocol import _messages as m
+from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._records import Group, Task
+from dpool.scheduling._workers import _reap
+
+log = logging.getLogger("dpool.scheduling")
+
+
+class GroupCalls(SchedulerCore):
+    def cancel_queued(self, group: Group) -> None:
+        """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
+        with self.lock:
+            for queue in [group.queue, *group.rq.values()]:
+                keep: deque = deque()
+                for t in queue:
+                    if t.future is not None and not t.started and t.future.cancel():
+                        self.skip_cancelled_locked(t)
+                    else:
+                        keep.append(t)
+                queue.clear()
+                queue.extend(keep)
+            for req in [r for r, q in group.rq.items() if not q]:
+                del group.rq[req]
+            # Tasks still waiting for their inputs: cancel their futures now; dispatch
+            # skips them once their inputs are ready.
+            for obj in self._objects.values():
+                for x in obj.waiters or ():
+                    if isinstance(x, Task) and x.group is group and x.future is not None \
+                            and not x.started:
+                        x.future.cancel()
+            out = self.take_out_locked()
+        self.deliver(out)
+
+    def close_group_soon(self, group: Group) -> None:
+        """``close_group`` from a finalizer: no lock taken here (GC may run while this
+        thread holds it); the IO thread closes the group within a tick."""
+        self._closing.append(group)
+        self.io.poke()
+
+    def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
+        """No more submissions to ``group``; its workers stop once its work is done."""
+        with self.lock:
+            if on_idle is not None:
+                group.on_idle.append(on_idle)
+            self.close_group_locked(group)
+
+    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+        """Block until the closed ``group`` is idle and every one of its workers exited."""
+        deadline = None
+        with self.lock:
+            while group.outstanding > 0 or any(w.process is not None for w in group.workers):
+                if group.outstanding == 0:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    elif time.monotonic() > deadline:
+                        break
+                self._exited.wait(0.1)
+            stragglers = list(group.workers)
+        for w in stragglers:  # did not exit within `timeout` of being told to
+            log.warning("worker %d did not exit when asked; killing it", w.worker_id)
+            _reap(w, kill_after=0)
+
+    def terminate_group(self, group: Group, reason: str) -> None:
+        """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
+        with self.lock:
+            group.closed = True
+            group.broken = group.broken or reason
+            self.fail_group_locked(group, reason)
+            victims = list(group.workers)
+            for w in victims:
+                w.alive = False
+                self.send_locked(w, [m.Shutdown()])
+            out = self.take_out_locked()
+        for w in victims:
+            _reap(w, kill_after=0.5)
+        self.deliver(out)
