@@ -12,6 +12,7 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
   store in this process).
 - ``_cluster``: ``ClusterRuntime``, a driver attached to a node (``DPOOL_ADDRESS``).
 - ``_output``: what the tasks of a cluster driver print, written whole-line on its stdout/stderr.
+- ``_remote_group``: a cluster driver's record of one of its groups, which lives on the node.
 - ``_channel_client``: what the cluster driver and a worker's client
   (``dpool.worker._client``) share: ids, gets by message, the release queue.
 - ``_lease``: a cluster driver's leased workers (tasks straight to a lent worker).

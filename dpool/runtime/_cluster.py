@@ -64,6 +64,7 @@ from dpool.runtime._channel_client import ChannelClient
 from dpool.runtime._lease import DriverLeases
 from dpool.runtime._move import Mover, TaskRecord
 from dpool.runtime._output import OutputPrinter
+from dpool.runtime._remote_group import RemoteGroup
 from dpool.runtime._tcp_objects import TcpValues
 from dpool.scheduling import _resources
 from dpool.transfer import _pull
@@ -72,33 +73,6 @@ log = logging.getLogger("dpool.runtime")
 
 CONNECT_TIMEOUT = 10.0
 _FLUSH_S = 0.02
-
-
-class RemoteGroup:
-    """A worker group (executor or Pool) that lives on the node."""
-
-    __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
-                 "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed",
-                 "lease_recalled", "max_attempts", "create", "closing")
-
-    def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int],
-                 max_attempts: int = 3) -> None:
-        self.group_id = group_id
-        self.max_workers = max_workers
-        self.max_tasks = max_tasks
-        self.max_attempts = max_attempts
-        self.create: Any = None  # its CreateGroup (sent again after a move: ``_move``)
-        self.closing = ""  # the close op sent ("close", "close_notify"), if any
-        self.broken: Optional[str] = None
-        self.exited = threading.Event()
-        self.cancelled = threading.Event()
-        self.workers: list = []  # they are the node's processes, not this one's
-        self.lease: Any = None  # _lease.Lease: a worker the node lent us
-        self.lease_asked = False
-        self.lease_recalled = False  # recalled before it arrived
-        self.lease_retry_at = 0.0
-        # never to lease (again): shut down, or the node's workers do not suit leases
-        self.lease_closed = max_tasks is not None
 
 
 class _ClusterFuture(Future):
