@@ -80,8 +80,9 @@ class HostStore:
         return min(capacity // 4, spare)
 
     # -- lifetime --------------------------------------------------------------------------
-    def adopt(self, payload: Optional[bytes]) -> None:
-        """Account a stored value that a process just wrote (may evict; may raise full)."""
+    def adopt(self, payload: Optional[bytes], pin: bool = False) -> None:
+        """Account a stored value that a process just wrote (may evict; may raise full).
+        ``pin``: a pending task's own argument block, never evicted before it ran."""
         info = _values.stored(payload)
         if info is not None:
             oid, name, size = info
@@ -89,13 +90,18 @@ class HostStore:
                 self.pool.purge()  # pooled pages count against the cap: give them back first
             self.store.add(oid, name, size)
             self.store.incref(oid)
+            if pin:
+                self.store.pin(oid)
 
-    def drop(self, payload: Optional[bytes]) -> None:
-        """The object table let go of this value: free its segment (or spill file)."""
+    def drop(self, payload: Optional[bytes], unpin: bool = False) -> None:
+        """The object table let go of this value: free its segment (or spill file).
+        ``unpin``: a finished task's argument block, pinned by ``adopt``."""
         info = _values.stored(payload)
         if info is None:
             return
         oid = info[0]
+        if unpin and self.store.pincount(oid):
+            self.store.unpin(oid)
         spilled = self._spilled.pop(oid, None)
         if spilled is not None:
             _remove(spilled[0])

@@ -344,8 +344,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
     def admit_locked(self, t: Task) -> None:
         """A submitted task (driver or worker): account its stored arguments, accept it."""
         try:
-            self.store.adopt(t.args)
-            self.store.pin(t.args)  # an input of a pending task: never evicted before it ran
+            self.store.adopt(t.args, pin=True)  # (never evicted before the task ran)
         except ObjectStoreFullError as exc:
             t.args = None
             obj = self._objects[t.task_id] = Obj()
@@ -439,8 +438,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             for oid in t.dep_ids or ():
                 self.decref_locked(oid)
         if t.args is not None:
-            self.store.unpin(t.args)
-            self.store.drop(t.args)  # a stored argument block lives as long as its task
+            self.store.drop(t.args, unpin=True)  # it lives as long as its task
         if ok:
             self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now())
         else:
