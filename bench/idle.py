@@ -246,6 +246,13 @@ def _run_json(c: Cluster, code: str, args: list, env: dict, timeout: float = 120
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # (reaped between the two looks)
+        return False
+
+
 def measure_reactions(c: Cluster, pings: int) -> dict:
     r: dict = {}
     env = c.env(DPOOL_ADDRESS=c.address, DPOOL_TOKEN=c.token)
@@ -267,7 +274,7 @@ def measure_reactions(c: Cluster, pings: int) -> dict:
     t0 = time.monotonic()
     drv.send_signal(signal.SIGKILL)
     drv.wait()
-    while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers):
+    while any(_running(w) for w in workers):
         if time.monotonic() - t0 > 60:
             break
         time.sleep(0.005)

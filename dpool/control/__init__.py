@@ -5,7 +5,8 @@ cluster's daemons share too); ``InProcessControlStore`` (``_local``) is the sing
 implementation used when ``DPOOL_ADDRESS`` is unset. A Redis-sharded implementation of the
 same interface backs the cluster (``_redis``, ``_redis_batch``, ``_keys``; its pub/sub:
 ``_redis_pubsub``; its reads for people -- event log, task output, object table:
-``_redis_observe``; servers: ``_redis_server``). With replicas, ``_sentinel`` follows a
+``_redis_observe``; the node table and global-scheduler registry with their heartbeats:
+``_registry``; servers: ``_redis_server``). With replicas, ``_sentinel`` follows a
 shard's failover through Redis Sentinel and puts back what it lost; ``_sentinel_server``
 runs replicas and Sentinels.
 ``_fnname`` reads a function's name from its pickled payload without unpickling it.

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
+
+if TYPE_CHECKING:
+    from dpool.control._registry import ClusterView
 
 
 @dataclass(slots=True)
@@ -74,6 +77,9 @@ class ClusterControlStore(ControlStore, Protocol):
     def register_global_scheduler(self, gs_id: str, address: str) -> None: ...
     def heartbeat_global_scheduler(self, gs_id: str) -> bool: ...
     def global_schedulers(self, dead_after: float = ...) -> list[dict]: ...
+    # both tables in fewer round trips, with a global scheduler's heartbeat (``_registry``)
+    def cluster_view(self, dead_after: float = ...,
+                     gs_beat: Optional[str] = None) -> ClusterView: ...
     def unregister_global_scheduler(self, gs_id: str) -> None: ...
     def new_id_prefix(self, count: int = 1) -> int: ...
     def subscribe(self, channels: Iterable[str],

@@ -17,9 +17,7 @@ logging costs no command per event. Cluster operations (node and global-schedule
 registry, heartbeats, object locations, pub/sub) are immediate: the node daemon and the
 global schedulers need their effect now, and they are rare.
 
-Heartbeat times are the shard's own clock (``TIME`` inside a script), and ``nodes()``
-compares them with the same shard's clock, so skew between hosts cannot make a live node
-look dead.
+The node table and the global-scheduler registry, with their heartbeats: ``_registry``.
 
 Replicated shards (``sentinel://...`` instead of ``host:port`` addresses; ``_sentinel``):
 each shard's client follows its primary through Sentinel, and what a failover can lose is
@@ -35,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -50,29 +47,13 @@ from dpool.control import _redis_batch, _sentinel
 from dpool.control._interface import TaskRecord
 from dpool.control._redis_observe import ObserveReads
 from dpool.control._redis_pubsub import PubSub, Subscription
+from dpool.control._registry import Registry
 from dpool.errors import ControlStoreError
 
 log = logging.getLogger("dpool.control")
 
 EVENT_LOG_ENTRIES = 20_000  # per shard; each entry is one flush's events (MAXLEN ~)
-DEAD_AFTER = 3.0  # seconds without a heartbeat before a node counts as dead
 _FLUSHER_IDLE_S = 1.0  # the longest sleep of a flusher with nothing queued
-
-# HSET the heartbeat (the server's clock) plus ARGV's field/value pairs. ARGV[1] == '1':
-# (re-)register, clearing a dead mark; else a beat, refused (0) for a row that is gone
-# (removed) or marked dead -- the caller must register again.
-_HEARTBEAT = """
-if ARGV[1] == '1' then
-  redis.call('HDEL', KEYS[1], 'dead')
-elseif redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'dead') == 1 then
-  return 0
-end
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'hb', t[1] .. '.' .. string.format('%06d', tonumber(t[2])),
-           unpack(ARGV, 2))
-return 1
-"""
-
 
 
 def _parse_address(address: str) -> tuple[str, int]:
@@ -83,11 +64,7 @@ def _parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _server_time(reply: Sequence[int]) -> float:
-    return reply[0] + reply[1] / 1e6
-
-
-class RedisControlStore(ObserveReads, PubSub):
+class RedisControlStore(ObserveReads, PubSub, Registry):
     """``ControlStore`` over Redis shards ``["host:port", ...]`` sharing one password.
 
     ``node_id`` is written into the task rows this process adds. Construction PINGs every
@@ -441,108 +418,6 @@ class RedisControlStore(ObserveReads, PubSub):
             raise ControlStoreError(
                 f"the cluster ran out of id prefixes ({prefix}); restart its control store")
         return prefix
-
-    # -- node table --------------------------------------------------------------------------
-    def _beat(self, shard: int, key: bytes, what: str, *fields: Any,
-              create: bool = False) -> bool:
-        with self._errors(shard, what):
-            return bool(self._clients[shard].eval(_HEARTBEAT, 1, key, b"1" if create else b"0",
-                                                  *fields))
-
-    def register_node(self, node_id: str, info: dict) -> None:
-        """Add (or re-add, clearing a dead mark) a node; ``info``: JSON-able, e.g.
-        ``{"address": "10.0.0.2:7000", "resources": {"CPU": 8, "GPU": 1}}``."""
-        self._beat(self._shard(node_id), K.node_key(node_id), "register_node",
-                   b"info", json.dumps(info),
-                   b"load", b"{}", create=True)
-        with self._errors(K.SINGLETON_SHARD, "register_node"):
-            self._clients[K.SINGLETON_SHARD].sadd(K.NODES, node_id)
-
-    def heartbeat(self, node_id: str, load: dict) -> bool:
-        """Record the node's load, a JSON-able dict with (at least) the keys of
-        ``_keys.LOAD_FIELDS``. False: the node is unknown or marked dead; register again."""
-        return self._beat(self._shard(node_id), K.node_key(node_id), "heartbeat",
-                          b"load", json.dumps(load))
-
-    def nodes(self, dead_after: float = DEAD_AFTER) -> list[dict]:
-        """Every registered node: its ``info`` keys plus ``node_id``, ``load``,
-        ``heartbeat`` (shard clock), ``age`` (s), ``dead`` (marked), ``alive``."""
-        with self._errors(K.SINGLETON_SHARD, "SMEMBERS nodes"):
-            ids = sorted(m.decode() for m in self._clients[K.SINGLETON_SHARD].smembers(K.NODES))
-        return self._rows(ids, K.node_key, self._shard, "node_id", dead_after)
-
-    def _rows(self, ids: list[str], key: Callable[[str], bytes], route: Callable[[str], int],
-              id_field: str, dead_after: float) -> list[dict]:
-        """The registry rows ``key(id)`` (on shard ``route(id)``) with liveness."""
-        by_shard: dict[int, list[str]] = {}
-        for i in ids:
-            by_shard.setdefault(route(i), []).append(i)
-        rows = {}
-        for shard, shard_ids in by_shard.items():
-            def fill(pipe: Any, shard_ids: list = shard_ids) -> None:
-                pipe.time()
-                for i in shard_ids:
-                    pipe.hgetall(key(i))
-            now_reply, *hashes = self._run(shard, "read table", fill)
-            now = _server_time(now_reply)
-            for i, h in zip(shard_ids, hashes):
-                if not h:  # removed between SMEMBERS and HGETALL
-                    continue
-                row = json.loads(h.get(b"info", b"{}"))
-                row[id_field] = i
-                if b"load" in h:
-                    row["load"] = json.loads(h[b"load"])
-                hb = float(h.get(b"hb", 0.0))
-                row["heartbeat"] = hb
-                row["age"] = now - hb
-                row["dead"] = b"dead" in h
-                row["alive"] = not row["dead"] and row["age"] <= dead_after
-                rows[i] = row
-        return [rows[i] for i in ids if i in rows]
-
-    def mark_node_dead(self, node_id: str) -> bool:
-        """Mark the node dead and publish a node-death notice. False (and no notice) if it
-        was already marked, so K global schedulers noticing at once send one notice."""
-        shard = self._shard(node_id)
-        with self._errors(shard, "mark_node_dead"):
-            newly = self._clients[shard].hsetnx(K.node_key(node_id), b"dead", b"1")
-        if newly:
-            with self._errors(K.SINGLETON_SHARD, "PUBLISH node-dead"):
-                self._clients[K.SINGLETON_SHARD].publish(K.CH_NODE_DEAD,
-                                                         K.node_dead_message(node_id))
-            log.warning("node %s marked dead", node_id)
-        return bool(newly)
-
-    def remove_node(self, node_id: str) -> None:
-        with self._errors(K.SINGLETON_SHARD, "remove_node"):
-            self._clients[K.SINGLETON_SHARD].srem(K.NODES, node_id)
-        shard = self._shard(node_id)
-        with self._errors(shard, "remove_node"):
-            self._clients[shard].delete(K.node_key(node_id))
-
-    # -- global scheduler registry (shard 0) ----------------------------------------------
-    def register_global_scheduler(self, gs_id: str, address: str) -> None:
-        s = K.SINGLETON_SHARD
-        self._beat(s, K.gs_key(gs_id), "register_global_scheduler",
-                   b"info", json.dumps({"address": address}), create=True)
-        with self._errors(s, "register_global_scheduler"):
-            self._clients[s].sadd(K.GLOBAL_SCHEDULERS, gs_id)
-
-    def heartbeat_global_scheduler(self, gs_id: str) -> bool:
-        """False: unknown (unregistered); register again."""
-        return self._beat(K.SINGLETON_SHARD, K.gs_key(gs_id), "heartbeat_global_scheduler")
-
-    def global_schedulers(self, dead_after: float = DEAD_AFTER) -> list[dict]:
-        """Each: ``gs_id``, ``address``, ``heartbeat``, ``age``, ``dead``, ``alive``."""
-        with self._errors(K.SINGLETON_SHARD, "SMEMBERS global schedulers"):
-            ids = sorted(m.decode() for m in
-                         self._clients[K.SINGLETON_SHARD].smembers(K.GLOBAL_SCHEDULERS))
-        return self._rows(ids, K.gs_key, lambda _: K.SINGLETON_SHARD, "gs_id", dead_after)
-
-    def unregister_global_scheduler(self, gs_id: str) -> None:
-        s = K.SINGLETON_SHARD
-        self._run(s, "unregister_global_scheduler",
-                  lambda p: (p.srem(K.GLOBAL_SCHEDULERS, gs_id), p.delete(K.gs_key(gs_id))))
 
     # -- object table (immediate) -----------------------------------------------------------
     def add_object_location(self, object_id: int, node_id: str, size: int) -> None:

@@ -24,6 +24,7 @@ from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
 from dpool.global_scheduler._groups import Groups
+from dpool.global_scheduler._watch import NodeWatch
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
 from dpool.node._links import welcome_message
@@ -45,7 +46,6 @@ from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.global_scheduler")
 
-_HEARTBEAT_S = 0.5
 
 
 class GlobalScheduler:
@@ -63,22 +63,22 @@ class GlobalScheduler:
         self.server = NodeServer(token, bind, port, None, None, self._on_peer)
         self.address = f"{advertise or bind}:{self.server.address[1]}"
         self.gs_id = gs_id or f"gs-{self.address}"
-        self._stop = threading.Event()
-        self._beater = threading.Thread(target=self._beat_loop, daemon=True,
-                                        name="dpool-gs-heartbeat")
-        self._alive: Optional[set] = None  # node addresses alive in the node table
+        # its heartbeat, the nodes alive in the node table, declaring dead ones dead
+        self._watch = None if control is None else NodeWatch(
+            control, self.gs_id, lambda: control.register_global_scheduler(self.gs_id,
+                                                                           self.address))
         self.groups = Groups(self._send_to)  # the placement groups it reserved (``_groups``)
 
     def serve(self) -> None:
         self.server.start()
         if self._control is not None:
             self._control.register_global_scheduler(self.gs_id, self.address)
-            self._beater.start()
+        if self._watch is not None:
+            self._watch.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._beater.is_alive():
-            self._beater.join(timeout=10)
+        if self._watch is not None:
+            self._watch.stop()
         self.server.close()
         self._io.stop()
         with self._lock:
@@ -112,6 +112,8 @@ class GlobalScheduler:
             if entry is not None and entry[0] is h:
                 del self._nodes[h.address]
                 self.groups.node_lost(h.address, self._loads_locked())
+                if self._watch is not None:
+                    self._watch.link_closed(h.peer_id, h.address)
         h.alive = False
         h.chan.close()
         log.info("node %s unlinked", h.peer_id)
@@ -124,7 +126,7 @@ class GlobalScheduler:
             self._send(entry[0], msgs)
 
     def _loads_locked(self) -> list:
-        alive = self._alive
+        alive = None if self._watch is None else self._watch.alive
         return [load for _, load in self._nodes.values()
                 if alive is None or load.address in alive]
 
@@ -240,22 +242,6 @@ class GlobalScheduler:
 
     def _on_tick(self) -> bool:
         return False  # nothing periodic: the IO loop sleeps until input (``_ioloop``)
-
-    def _beat_loop(self) -> None:
-        """Heartbeat, and learn which nodes are alive, off the IO thread: a slow shard
-        must never stall placement."""
-        control = self._control
-        assert control is not None  # (the thread runs only with a control store)
-        while not self._stop.wait(_HEARTBEAT_S):
-            try:
-                # re-assert the row and its listing if a failover of the shard lost them
-                if (not control.heartbeat_global_scheduler(self.gs_id)
-                        or all(g["gs_id"] != self.gs_id for g in control.global_schedulers())):
-                    control.register_global_scheduler(self.gs_id, self.address)
-                # a node whose link is open but which stopped heartbeating gets nothing
-                self._alive = {n.get("address") for n in control.nodes() if n.get("alive")}
-            except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
-                log.warning("control store unreachable: %s", exc)
 
 
 def _parser() -> argparse.ArgumentParser:

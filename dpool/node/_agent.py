@@ -3,18 +3,21 @@
 A thread, off every task's path: every ``load_s`` while the node reads input, it pushes
 this node's load (queue, busy and total CPUs, average task time) to each linked global
 scheduler when it changed (and at least every ``_REFRESH_S``); idle, it sleeps until
-the next heartbeat or the first input (``IOLoop.on_input``); every
-``beat_s`` it heartbeats the same load into the node table; every ``_READ_EVERY`` beats it
-reads the global schedulers and nodes registered there, links to schedulers it has not linked yet, and refreshes the
-cluster's CPU count that drivers see. A heartbeat refused (its row is gone) or a node
-table that does not list this node registers it again: after a control-store failover
-lost those writes, the node re-asserts them (``control._sentinel``). A control store
-that is briefly unreachable costs warnings, not tasks: the local path never waits on it.
+the next heartbeat or the first input (``IOLoop.on_input``); every ``beat_s`` it
+heartbeats the same load into the node table; every ``_READ_EVERY`` beats it reads the
+global schedulers and nodes registered there (``cluster_view``: a round trip for the
+listings and one per shard holding rows), links to schedulers it has not linked yet, and
+refreshes the cluster's CPU count that drivers see. A heartbeat refused (its row is
+gone) or a node table that does not list this node registers it again: after a
+control-store failover lost those writes, the node re-asserts them
+(``control._sentinel``). A control store that is briefly unreachable costs warnings, not
+tasks: the local path never waits on it.
 
-A node that stops heartbeating is declared dead by whoever notices first (a node or a
-global scheduler marks it in the node table, which publishes a node-death notice). This
-node acts on the notice at once (``_on_death_notice``: the tasks it sent there are retried
-elsewhere) and on its own next poll of the node table, which catches notices pub/sub lost.
+A node that stops heartbeating is declared dead by whoever notices first -- a global
+scheduler, which reads the node table every beat, or a node --: it marks it in the node
+table, which publishes a node-death notice. This node acts on the notice at once
+(``_on_death_notice``: the tasks it sent there are retried elsewhere) and on its own
+next poll of the node table, which catches notices pub/sub lost.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("dpool.node")
 
 _REFRESH_S = 1.0  # a load report unchanged this long is sent again anyway
-_READ_EVERY = 2  # heartbeats per read of the scheduler and node tables (after the first)
+# heartbeats per read of the scheduler and node tables (after the first two): the global
+# schedulers read them every beat and declare silent nodes dead (a notice reaches this
+# node at once); this read finds new global schedulers, notices pub/sub lost and the
+# cluster's CPUs (read afresh for each attaching driver)
+_READ_EVERY = 4
 
 
 def _pool_cpus(cpus: int) -> int:
@@ -153,8 +160,9 @@ class ClusterAgent:
             if self._beats % _READ_EVERY and self._beats > 2:
                 return  # the tables are read every _READ_EVERY beats (each read: a round
                 # trip per shard from a thread woken for it, most of an idle node's CPU)
-            gss = [g for g in self._control.global_schedulers() if g.get("alive")]
-            all_nodes = self._control.nodes()
+            view = self._control.cluster_view()
+            gss = [g for g in view.global_schedulers if g.get("alive")]
+            all_nodes = view.nodes
             if all(n["node_id"] != d.node_id for n in all_nodes):
                 # the node set lost this node (a failover of its shard lost the write):
                 # the owner re-asserts its row (control._sentinel)

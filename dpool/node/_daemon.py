@@ -160,8 +160,7 @@ class NodeDaemon:
         if control is None:  # (only called once the node joined a cluster)
             return {"nodes": [here], "global_schedulers": [], "shards": []}
         try:
-            rows = control.nodes()
-            gss = control.global_schedulers()
+            gss, rows, _ = control.cluster_view()
         except Exception as exc:  # noqa: BLE001 - report what this node knows
             return {"nodes": [here], "global_schedulers": [], "shards": control.shard_info(),
                     "error": str(exc)}
@@ -259,15 +258,19 @@ class NodeDaemon:
     def close(self) -> None:
         if self.agent is not None:
             self.agent.stop()
+        if self.control is not None:
+            # out of the node table before the links close: a global scheduler that sees
+            # them close and finds nothing listening here must not declare a node dead
+            # that left (``global_scheduler._watch``)
+            try:
+                self.control.remove_node(self.node_id)
+            except Exception:  # noqa: BLE001 - the shards may be stopping too
+                pass
         self.server.close()
         self.links.close()
         self.scheduler.shutdown()
         self.workdirs.clear()
         if self.control is not None:
-            try:
-                self.control.remove_node(self.node_id)
-            except Exception:  # noqa: BLE001 - the shards may be stopping too
-                pass
             self.control.close()
 
 

@@ -362,6 +362,7 @@ def test_pubsub_delivers_node_death_and_object_ready(store):
     sub.stop()
     assert not any(t.name.startswith("dpool-control-pubsub") and t.is_alive()
                    for t in threading.enumerate())
+    store.register_node("node-z", {})
     assert store.mark_node_dead("node-z")
     time.sleep(0.2)
     assert len(got) == 3  # stopped: nothing more delivered
@@ -376,6 +377,8 @@ def test_subscriber_callback_error_does_not_stop_the_listener(store):
             raise RuntimeError("boom")
 
     store.subscribe([K.CH_NODE_DEAD], flaky)
+    store.register_node("n1", {})
+    store.register_node("n2", {})
     store.mark_node_dead("n1")
     store.mark_node_dead("n2")
     assert wait_for(lambda: len(got) == 2)
@@ -530,6 +533,7 @@ def test_pubsub_listener_survives_a_shard_restart():
         s = RedisControlStore([server.address], "pw-restart", timeout=1.0, connect_timeout=1.0)
         got: list = []
         s.subscribe([K.CH_NODE_DEAD], lambda c, d: got.append(K.parse_node_dead(d)))
+        s.register_node("before", {})
         s.mark_node_dead("before")
         assert wait_for(lambda: got == ["before"])
         server.stop()
@@ -538,6 +542,7 @@ def test_pubsub_listener_survives_a_shard_restart():
         deadline = time.monotonic() + 10
         i = 0
         while "after" not in " ".join(got) and time.monotonic() < deadline:
+            s.register_node(f"after-{i}", {})
             s.mark_node_dead(f"after-{i}")
             i += 1
             time.sleep(0.1)

@@ -1,0 +1,162 @@
+"""The registries read in one view, and who declares a node dead.
+
+``cluster_view`` gives what ``global_schedulers()`` and ``nodes()`` give, in fewer round
+trips (an idle daemon's CPU was mostly these reads: issue 21), and carries a global
+scheduler's heartbeat. A real ``GlobalScheduler`` reads the view every beat and marks a
+node that stopped heartbeating dead, which publishes the notice every node acts on; a
+node whose link closes and whose address refuses connections is declared dead at once,
+heartbeats or not (its peers here: fake nodes on real authenticated links)."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+
+import pytest
+import redis
+
+from dpool.control import _keys as K
+from dpool.control._redis import RedisControlStore
+from dpool.global_scheduler._daemon import GlobalScheduler
+from dpool.node._links import dial, peer_hello
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(shards):
+    addresses, password, _ = shards
+    for a in addresses:
+        host, port = a.rsplit(":", 1)
+        with redis.Redis(host=host, port=int(port), password=password) as r:
+            r.flushall()
+    s = RedisControlStore(addresses, password, node_id="registry-test")
+    yield s
+    s.close()
+
+
+def _without_age(rows: list) -> list:
+    return [{k: v for k, v in r.items() if k != "age"} for r in rows]
+
+
+def test_the_view_is_both_tables_in_one_trip_per_shard_and_one_more(store, shards):
+    names = [f"node-{i}" for i in range(8)]
+    assert len({K.shard_for(n, 2) for n in names}) == 2  # rows on both shards
+    for i, n in enumerate(names):
+        store.register_node(n, {"address": f"127.0.0.{i + 2}:7000", "num_cpus": i})
+    store.register_global_scheduler("gs-1", "127.0.0.1:9001")
+    store.register_global_scheduler("gs-2", "127.0.0.1:9002")
+    store.mark_node_dead("node-3")
+
+    trips = []
+    run = store._run
+    store._run = lambda shard, what, fill: trips.append(shard) or run(shard, what, fill)
+    try:
+        view = store.cluster_view()
+    finally:
+        del store._run
+    assert sorted(trips) == [0, 0, 1]  # the listings, then each shard's rows
+    assert view.beat is None
+    assert _without_age(view.global_schedulers) == _without_age(store.global_schedulers())
+    assert _without_age(view.nodes) == _without_age(store.nodes())
+    assert [r["node_id"] for r in view.nodes] == sorted(names)
+    assert [r["node_id"] for r in view.nodes if not r["alive"]] == ["node-3"]
+
+    before = {r["gs_id"]: r["heartbeat"] for r in view.global_schedulers}
+    time.sleep(0.05)
+    view = store.cluster_view(gs_beat="gs-2")
+    assert view.beat is True
+    after = {r["gs_id"]: r["heartbeat"] for r in view.global_schedulers}
+    assert after["gs-2"] > before["gs-2"] and after["gs-1"] == before["gs-1"]
+    store.unregister_global_scheduler("gs-2")
+    view = store.cluster_view(gs_beat="gs-2")
+    assert view.beat is False  # refused: register again
+    assert [r["gs_id"] for r in view.global_schedulers] == ["gs-1"]
+
+
+def test_an_empty_cluster_has_an_empty_view(store):
+    assert store.cluster_view(gs_beat="gs-x") == ([], [], False)
+
+
+def test_the_global_scheduler_declares_a_silent_node_dead(store, shards):
+    addresses, password, _ = shards
+    store.register_node("silent", {"address": "127.0.0.9:7000", "num_cpus": 1})
+    store.register_node("beating", {"address": "127.0.0.10:7000", "num_cpus": 1})
+    notices: list = []
+    got = threading.Event()
+
+    def on_notice(channel: str, data: bytes) -> None:
+        notices.append(K.parse_node_dead(data))
+        got.set()
+
+    sub = store.subscribe([K.CH_NODE_DEAD], on_notice)
+    control = RedisControlStore(addresses, password)
+    gs = GlobalScheduler(secrets.token_bytes(16), "127.0.0.1", 0, control)
+    try:
+        gs.serve()
+        t0 = time.monotonic()
+        while not got.is_set() and time.monotonic() - t0 < 20:
+            assert store.heartbeat("beating", {})
+            got.wait(0.2)
+        assert notices == ["silent"]
+        rows = {r["node_id"]: r for r in store.nodes()}
+        assert rows["silent"]["dead"] and not rows["beating"]["dead"]
+        # a row marked once is not marked (nor announced) again
+        time.sleep(1.2)
+        assert notices == ["silent"]
+        assert gs._watch is not None and gs._watch.alive == {"127.0.0.10:7000"}
+    finally:
+        gs.close()
+        sub.stop()
+        control.close()
+
+
+def test_a_node_whose_link_closes_and_whose_address_refuses_is_dead_at_once(store, shards):
+    addresses, password, _ = shards
+    token = secrets.token_bytes(16)
+    listeners = {name: socket.create_server(("127.0.0.1", 0)) for name in ("gone", "alive")}
+    where = {name: f"127.0.0.1:{lst.getsockname()[1]}" for name, lst in listeners.items()}
+    for name, address in where.items():
+        store.register_node(name, {"address": address, "num_cpus": 1})
+    notices: list = []
+    sub = store.subscribe([K.CH_NODE_DEAD], lambda ch, data: notices.append(
+        (K.parse_node_dead(data), time.monotonic())))
+    control = RedisControlStore(addresses, password)
+    gs = GlobalScheduler(token, "127.0.0.1", 0, control)
+    links = []
+    try:
+        gs.serve()
+        for name in ("gone", "alive"):
+            links.append(dial(gs.address, token,
+                              peer_hello(name, where[name], 1))[0])
+        # both keep heartbeating: only the probe can find "gone" dead
+        listeners["gone"].close()
+        for chan in links:
+            chan.close()
+        closed = time.monotonic()
+        while time.monotonic() - closed < 2.5 and not notices:
+            assert store.heartbeat("gone", {}) in (True, False)
+            assert store.heartbeat("alive", {})
+            time.sleep(0.05)
+        assert [n for n, _ in notices] == ["gone"]
+        assert notices[0][1] - closed < 2.0  # not by age: it heartbeat every 50 ms
+        time.sleep(1.0)  # "alive" still listens: its closed link alone is no verdict
+        assert store.heartbeat("alive", {})
+        assert [n for n, _ in notices] == ["gone"]
+    finally:
+        gs.close()
+        sub.stop()
+        control.close()
+        for lst in listeners.values():
+            lst.close()
+
+
+def test_a_node_that_leaves_is_not_declared_dead(store):
+    """A row removed (``dpool stop``: the node leaves the table before its links close)
+    is not marked, and no notice goes out."""
+    store.register_node("leaving", {"address": "127.0.0.1:1", "num_cpus": 1})
+    store.remove_node("leaving")
+    assert not store.mark_node_dead("leaving")
+    assert store.nodes() == []
