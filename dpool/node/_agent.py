@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dpool.node")
 
-_REFRESH_S = 1.0  # a load report unchanged this long is sent again anyway
+_REFRESH_S = 5.0  # a load report unchanged this long is sent again anyway (a safety net:
+# a report goes whenever the load changes, and to a scheduler linked since the last one)
 # heartbeats per read of the scheduler and node tables (after the first two): the global
 # schedulers read them every beat and declare silent nodes dead (a notice reaches this
 # node at once); this read finds new global schedulers, notices pub/sub lost and the
@@ -142,11 +143,12 @@ class ClusterAgent:
             pushed[address] = last
         self._pushed = pushed
 
-    def _beat(self) -> None:
+    def _beat(self, load: dict | None = None) -> None:
+        """``load``: this round's (``_load()``), else read now."""
         d = self._d
         with d.scheduler.lock:
             d.runner.tick_locked()  # retire idle mirror groups
-        load = self._load()
+        load = dict(load or self._load())
         del load["received"]  # (the global schedulers' business, not the node table's)
         try:
             if d.prefixes is not None:
@@ -239,11 +241,12 @@ class ClusterAgent:
             if self._stop.is_set():
                 return
             try:
-                self._push_load(self._load())
+                load = self._load()
+                self._push_load(load)
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self.beat_s
-                    self._beat()
+                    self._beat(load)
             except Exception:  # noqa: BLE001 - the agent must outlive one bad round
                 log.exception("dpool node agent: a heartbeat round failed")
             active, seen = io.inputs != seen, io.inputs
