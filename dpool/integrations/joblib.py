@@ -175,6 +175,11 @@ class DpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     """
 
     supports_retrieve_callback = True
+    # ``batch_size="auto"`` grows a batch until it runs this long (joblib's 0.2 s, tuned to
+    # hide loky's dispatch cost). A batch costs dpool ~0.1-0.3 ms to send and collect, so
+    # shorter batches hide it as well, and leave less work on one worker while the other
+    # waits at the end of a call (GridSearchCV, short tasks: bench/JOBLIB.md).
+    MIN_IDEAL_BATCH_DURATION = 0.08
     supports_inner_max_num_threads = True
     supports_sharedmem = False
     uses_threads = False
