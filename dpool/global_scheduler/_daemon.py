@@ -47,7 +47,6 @@ from dpool.transfer import _pull
 log = logging.getLogger("dpool.global_scheduler")
 
 
-
 class GlobalScheduler:
     def __init__(self, token: bytes, bind: str, port: int,
                  control: Optional[ClusterControlStore] = None, gs_id: str = "",

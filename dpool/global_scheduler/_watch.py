@@ -14,7 +14,8 @@ heartbeat to age: the watch connects to the node's address, and a refused connec
 host answers, nothing listens: the daemon died) declares the node dead within
 milliseconds. A connection that is accepted (the link dropped, the node lives: it links
 again) or that times out (the host is unreachable: maybe a partition, maybe slow) leaves
-the verdict to the heartbeats.
+the verdict to the heartbeats. (A node's address must take connections from its peers
+anyway: they fetch objects from it.)
 """
 
 from __future__ import annotations
