@@ -38,6 +38,28 @@ class FutureClient(Protocol):
         """Drop one handle of the object (from ``__del__``: takes no lock)."""
 
 
+# While a task's arguments are pickled on a thread, the handles pickled inside them
+# (``collect_refs``): the submitting client keeps them until the task ends.
+_pickling = threading.local()
+
+
+def collect_refs(fn: Callable[..., T], *args: Any) -> tuple[T, list]:
+    """``(fn(*args), handles)``: ``fn``'s result, and the ``ObjectRef``s and ``Future``s
+    with a client of their own (not borrowed copies) that it pickled on this thread."""
+    refs: list = []
+    _pickling.refs = refs
+    try:
+        return fn(*args), refs
+    finally:
+        _pickling.refs = None
+
+
+def _pickled(handle: Any) -> None:
+    refs = getattr(_pickling, "refs", None)
+    if refs is not None and handle._client is not None:
+        refs.append(handle)
+
+
 class ObjectRef:
     """A reference to an immutable object in the runtime (from ``put`` or a task).
 
@@ -61,6 +83,7 @@ class ObjectRef:
         return f"ObjectRef({self.id:#x})"
 
     def __reduce__(self) -> tuple:
+        _pickled(self)
         return (ObjectRef, (self.id,))
 
     def __del__(self) -> None:
@@ -142,6 +165,7 @@ class Future(_cf.Future):
         return _cf.Future.exception(self, timeout)
 
     def __reduce__(self) -> tuple:
+        _pickled(self)
         return (ObjectRef, (self._oid,))
 
     def __del__(self) -> None:

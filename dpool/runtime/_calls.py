@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from dpool.futures import Future, ObjectRef
+from dpool.futures import Future, ObjectRef, collect_refs
 from dpool.objects import _payload
 
 if TYPE_CHECKING:
@@ -51,7 +51,35 @@ def failed_future(future: Future, exc: BaseException) -> Future:
     return future
 
 
-def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict) -> tuple[Any, ...]:
-    """(fn_id, payload, dep_ids) or raises what serializing raised."""
+def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict,
+                    fut: Future) -> tuple[Any, ...]:
+    """(fn_id, payload, dep_ids) or raises what serializing raised. Handles pickled inside
+    the arguments are kept on ``fut`` until the task ends (``pin_nested``)."""
     fn_id = client.functions.fn_id(fn)
-    return fn_id, serialize_args(client, args, kwargs), dependency_ids(args, kwargs)
+    if not kwargs:
+        for a in args:
+            if type(a) not in _PLAIN:
+                break
+        else:  # (the common case: nothing in them can hold a handle)
+            return fn_id, serialize_args(client, args, kwargs), None
+    payload, refs = collect_refs(serialize_args, client, args, kwargs)
+    if refs:
+        pin_nested(fut, refs, args, kwargs)
+    return fn_id, payload, dependency_ids(args, kwargs)
+
+
+def pin_nested(fut: Future, refs: list, args: tuple, kwargs: dict) -> None:
+    """Keep the handles of objects passed *inside* a task's arguments (``[ref, future]``)
+    alive on the task's future until it is done. Only an argument itself is a dependency
+    the scheduler holds for the task; a handle inside one the task reads by id, and the
+    caller's own handle may be dropped right after ``submit`` (a temporary list), which
+    released the object while the task was queued: the task got ``ObjectLostError``."""
+    top = [a for a in (*args, *kwargs.values()) if type(a) not in _PLAIN]
+    refs = [r for r in refs if not any(r is a for a in top)]
+    if refs:
+        fut._pins = refs  # type: ignore[attr-defined]
+        fut.add_done_callback(_unpin)
+
+
+def _unpin(fut: Any) -> None:
+    fut._pins = None

@@ -46,7 +46,7 @@ from dpool.errors import (
     NodeLostError,
     SerializationError,
 )
-from dpool.futures import Future, ObjectRef
+from dpool.futures import Future, ObjectRef, collect_refs
 from dpool.objects import _mapping, _payload, _values
 from dpool.protocol import (
     PROTOCOL_VERSION,
@@ -336,7 +336,7 @@ class ClusterRuntime(ChannelClient):
         fut = _ClusterFuture(oid, self)
         try:
             if self.store_owner:  # on the node's host: large values go to its store
-                fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+                fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)
             else:
                 fn_id = self.functions.fn_id(fn)
                 deps = _calls.dependency_ids(args, kwargs)
@@ -344,7 +344,9 @@ class ClusterRuntime(ChannelClient):
                     lost = self.mover.lost_input(deps)
                     if lost is not None:
                         raise lost
-                payload = self._tcp_call(args, kwargs)
+                payload, refs = collect_refs(self._tcp_call, args, kwargs)
+                if refs:
+                    _calls.pin_nested(fut, refs, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)

@@ -112,7 +112,7 @@ class DriverRuntime:
         try:
             if args or kwargs:
                 args, kwargs = self.arg_cache.substitute(args, kwargs)
-            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)

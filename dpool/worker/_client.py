@@ -78,7 +78,7 @@ class WorkerClient(ChannelClient):
         oid = self.new_id()
         fut = Future(oid, self)
         try:
-            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs)
+            fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)
         except Exception as exc:  # noqa: BLE001
             fut._client = None
             return _calls.failed_future(fut, exc)

@@ -239,3 +239,24 @@ def test_worker_handles_are_released_when_the_task_ends():
         while sched.stats()["objects"] > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sched.stats()["objects"] == 0
+
+
+def total(refs):
+    return sum(dpool.get(refs))
+
+
+def test_refs_inside_an_argument_live_until_the_task_reads_them():
+    """Only the handle keeps an object: ``[dpool.put(1), ex.submit(...)]`` is a temporary
+    that goes right after ``submit``, and the task (queued behind a slow one) reads the
+    objects by id later. The submitting client keeps them until the task ends."""
+    with ProcessPoolExecutor(1) as ex:
+        ex.submit(time.sleep, 0.5)  # the next task waits behind it
+        fut = ex.submit(total, [dpool.put(1), ex.submit(inc, 1), {"x": dpool.put(3)}["x"]])
+        gc.collect()
+        assert fut.result(30) == 6
+        assert fut._pins is None  # let go once the task ended: only its result is left
+        sched = ex._runtime.scheduler
+        deadline = time.monotonic() + 5
+        while sched.stats()["objects"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sched.stats()["objects"] == 1
