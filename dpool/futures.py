@@ -64,7 +64,9 @@ class ObjectRef:
     """A reference to an immutable object in the runtime (from ``put`` or a task).
 
     Passing it to ``submit`` gives the task the value. The ref that ``put`` returned holds
-    the object alive; copies unpickled in other processes borrow it.
+    the object alive, and so does a task it was passed to, inside another argument too
+    (``submit(f, [ref])``), until the task ends; copies unpickled in other processes
+    borrow it.
     """
 
     __slots__ = ("id", "_client", "__weakref__")
