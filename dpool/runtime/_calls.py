@@ -6,6 +6,7 @@ from a task is prepared exactly like one submitted from the driver.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from dpool.futures import Future, ObjectRef, collect_refs
@@ -54,7 +55,7 @@ def failed_future(future: Future, exc: BaseException) -> Future:
 def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict,
                     fut: Future) -> tuple[Any, ...]:
     """(fn_id, payload, dep_ids) or raises what serializing raised. Handles pickled inside
-    the arguments are kept on ``fut`` until the task ends (``pin_nested``)."""
+    the arguments are kept on ``fut`` until the task ends (``pinned_payload``)."""
     fn_id = client.functions.fn_id(fn)
     if not kwargs:
         for a in args:
@@ -62,23 +63,27 @@ def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict,
                 break
         else:  # (the common case: nothing in them can hold a handle)
             return fn_id, serialize_args(client, args, kwargs), None
-    payload, refs = collect_refs(serialize_args, client, args, kwargs)
-    if refs:
-        pin_nested(fut, refs, args, kwargs)
+    payload = pinned_payload(fut, args, kwargs, serialize_args, client, args, kwargs)
     return fn_id, payload, dependency_ids(args, kwargs)
 
 
-def pin_nested(fut: Future, refs: list, args: tuple, kwargs: dict) -> None:
-    """Keep the handles of objects passed *inside* a task's arguments (``[ref, future]``)
-    alive on the task's future until it is done. Only an argument itself is a dependency
-    the scheduler holds for the task; a handle inside one the task reads by id, and the
-    caller's own handle may be dropped right after ``submit`` (a temporary list), which
-    released the object while the task was queued: the task got ``ObjectLostError``."""
+def pinned_payload(fut: Future, args: tuple, kwargs: dict,
+                   serialize: Callable[..., Optional[bytes]], *how: Any) -> Optional[bytes]:
+    """``serialize(*how)``, the arguments' payload; the handles of objects it pickled
+    *inside* the arguments (``[ref, future]``) are kept alive on the task's future until
+    it is done. Only an argument itself is a dependency the scheduler holds for the task;
+    a handle inside one the task reads by id, and the caller's own handle may be dropped
+    right after ``submit`` (a temporary list), which released the object while the task
+    was queued: the task got ``ObjectLostError``."""
+    payload, refs = collect_refs(serialize, *how)
+    if not refs:
+        return payload
     top = [a for a in (*args, *kwargs.values()) if type(a) not in _PLAIN]
     refs = [r for r in refs if not any(r is a for a in top)]
     if refs:
         fut._pins = refs  # type: ignore[attr-defined]
         fut.add_done_callback(_unpin)
+    return payload
 
 
 def _unpin(fut: Any) -> None:

@@ -46,7 +46,7 @@ from dpool.errors import (
     NodeLostError,
     SerializationError,
 )
-from dpool.futures import Future, ObjectRef, collect_refs
+from dpool.futures import Future, ObjectRef
 from dpool.objects import _mapping, _payload, _values
 from dpool.protocol import (
     PROTOCOL_VERSION,
@@ -344,9 +344,8 @@ class ClusterRuntime(ChannelClient):
                     lost = self.mover.lost_input(deps)
                     if lost is not None:
                         raise lost
-                payload, refs = collect_refs(self._tcp_call, args, kwargs)
-                if refs:
-                    _calls.pin_nested(fut, refs, args, kwargs)
+                payload = _calls.pinned_payload(fut, args, kwargs, self._tcp_call, args,
+                                                kwargs)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
