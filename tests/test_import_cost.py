@@ -15,7 +15,8 @@ import pickle
 import subprocess
 import sys
 import textwrap
-from typing import ClassVar, Optional
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional
 
 import pytest
 
@@ -23,7 +24,7 @@ from dpool.protocol._record import field, record
 
 # Loaded on first use only: what only large objects (shared memory) or process
 # inspection need (made lazy for issue 21), numpy, the cluster's modules and clients,
-# and placement strategies.
+# placement strategies, and pickling by value.
 DENIED = (
     "psutil", "posix_ipc", "ctypes", "numpy", "redis", "hiredis",
     "dpool.cli", "dpool.node", "dpool.global_scheduler", "dpool.transfer",
@@ -31,6 +32,9 @@ DENIED = (
     "dpool.control._redis", "dpool.control._redis_batch", "dpool.control._watch",
     "dpool.control._keys", "dpool.scheduling._detect", "dpool.objects._inline",
     "dpool.scheduling._placement_policy",  # (where a task runs: only a strategy needs it)
+    # what only a closure, a class made in a function... needs (cloudpickle, and what it
+    # imports), and ``@dataclass`` (``@record`` instead)
+    "cloudpickle", "dataclasses", "inspect", "ast", "platform",
 )
 
 
@@ -76,7 +80,7 @@ def test_a_first_task_loads_nothing_denied_in_the_driver_or_the_worker():
 
 
 # -- @record behaves as @dataclass --------------------------------------------------------
-def _rec_class() -> type:
+def _rec_class(field: Callable[..., Any]) -> type:
     class Rec:
         """A record."""
 
@@ -91,8 +95,8 @@ def _rec_class() -> type:
 
 @pytest.mark.parametrize("slots", [True, False])
 def test_a_record_is_what_a_dataclass_would_be(slots):
-    cheap = record(slots=slots)(_rec_class())
-    real = dataclasses.dataclass(slots=slots)(_rec_class())
+    cheap = record(slots=slots)(_rec_class(field))
+    real = dataclasses.dataclass(slots=slots)(_rec_class(dataclasses.field))
     assert cheap.__match_args__ == real.__match_args__ == ("a", "b", "c", "d")
     assert cheap.CODE == 7 and cheap.__doc__ == "A record."
     assert cheap.__hash__ is None and real.__hash__ is None

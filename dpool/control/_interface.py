@@ -9,14 +9,15 @@ on a task's critical path. Reads see everything flushed so far.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
+
+from dpool.protocol._record import record
 
 if TYPE_CHECKING:
     from dpool.control._registry import ClusterView
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class TaskRecord:
     """One row of the task table: enough lineage to run the task again."""
 
@@ -27,7 +28,7 @@ class TaskRecord:
     group_id: int
     state: str = "PENDING"  # PENDING -> RUNNING -> FINISHED | FAILED | CANCELLED
     attempts: int = 0
-    result_ids: tuple = field(default=())
+    result_ids: tuple = ()
 
 
 class ControlStore(Protocol):

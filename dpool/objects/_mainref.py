@@ -46,7 +46,7 @@ import weakref
 import zlib
 from typing import Any
 
-import cloudpickle
+from dpool.objects._byvalue import NeedsCloudpickle, function_state
 
 TAG = 0x03
 """First byte of a payload that carries a table of main-namespace references."""
@@ -158,17 +158,19 @@ def reduce_main(pickler: Any, obj: Any, kind: str) -> Any:
     """The reduction of a function (kind "f"), class ("c") or bound method ("m") of the
     main namespace, or NotImplemented to leave it to cloudpickle.
 
-    ``pickler`` has ``ns`` (the main namespace), ``main`` (a Collector or None) and
-    ``root`` (the object whose by-value fallback it is pickling, or None).
+    ``pickler`` has ``ns`` (the main namespace), ``main`` (a Collector or None),
+    ``root`` (the object whose by-value fallback it is pickling, or None) and ``cloud``
+    (False for the stdlib's pickler: what it would leave to cloudpickle raises
+    NeedsCloudpickle instead).
     """
     if kind == "m":
         # A method bound to a main class or instance: as the stdlib, getattr(self, name).
         name = obj.__func__.__name__
         try:
             if getattr(obj.__self__, name) != obj:
-                return NotImplemented
+                return _to_cloudpickle(pickler, obj)
         except Exception:  # noqa: BLE001
-            return NotImplemented
+            return _to_cloudpickle(pickler, obj)
         return (getattr, (obj.__self__, name))
     if obj is pickler.root:
         return by_value(pickler, obj, pickler.root_index)
@@ -179,13 +181,22 @@ def reduce_main(pickler: Any, obj: Any, kind: str) -> Any:
         return pickler.main.ref(obj)
     if kind == "f":
         return by_value(pickler, obj, -1)
-    return NotImplemented  # a class not found under its name: cloudpickle by value
+    return _to_cloudpickle(pickler, obj)  # a class not found under its name: by value
+
+
+def _to_cloudpickle(pickler: Any, obj: Any) -> Any:
+    if pickler.cloud:
+        return NotImplemented
+    raise NeedsCloudpickle(f"{type(obj).__name__} {obj!r}")
 
 
 def by_value(pickler: Any, obj: Any, index: int) -> Any:
     """``obj`` by value; a function gets the receiver's main namespace as its globals."""
     if type(obj) is types.FunctionType:
-        _, (code, _, _, _, closure), state, *_ = pickler._dynamic_function_reduce(obj)
+        if pickler.cloud:
+            _, (code, _, _, _, closure), state, *_ = pickler._dynamic_function_reduce(obj)
+        else:
+            code, closure, state = obj.__code__, None, function_state(obj)
         # When its globals were read: its first pickling (a function's payload is made
         # once anyway), which also keeps a re-pickled function's bytes the same.
         as_of = _first_pickled.get(obj)
@@ -194,13 +205,15 @@ def by_value(pickler: Any, obj: Any, index: int) -> Any:
         state[1]["_dpool_as_of"] = as_of
         return (_make_function, (code, _NS, closure, index), state, None, None,
                 _function_setstate)
-    red = cloudpickle.Pickler.reducer_override(pickler, obj)  # cloudpickle's own
+    if not pickler.cloud:
+        raise NeedsCloudpickle(f"class {obj.__qualname__} by value")
+    red = sys.modules["cloudpickle"].Pickler.reducer_override(pickler, obj)  # its own
     if red is NotImplemented or index < 0:
         return red
     return (_construct, (index, red[0], red[1]), *red[2:])
 
 
-def finish(pickler_class: type, collector: Collector, ns: dict, stream: bytes) -> bytes:
+def finish(pickler_class: Any, collector: Collector, ns: dict, stream: bytes) -> bytes:
     """The payload: the reference table, then the stream.
 
     The table of a set of objects is made once and reused while those objects live (an
@@ -224,24 +237,31 @@ def finish(pickler_class: type, collector: Collector, ns: dict, stream: bytes) -
 _tables: dict[tuple, tuple[list, bytes]] = {}
 
 
-def _table(pickler_class: type, collector: Collector, ns: dict) -> bytes:
+def _table(pickler_class: Any, collector: Collector, ns: dict) -> bytes:
     """Each entry's fallback pickled; they may reference more main objects, which join
-    the same table."""
+    the same table. What the stdlib's pickler (``pickler_class.cloud`` false) cannot
+    take, ``pickler_class.fallback()`` (cloudpickle's) pickles."""
     import io
 
     entries = []
     i = 0
     while i < len(collector.objs):
         obj = collector.objs[i]
-        file = io.BytesIO()
-        p = pickler_class(file, protocol=5)
-        p.ns, p.main, p.root, p.root_index = ns, collector, obj, i
-        fallback: bytes | None
-        try:
-            p.dump(obj)
-            fallback, error = file.getvalue(), ""
-        except Exception as exc:  # noqa: BLE001 - the reference may be enough
-            fallback, error = None, f"{type(exc).__name__}: {exc}"
+        cls = pickler_class
+        while True:
+            file = io.BytesIO()
+            p = cls(file, protocol=5)
+            p.ns, p.main, p.root, p.root_index = ns, collector, obj, i
+            fallback: bytes | None
+            try:
+                p.dump(obj)
+                fallback, error = file.getvalue(), ""
+            except Exception as exc:  # noqa: BLE001 - the reference may be enough
+                if not cls.cloud:  # the stdlib's pickler: try again with cloudpickle
+                    cls = cls.fallback()
+                    continue
+                fallback, error = None, f"{type(exc).__name__}: {exc}"
+            break
         entries.append((obj.__qualname__, _signature(obj), id(obj), fallback, error))
         i += 1
     return pickle.dumps((_TOKEN, time.monotonic_ns(), entries), protocol=5)

@@ -1,16 +1,25 @@
 """Serialization of task functions, arguments, results and stored objects.
 
-cloudpickle with pickle protocol 5: buffers that support out-of-band pickling (numpy
-arrays, ``pickle.PickleBuffer``) of at least ``oob_threshold`` bytes are not copied into
-the pickle stream; they are handed back as raw memoryviews so the caller can place them
-(in a shared-memory segment, see ``_segment``) and give them back to :func:`deserialize`
-without any further copy. Smaller buffers stay in-band, so a small object costs one
-pickle stream and nothing else.
+The stdlib's C pickler first, cloudpickle for what it cannot take (lambdas, closures,
+classes defined in functions, ...), with pickle protocol 5: buffers that support
+out-of-band pickling (numpy arrays, ``pickle.PickleBuffer``) of at least
+``oob_threshold`` bytes are not copied into the pickle stream; they are handed back as
+raw memoryviews so the caller can place them (in a shared-memory segment, see
+``_segment``) and give them back to :func:`deserialize` without any further copy.
+Smaller buffers stay in-band, so a small object costs one pickle stream and nothing else.
 
-Two details beyond plain ``cloudpickle.dumps``:
+Details beyond plain ``cloudpickle.dumps``:
 
+- cloudpickle (and ``inspect``, ``ast``, ``platform``, ``typing``... that it imports) is
+  loaded only when an object needs it: an object is pickled with the stdlib's pickler
+  first, and again with cloudpickle's if that fails. Where the stdlib's pickler succeeds,
+  the result is what cloudpickle would have made: functions and classes by reference
+  (cloudpickle pickles importable ones by name too), the script's own functions as
+  ``_mainref`` says, their by-value fallback from ``_byvalue``. Once a module is
+  registered with ``cloudpickle.register_pickle_by_value``, cloudpickle pickles
+  everything, as it must.
 - Plain data (scalars, strings, bytes and small tuples/lists/dicts of them) is pickled
-  with the C pickler directly: the result is the same, at a fraction of cloudpickle's setup cost.
+  with ``pickle.dumps`` directly: the result is the same, without a pickler to set up.
 - numpy only pickles C- or Fortran-contiguous arrays out-of-band. A large non-contiguous
   array (a column slice, a strided view) is made contiguous once here so that it too goes
   out-of-band and reads back zero-copy; ordinary pickle would copy it into the stream and
@@ -34,10 +43,8 @@ import types
 from collections.abc import Iterable
 from typing import Any, Optional
 
-import cloudpickle
-
 from dpool.errors import SerializationError
-from dpool.objects import _mainref
+from dpool.objects import _byvalue, _mainref
 
 __all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "deserialize", "dumps", "serialize"]
 
@@ -122,17 +129,14 @@ def _is_plain(obj: Any) -> bool:
     return True
 
 
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle's pickler, plus out-of-band pickling of large non-contiguous arrays,
-    plus references to the main namespace's functions and classes (``_mainref``).
+class _State:
+    """What the picklers below read, set on each instance by :func:`serialize`:
+    ``oob_threshold``, ``ndarray`` (numpy's array type, or None while numpy has not been
+    imported: then no array can exist), ``ns`` (this process's main namespace), ``main``
+    (the reference table, made on the first reference), ``root``/``root_index`` (the
+    table entry whose fallback this pickler writes, if any)."""
 
-    ``oob_threshold`` and ``ndarray`` (numpy's array type, or None while numpy has not
-    been imported: then no array can exist) are set on each instance by :func:`serialize`;
-    ``ns`` is this process's main namespace, ``main`` the reference table (made on the
-    first reference), ``root``/``root_index`` the table entry whose fallback this pickler
-    writes (if any).
-    """
-
+    cloud = False
     oob_threshold: int = DEFAULT_OOB_THRESHOLD
     ndarray: type | None = None
     ns: Optional[dict] = None
@@ -140,36 +144,103 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     root: Any = None
     root_index: int = -1
 
+    @staticmethod
+    def fallback() -> Any:
+        return _cloud_pickler()
+
+
+def _reduce(self: Any, obj: Any) -> Any:
+    """Out-of-band pickling of large non-contiguous arrays, and references to the main
+    namespace's functions and classes (``_mainref``); NotImplemented for the rest."""
+    t = type(obj)
+    if t is _FunctionType:
+        if obj.__globals__ is self.ns:
+            return _mainref.reduce_main(self, obj, "f")
+    elif t is _MethodType:
+        fn = obj.__func__
+        if type(fn) is _FunctionType and fn.__globals__ is self.ns:
+            return _mainref.reduce_main(self, obj, "m")
+    elif t is self.ndarray:
+        arr: Any = obj
+        if (
+            arr.nbytes >= self.oob_threshold
+            and not (arr.flags.c_contiguous or arr.flags.f_contiguous)
+            and not arr.dtype.hasobject
+        ):
+            numpy = sys.modules["numpy"]
+            return numpy.ascontiguousarray(arr).__reduce_ex__(_PROTOCOL)
+    elif issubclass(t, type) and obj.__dict__.get("__module__") in _MAIN_MODULES:
+        return _mainref.reduce_main(self, obj, "c")
+    return NotImplemented
+
+
+class _Pickler(_State, pickle.Pickler):
+    """The stdlib's C pickler plus :func:`_reduce`, modules by name and code objects
+    (``_byvalue``); raises (:class:`_byvalue.NeedsCloudpickle`, or what pickle raises)
+    where cloudpickle's pickler is needed."""
+
     def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)
-        if t is _FunctionType:
-            if obj.__globals__ is self.ns:
-                return _mainref.reduce_main(self, obj, "f")
-        elif t is _MethodType:
-            fn = obj.__func__
-            if type(fn) is _FunctionType and fn.__globals__ is self.ns:
-                red = _mainref.reduce_main(self, obj, "m")
-                if red is not NotImplemented:
-                    return red
-        elif t is self.ndarray:
-            arr: Any = obj
-            if (
-                arr.nbytes >= self.oob_threshold
-                and not (arr.flags.c_contiguous or arr.flags.f_contiguous)
-                and not arr.dtype.hasobject
-            ):
-                numpy = sys.modules["numpy"]
-                return numpy.ascontiguousarray(arr).__reduce_ex__(_PROTOCOL)
-        elif issubclass(t, type) and obj.__dict__.get("__module__") in _MAIN_MODULES:
-            red = _mainref.reduce_main(self, obj, "c")
-            if red is not NotImplemented:
-                return red
-        return super().reducer_override(obj)
+        red = _reduce(self, obj)
+        if red is NotImplemented:
+            t = type(obj)
+            if t is _ModuleType:
+                return _byvalue.reduce_module(obj)
+            if t is _CodeType:
+                return _byvalue.reduce_code(obj)
+        return red
+
+
+_cloud_class: Any = None
+
+
+def _cloud_pickler() -> Any:
+    """cloudpickle's pickler plus :func:`_reduce` (made, and cloudpickle imported, on
+    first use)."""
+    global _cloud_class
+    if _cloud_class is None:
+        import cloudpickle
+
+        class _CloudPickler(_State, cloudpickle.Pickler):  # type: ignore[misc]
+            cloud = True
+
+            def reducer_override(self, obj: Any) -> Any:
+                red = _reduce(self, obj)
+                return super().reducer_override(obj) if red is NotImplemented else red
+
+        _cloud_class = _CloudPickler
+    return _cloud_class
+
+
+def _first_pickler() -> Any:
+    """The stdlib's pickler, unless a module was registered with cloudpickle to be
+    pickled by value: the stdlib's pickler would pickle its functions by name."""
+    cp = sys.modules.get("cloudpickle.cloudpickle")
+    if cp is not None and getattr(cp, "_PICKLE_BY_VALUE_MODULES", None):
+        return _cloud_pickler()
+    return _Pickler
 
 
 _FunctionType = types.FunctionType
 _MethodType = types.MethodType
+_ModuleType = types.ModuleType
+_CodeType = types.CodeType
 _MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def _dump(cls: Any, obj: Any, buffer_callback: Any = None,
+          oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> bytes:
+    file = io.BytesIO()
+    pickler = cls(file, protocol=_PROTOCOL, buffer_callback=buffer_callback)
+    pickler.ns = _mainref.namespace()
+    if buffer_callback is not None:
+        pickler.oob_threshold = oob_threshold
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            pickler.ndarray = numpy.ndarray
+    pickler.dump(obj)
+    if pickler.main is not None:
+        return _mainref.finish(cls, pickler.main, pickler.ns, file.getvalue())
+    return file.getvalue()
 
 
 def dumps(obj: Any) -> bytes:
@@ -177,13 +248,13 @@ def dumps(obj: Any) -> bytes:
 
     Raises what pickling raised. Read it back with :func:`deserialize`.
     """
-    file = io.BytesIO()
-    pickler = _Pickler(file, protocol=_PROTOCOL)
-    pickler.ns = _mainref.namespace()
-    pickler.dump(obj)
-    if pickler.main is not None:
-        return _mainref.finish(_Pickler, pickler.main, pickler.ns, file.getvalue())
-    return file.getvalue()
+    cls = _first_pickler()
+    try:
+        return _dump(cls, obj)
+    except Exception:
+        if cls.cloud:
+            raise
+    return _dump(_cloud_pickler(), obj)
 
 
 def _type_name(obj: object) -> str:
@@ -210,25 +281,22 @@ def serialize(obj: object, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> Ser
         buffers.append(raw)
         return False
 
-    numpy = sys.modules.get("numpy")
-    file = io.BytesIO()
-    pickler = _Pickler(file, protocol=_PROTOCOL, buffer_callback=keep_in_band)
-    pickler.oob_threshold = oob_threshold
-    pickler.ns = _mainref.namespace()
-    if numpy is not None:
-        pickler.ndarray = numpy.ndarray
-    try:
-        pickler.dump(obj)
-        meta = file.getvalue()
-        if pickler.main is not None:
-            meta = _mainref.finish(_Pickler, pickler.main, pickler.ns, meta)
-    except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
-        for raw in buffers:
-            raw.release()
-        raise SerializationError(
-            f"cannot serialize object of type {_type_name(obj)}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return Serialized(meta, buffers)
+    cls = _first_pickler()
+    while True:
+        try:
+            meta = _dump(cls, obj, keep_in_band, oob_threshold)
+            return Serialized(meta, buffers)
+        except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
+            for raw in buffers:
+                raw.release()
+            buffers.clear()
+            if not cls.cloud:  # the stdlib's pickler could not: cloudpickle's
+                cls = _cloud_pickler()
+                continue
+            raise SerializationError(
+                f"cannot serialize object of type {_type_name(obj)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def deserialize(meta: bytes | memoryview, buffers: Iterable[Any] = ()) -> object:

@@ -13,11 +13,13 @@ fields equal), ``__hash__ = None``, ``__match_args__``, and with ``slots=True``
 instantiated (``_first_init``), and ``__repr__`` and ``__eq__`` are shared by all.
 Type checkers see a dataclass (``dataclass_transform``). Not provided: the
 ``dataclasses`` module's functions (``fields``, ``asdict``, ``replace``) on them.
+``field`` is this module's own (``default`` or ``default_factory``), so that nothing on
+the runtime's import path loads ``dataclasses`` (and ``inspect``, ``ast``, ``dis`` with
+it).
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, Field, field
 from reprlib import recursive_repr
 from typing import Any, Callable, Optional, TypeVar, dataclass_transform
 
@@ -32,6 +34,31 @@ class _FactoryMarker:
 
 
 _FACTORY = _FactoryMarker()
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+class Field:
+    """What :func:`field` returns, in a class body: a default or a default factory."""
+
+    __slots__ = ("default", "default_factory")
+
+    def __init__(self, default: Any, default_factory: Any) -> None:
+        self.default = default
+        self.default_factory = default_factory
+
+
+def field(*, default: Any = MISSING, default_factory: Any = MISSING) -> Any:
+    """A field's default, or a callable that makes a fresh one for each instance."""
+    if default is not MISSING and default_factory is not MISSING:
+        raise ValueError("cannot specify both default and default_factory")
+    return Field(default, default_factory)
 
 
 @dataclass_transform(field_specifiers=(field, Field))

@@ -2,13 +2,18 @@
 
 In-process: a "driver" namespace pickles, a "worker" namespace (another process's, as far
 as ``_mainref`` can tell) unpickles. The real processes are in
-``compat/test_compat_main_module.py``.
+``compat/test_compat_main_module.py``. Every test runs twice: with the stdlib's pickler
+first (what dpool does; ``_byvalue`` makes the fallbacks of plain functions) and with
+cloudpickle's only (what it does for everything the stdlib's cannot take): the two must
+behave the same.
 """
 
 from __future__ import annotations
 
 import builtins
 import pickle
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 import pytest
 
 from dpool.errors import SerializationError
-from dpool.objects import _mainref
+from dpool.objects import _byvalue, _mainref, _serialization
 from dpool.objects._serialization import deserialize, dumps, serialize
 
 PROGRAM = """
@@ -76,6 +81,13 @@ class Link:
         finally:
             _mainref._worker_ns = None
             _mainref._TOKEN = self.token
+
+
+@pytest.fixture(autouse=True, params=["stdlib", "cloudpickle"])
+def pickler(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "cloudpickle":
+        monkeypatch.setattr(_serialization, "_first_pickler", _serialization._cloud_pickler)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -204,3 +216,74 @@ def test_a_function_pickled_again_gives_the_same_bytes(monkeypatch: pytest.Monke
     monkeypatch.setattr(_mainref, "_worker_ns", driver)
     assert dumps(driver["obj"].m) == dumps(driver["obj"].m)  # deduplicated by bytes
     assert dumps(driver["lam"]) == dumps(driver["lam"])
+
+
+def test_a_plain_functions_fallback_keeps_what_the_function_has(link: Any) -> None:
+    driver = _namespace("""
+        import math
+        import xml.etree.ElementTree
+        BASE = 10
+
+        def f(x: int, y=2, *, z=3) -> int:
+            "Doc."
+            return math.floor(x) + y + z + BASE + len(xml.etree.ElementTree.tostring(
+                xml.etree.ElementTree.Element("a")))
+        f.tag = "t"
+    """)
+    ln = link(driver, _namespace())
+    f = ln.send(driver["f"])
+    assert f is not driver["f"] and f(1.5) == 1 + 2 + 3 + 10 + len(b"<a />")
+    assert (f.__defaults__, f.__kwdefaults__, f.__doc__, f.tag) == ((2,), {"z": 3}, "Doc.", "t")
+    assert f.__annotations__ == driver["f"].__annotations__
+    assert (f.__name__, f.__qualname__, f.__module__) == ("f", "f", "__main__")
+    slots = _byvalue.function_state(driver["f"])[1]
+    assert list(slots["__globals__"]) == ["math", "BASE", "xml"]  # what the code reads
+    assert sys.modules["xml.etree.ElementTree"] in slots["_cloudpickle_submodules"]
+
+
+def test_the_stdlib_pickler_leaves_closures_and_local_classes_to_cloudpickle(
+        link: Any, pickler: str) -> None:
+    driver = _namespace("""
+        def make(n):
+            def add(x):
+                return x + n
+            return add
+
+        def local_class():
+            class Local:
+                v = 7
+            return Local
+
+        add3 = make(3)
+        Local = local_class()
+    """)
+    ln = link(driver, _namespace())
+    assert ln.send(driver["add3"])(1) == 4  # a closure: by value through cloudpickle
+    assert ln.send(driver["Local"]).v == 7
+    with pytest.raises(_byvalue.NeedsCloudpickle):
+        _byvalue.function_state(driver["add3"])
+
+
+def test_a_short_program_does_not_import_cloudpickle() -> None:
+    """A script's plain functions, lambdas and modules go by the stdlib's pickler, their
+    fallbacks included; a closure loads cloudpickle."""
+    code = textwrap.dedent("""
+        import sys, math
+        from dpool.objects._serialization import deserialize, dumps, serialize
+        K = 2
+        def f(x):
+            return math.sqrt(x) * K
+        g = lambda x: f(x) + 1
+        ser = serialize([f, g, math])
+        f2, g2, m2 = deserialize(ser.meta, ser.buffers)
+        assert (f2(4), g2(4), m2) == (4.0, 5.0, math), (f2(4), g2(4), m2)
+        print("cloudpickle" in sys.modules)
+        def make(n):
+            return lambda: n
+        deserialize(dumps(make(1)))
+        print("cloudpickle" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]

@@ -164,6 +164,39 @@ def test_functions_and_closures_are_pickled_by_value() -> None:
     assert roundtrip(lambda x: x * 2)(4) == 8
 
 
+def test_what_the_stdlib_cannot_pickle_goes_to_cloudpickle_once() -> None:
+    """An argument the stdlib's pickler fails on part-way (a lambda after a large array)
+    is pickled again by cloudpickle: the array's buffer is out-of-band once."""
+
+    class Local:
+        def __init__(self) -> None:
+            self.v = 5
+
+    arr = np.arange(BIG // 8, dtype=np.int64)
+    ser = serialize({"arr": arr, "f": lambda x: x + 1, "obj": Local()})
+    assert len(ser.buffers) == 1 and ser.buffers[0].nbytes == arr.nbytes
+    back = deserialize(ser.meta, ser.buffers)
+    assert np.array_equal(back["arr"], arr) and back["f"](1) == 2 and back["obj"].v == 5
+
+
+def test_modules_registered_by_value_go_by_value(tmp_path: Path, monkeypatch) -> None:
+    import cloudpickle
+
+    (tmp_path / "dpool_byvalue_mod.py").write_text("def h(x):\n    return x * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dpool_byvalue_mod  # type: ignore[import-not-found]
+
+    cloudpickle.register_pickle_by_value(dpool_byvalue_mod)
+    try:
+        ser = serialize(dpool_byvalue_mod.h)
+    finally:
+        cloudpickle.unregister_pickle_by_value(dpool_byvalue_mod)
+        del sys.modules["dpool_byvalue_mod"]
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
+    (tmp_path / "dpool_byvalue_mod.py").unlink()
+    assert deserialize(ser.meta)(2) == 6  # the module is gone: by value it was
+
+
 def test_unpicklable_object_raises_serialization_error() -> None:
     lock = threading.Lock()
     with pytest.raises(SerializationError) as info:

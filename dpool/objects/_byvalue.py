@@ -1,0 +1,118 @@
+"""Plain functions by value with the stdlib's pickler, without importing cloudpickle.
+
+A function of the main script travels by reference with a by-value fallback
+(``_mainref``). cloudpickle can make that fallback for any function, but importing it
+(with ``inspect``, ``ast``, ``dis``, ``platform``, ``typing``, ``uuid``...) costs a short
+program more than starting its workers does. Most functions of a script are plain: no
+closure, globals that are values, functions, classes and modules. This module reduces
+those with the C pickler, into the state that cloudpickle's reduction of a function
+has (``_mainref._function_setstate`` reads both); anything else raises
+:class:`NeedsCloudpickle`, and the caller pickles the whole object again with
+cloudpickle.
+
+The receiver needs only this module to rebuild such a function: code objects travel as
+``marshal`` data (the interpreter's own format for them; the receiver runs the same
+Python, as with cloudpickle's code reduction) and modules by name.
+"""
+
+from __future__ import annotations
+
+import marshal
+import sys
+import types
+from typing import Any
+
+__all__ = ["NeedsCloudpickle", "function_state", "reduce_code", "reduce_module"]
+
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
+
+
+class NeedsCloudpickle(Exception):
+    """The stdlib's pickler cannot take this object as cloudpickle would: use cloudpickle."""
+
+
+def function_state(fn: types.FunctionType) -> tuple[dict, dict]:
+    """``(fn.__dict__, slots)`` as cloudpickle lays out a function's state: the
+    attributes to set, the values of the globals its code reads or writes, and the
+    imported submodules it reaches through them. Raises :class:`NeedsCloudpickle` for a
+    function with a closure (its cells need cloudpickle)."""
+    if fn.__closure__ is not None:
+        raise NeedsCloudpickle(f"{fn.__qualname__} has a closure")
+    code = fn.__code__
+    g = fn.__globals__
+    f_globals = {k: g[k] for k in _global_names(code) if k in g}
+    slots = {
+        "__name__": fn.__name__,
+        "__qualname__": fn.__qualname__,
+        "__annotations__": fn.__annotations__,
+        "__kwdefaults__": fn.__kwdefaults__,
+        "__defaults__": fn.__defaults__,
+        "__module__": fn.__module__,
+        "__doc__": fn.__doc__,
+        "__closure__": None,
+        "_cloudpickle_submodules": _submodules(code, f_globals.values()),
+        "__globals__": f_globals,
+    }
+    return dict(fn.__dict__), slots
+
+
+def _global_names(code: types.CodeType) -> dict[str, None]:
+    """The global names ``code`` and the code nested in it use, in order of use."""
+    import dis  # only here: a by-value fallback is made once per function
+
+    names = {ins.argval: None for ins in dis.get_instructions(code)
+             if ins.opname in _GLOBAL_OPS}
+    for const in code.co_consts:
+        if type(const) is types.CodeType:
+            names.update(_global_names(const))
+    return names
+
+
+def _all_names(code: types.CodeType, into: set[str]) -> set[str]:
+    into.update(code.co_names)
+    for const in code.co_consts:
+        if type(const) is types.CodeType:
+            _all_names(const, into)
+    return into
+
+
+def _submodules(code: types.CodeType, values: Any) -> list[types.ModuleType]:
+    """Imported submodules of the packages among ``values`` that ``code`` names each
+    part of (``os.path`` through the global ``os``): imported again by the receiver."""
+    names: set[str] | None = None
+    found = []
+    for value in values:
+        if type(value) is not types.ModuleType or not getattr(value, "__package__", None):
+            continue
+        if names is None:
+            names = _all_names(code, set())
+        prefix = value.__name__ + "."
+        for name, module in list(sys.modules.items()):
+            if (module is not None and name.startswith(prefix)
+                    and names.issuperset(name[len(prefix):].split("."))):
+                found.append(module)
+    return found
+
+
+def reduce_module(module: types.ModuleType) -> tuple:
+    """A module by name, as cloudpickle pickles an importable one."""
+    name = module.__name__
+    if sys.modules.get(name) is not module:
+        raise NeedsCloudpickle(f"module {name!r} is not importable by name")
+    return (import_module, (name,))
+
+
+def import_module(name: str) -> types.ModuleType:
+    __import__(name)
+    return sys.modules[name]
+
+
+def reduce_code(code: types.CodeType) -> tuple:
+    return (load_code, (marshal.dumps(code),))
+
+
+def load_code(data: bytes) -> types.CodeType:
+    code = marshal.loads(data)
+    if type(code) is not types.CodeType:
+        raise TypeError(f"expected a code object, got {type(code).__name__}")
+    return code
