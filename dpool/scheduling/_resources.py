@@ -21,7 +21,6 @@ Pure bookkeeping, no processes, no locks: the scheduler calls it with its lock h
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest request)
@@ -62,6 +61,8 @@ def _num(v: Any) -> str:
 
 
 def _number(name: str, value: Any) -> float:
+    import numbers  # here: only a resource request reads it
+
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     v = float(value)
