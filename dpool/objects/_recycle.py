@@ -87,7 +87,8 @@ class SegmentPool:
 
     @property
     def bytes(self) -> int:
-        """Bytes retired and not yet expired (claimed ones count until they expire)."""
+        """Bytes retired and not yet expired (claimed ones count until they expire, or
+        until a retire that would pass the budget finds them gone)."""
         with self._cond:
             return sum(size for size, _ in self._entries.values())
 
@@ -97,7 +98,9 @@ class SegmentPool:
             return False
         with self._cond:
             if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
-                return False
+                self._forget_gone()
+                if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
+                    return False
             path = f"{self.dir}/{next(self._seq):x}"
             try:
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
@@ -112,6 +115,18 @@ class SegmentPool:
                 self._timer.start()
             self._cond.notify()
         return True
+
+    def _forget_gone(self) -> None:
+        """Stop counting entries no longer in the pool (called with ``_cond`` held): a
+        writer claimed them (their pages hold its object now), or a claim found one still
+        read and unlinked it. Without this, a claimed 1 GiB segment counted against the
+        budget until its expiry (seconds), and the next freed one was unlinked instead of
+        pooled: every other large write got fresh pages."""
+        gone = [p for p in self._entries if not os.path.exists(p)]
+        for p in gone:
+            del self._entries[p]
+        if gone:
+            self.gave_back = True  # (an unlinked one may be mapped by readers: they prune)
 
     def purge(self, everything: bool = False) -> int:
         """Unlink every pool segment now; returns how many were still there.

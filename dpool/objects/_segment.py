@@ -12,7 +12,8 @@ Writing (:func:`write_object`) allocates a small segment's pages up front with
 an :class:`ObjectStoreFullError`, never a SIGBUS later. A large segment's pages are
 allocated by the ``pwrite`` that fills them (no zeroing first, which costs 0.1-0.2 s
 per GB here): every page is written, so no reader finds a hole. A large write first
-tries to reuse the pages of a freed segment (``_recycle``), which saves the allocation.
+tries to reuse the pages of a freed segment (``_recycle``), which saves the allocation;
+it copies into those through a mapping (:func:`map_allocated`), a plain memory copy.
 Reading (:func:`read_object`) maps the segment ``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``:
 arrays come back as writable views onto the mapping, nothing is copied until a page is
 written, and a write only ever changes this process's private copy of that page, never
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -169,6 +171,34 @@ def _allocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
+def map_allocated(fd: int, size: int) -> mmap.mmap:
+    """A shared, writable mapping of a segment whose every page is allocated (a recycled
+    one: ``_recycle.claim``), its page tables filled in one go (``MAP_POPULATE``), not
+    inherited by a forked child. Stores into it are plain memory copies, where ``pwrite``
+    (or ``splice``) pays the file system's work per 4 KiB page: 1 GB in 0.2 s against
+    0.43 s here. Only for allocated pages: a store into a hole of a full ``/dev/shm``
+    would be a SIGBUS."""
+    mem = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+    if _DONTFORK is not None:
+        mem.madvise(_DONTFORK)
+    return mem
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
+
+
+def _copy_mapped(fd: int, size: int, views: list[memoryview], offsets: tuple[int, ...]
+                 ) -> None:
+    """Copy the buffers into a recycled segment through :func:`map_allocated`."""
+    mem = map_allocated(fd, size)
+    try:
+        for view, offset in zip(views, offsets, strict=True):
+            mem[offset:offset + view.nbytes] = view
+    finally:
+        mem.close()
+
+
 def _owner_of(name: str) -> int:
     match = _NAME_RE.match(name.lstrip("/"))
     return int(match.group(1)) if match is not None else 0
@@ -265,6 +295,7 @@ def _write(name: str, size: int, layout: _Layout, ser: Serialized, views: list[m
            recycle: bool) -> None:
     """Create (or claim, if ``recycle``) segment ``name`` and write ``ser`` into it."""
     fd = _claim_recycled(name, size) if recycle else None
+    allocated = fd is not None
     if fd is None:
         # A large one's pages are allocated as ``pwrite`` fills them (every page is
         # written just below): allocating first zeroes each page, 0.1-0.2 s per GB here.
@@ -272,8 +303,11 @@ def _write(name: str, size: int, layout: _Layout, ser: Serialized, views: list[m
     try:
         _pwrite_all(fd, memoryview(layout.header), 0)
         _pwrite_all(fd, memoryview(ser.meta), layout.meta_offset)
-        for view, offset in zip(views, layout.buffer_offsets, strict=True):
-            _pwrite_all(fd, view, offset)
+        if allocated and views:
+            _copy_mapped(fd, size, views, layout.buffer_offsets)
+        else:
+            for view, offset in zip(views, layout.buffer_offsets, strict=True):
+                _pwrite_all(fd, view, offset)
     except BaseException as exc:
         unlink(name)
         if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:

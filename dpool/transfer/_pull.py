@@ -172,7 +172,8 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
     A large segment comes in ranges over several connections at once (``_ranges``): one
     TCP stream leaves a core to spare on each side. The pages it lands in are a freed
     segment's when the store has one (``_recycle``): allocating fresh tmpfs pages costs
-    about as much as the copy.
+    about as much as the copy; those are mapped and received into (``recv_into``, one
+    copy at memory speed), fresh ones are spliced into the file (``_ranges.receive``).
     """
     try:
         return _fetch_from(address, token, name, object_id, owner_pid, size, timeout)
@@ -208,19 +209,39 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
     """``fetch`` from one node."""
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
-    src = _Source(host, port, address, token, name, _held_id(name), size, timeout, local)
     t0 = time.monotonic()
+    mem = None
     with _forkguard.no_fork():  # (no child may inherit the claimed segment's lock)
         fd = _segment._claim_recycled(local, size)
         recycled = fd is not None
-        if fd is None:
-            fd = _segment._create(local, size, allocate=False)
-        os.close(fd)  # each chunk opens it again (``_ranges.receive``)
+        try:
+            if fd is None:
+                fd = _segment._create(local, size, allocate=False)
+            else:  # allocated pages: received straight into a mapping of them
+                mem = _segment.map_allocated(fd, size)
+        except BaseException:
+            if fd is not None:
+                _segment.unlink(local)
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)  # each chunk opens it again (``_ranges.receive``)
+    args = (host, port, address, token, name, _held_id(name), size, timeout, local)
+    src: _Source
+    if mem is None:
+        src = _Source(*args)
+    else:
+        src = into = _IntoMemory(*args)
+        into.view = memoryview(mem)
     try:
         src.pull_all()
     except BaseException:
         _segment.unlink(local)  # never a torn value
         raise
+    finally:
+        if mem is not None:
+            into.view.release()
+            mem.close()
     if size >= _LOG_SIZE:
         log.info("fetched %s from node %s in %.1f ms (%d bytes into %s pages)", name,
                  address, (time.monotonic() - t0) * 1e3, size,

@@ -217,6 +217,25 @@ def test_pool_refuses_small_segments_and_respects_its_budget(names):
         pool.purge()
 
 
+def test_a_claimed_segment_leaves_the_budget_to_the_next_freed_one(names):
+    """A pool with room for one segment: once a write claimed it, the segment that
+    write's object leaves when freed is pooled in turn, not unlinked. (The claimed one
+    used to count until its expiry: every other large write got fresh pages.)"""
+    pool = _recycle.SegmentPool(os.getpid(), max_bytes=N * 8 + (1 << 16), ttl_s=30)
+    try:
+        inodes = set()
+        name = write(names, 1.0)
+        for value in (2.0, 3.0, 4.0):
+            inodes.add(os.stat(seg.SHM_DIR + name).st_ino)
+            assert pool.retire(name, seg.segment_size(name))
+            name = write(names, value)  # claims the pooled one
+            assert os.stat(seg.SHM_DIR + name).st_ino in inodes
+            assert float(seg.read_object(name).sum()) == value * N  # written over, whole
+        assert len(inodes) == 1
+    finally:
+        pool.purge()
+
+
 # ------------------------------------------------------------- through the executor
 def mutate_and_sum(a):
     a[:] = 5.0
