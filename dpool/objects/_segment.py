@@ -13,7 +13,7 @@ an :class:`ObjectStoreFullError`, never a SIGBUS later. A large segment's pages 
 allocated by the ``pwrite`` that fills them (no zeroing first, which costs 0.1-0.2 s
 per GB here): every page is written, so no reader finds a hole. A large write first
 tries to reuse the pages of a freed segment (``_recycle``), which saves the allocation;
-it copies into those through a mapping (:func:`map_allocated`), a plain memory copy.
+it copies into those through a mapping (``_writemaps``), a plain memory copy.
 Reading (:func:`read_object`) maps the segment ``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``:
 arrays come back as writable views onto the mapping, nothing is copied until a page is
 written, and a write only ever changes this process's private copy of that page, never
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import re
 import shutil
@@ -42,7 +41,7 @@ import time
 from typing import TYPE_CHECKING
 
 from dpool.errors import ObjectStoreFullError
-from dpool.objects import _forkguard, _mapping, _recycle
+from dpool.objects import _forkguard, _mapping, _recycle, _writemaps
 from dpool.objects._serialization import Serialized, deserialize
 
 if TYPE_CHECKING:
@@ -171,32 +170,13 @@ def _allocate(fd: int, size: int) -> None:
     os.ftruncate(fd, size)
 
 
-def map_allocated(fd: int, size: int) -> mmap.mmap:
-    """A shared, writable mapping of a segment whose every page is allocated (a recycled
-    one: ``_recycle.claim``), its page tables filled in one go (``MAP_POPULATE``), not
-    inherited by a forked child. Stores into it are plain memory copies, where ``pwrite``
-    (or ``splice``) pays the file system's work per 4 KiB page: 1 GB in 0.2 s against
-    0.43 s here. Only for allocated pages: a store into a hole of a full ``/dev/shm``
-    would be a SIGBUS."""
-    mem = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
-    if _DONTFORK is not None:
-        mem.madvise(_DONTFORK)
-    return mem
-
-
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
-
-
 def _copy_mapped(fd: int, size: int, views: list[memoryview], offsets: tuple[int, ...]
                  ) -> None:
-    """Copy the buffers into a recycled segment through :func:`map_allocated`."""
-    mem = map_allocated(fd, size)
-    try:
+    """Copy the buffers into a recycled segment (allocated pages) through a shared
+    mapping of it (``_writemaps``): a memory copy, twice as fast as ``pwrite`` here."""
+    with _writemaps.mapped(fd, size) as mem:
         for view, offset in zip(views, offsets, strict=True):
             mem[offset:offset + view.nbytes] = view
-    finally:
-        mem.close()
 
 
 def _owner_of(name: str) -> int:

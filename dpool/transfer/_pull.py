@@ -32,6 +32,7 @@ each once, however many of its tasks need it (``node._remote``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Optional
 
 from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
-from dpool.objects import _forkguard, _segment, _values
+from dpool.objects import _forkguard, _segment, _values, _writemaps
 from dpool.protocol import PROTOCOL_VERSION, _auth
 from dpool.protocol import _messages as m
 from dpool.protocol._dial import parse_hostport
@@ -210,6 +211,7 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
     host, port = parse_hostport(address, "object holder")
     local = _segment.segment_name(owner_pid, object_id)
     t0 = time.monotonic()
+    kept = contextlib.ExitStack()
     mem = None
     with _forkguard.no_fork():  # (no child may inherit the claimed segment's lock)
         fd = _segment._claim_recycled(local, size)
@@ -218,7 +220,7 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
             if fd is None:
                 fd = _segment._create(local, size, allocate=False)
             else:  # allocated pages: received straight into a mapping of them
-                mem = _segment.map_allocated(fd, size)
+                mem = kept.enter_context(_writemaps.mapped(fd, size))
         except BaseException:
             if fd is not None:
                 _segment.unlink(local)
@@ -228,20 +230,20 @@ def _fetch_from(address: str, token: bytes, name: str, object_id: int, owner_pid
                 os.close(fd)  # each chunk opens it again (``_ranges.receive``)
     args = (host, port, address, token, name, _held_id(name), size, timeout, local)
     src: _Source
-    if mem is None:
-        src = _Source(*args)
-    else:
-        src = into = _IntoMemory(*args)
-        into.view = memoryview(mem)
-    try:
-        src.pull_all()
-    except BaseException:
-        _segment.unlink(local)  # never a torn value
-        raise
-    finally:
-        if mem is not None:
-            into.view.release()
-            mem.close()
+    with kept:
+        if mem is None:
+            src = _Source(*args)
+        else:
+            src = into = _IntoMemory(*args)
+            into.view = mem
+        try:
+            src.pull_all()
+        except BaseException:
+            _segment.unlink(local)  # never a torn value
+            raise
+        finally:
+            if mem is not None:
+                into.view.release()
     if size >= _LOG_SIZE:
         log.info("fetched %s from node %s in %.1f ms (%d bytes into %s pages)", name,
                  address, (time.monotonic() - t0) * 1e3, size,
