@@ -251,7 +251,10 @@ def write_object(name: str, ser: Serialized) -> int:
         with _forkguard.no_fork():
             _write(name, size, layout, ser, views, recycle=True)
     except ObjectStoreFullError:
-        if not _recycle.release(_owner_of(name)):
+        released = _recycle.release(_owner_of(name))
+        # (this process's kept write mappings of segments with no name left -- those just
+        # released among them -- pin their pages until let go)
+        if not _writemaps.prune() and not released:
             raise
         # The pool's pages were given back. Readers elsewhere that kept mappings of them
         # for reuse let go when the owner announces it (within a pool lifetime and a

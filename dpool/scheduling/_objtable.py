@@ -23,7 +23,7 @@ from concurrent.futures import InvalidStateError
 from typing import Any, Callable, Optional, cast
 
 from dpool.errors import DeserializationError, ObjectLostError, ObjectStoreFullError
-from dpool.objects import _mapping, _payload
+from dpool.objects import _mapping, _payload, _writemaps
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, WorkerHandle
@@ -186,6 +186,7 @@ class ObjectTable(Lineage):
         this process) unmap cached mappings nobody can use any more."""
         names = self.store.take_news()
         _mapping.prune()
+        _writemaps.prune()  # (kept write mappings of those: the timer would, within 1 s)
         msg = [m.Forget(names)]
         for g in self._groups.values():
             for w in g.workers:
