@@ -173,7 +173,8 @@ def _allocate(fd: int, size: int) -> None:
 def _copy_mapped(fd: int, size: int, views: list[memoryview], offsets: tuple[int, ...]
                  ) -> None:
     """Copy the buffers into a recycled segment (allocated pages) through a shared
-    mapping of it (``_writemaps``): a memory copy, twice as fast as ``pwrite`` here."""
+    mapping of it (``_writemaps``): a memory copy. 1 GB here: ~0.1 s into a kept
+    mapping, ~0.2 s into a new one, ~0.28 s with ``pwrite``."""
     with _writemaps.mapped(fd, size) as mem:
         for view, offset in zip(views, offsets, strict=True):
             mem[offset:offset + view.nbytes] = view
