@@ -239,17 +239,75 @@ def test_a_holder_with_another_size_is_refused(holder, segments):
 
 
 def test_a_copy_lands_in_a_freed_segments_pages(holder, segments):
-    from dpool.objects import _recycle
+    from dpool.objects import _recycle, _values, _writemaps
 
     pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30.0)
     try:
-        old = _stored(np.zeros(2 << 20), segments)  # 16 MB freed here: its pages pooled
-        assert pool.retire(old, _segment.segment_size(old))
         value = np.arange(1 << 20, dtype=np.float64)
-        got = _read(_fetch(holder, _stored(value, segments), segments))
+        held = _stored(value, segments)  # (stored first: it would claim the pool's pages)
+        old = _stored(np.zeros(2 << 20), segments)  # 16 MB freed here: its pages pooled
+        pages = os.stat(_segment.SHM_DIR + old).st_ino
+        assert pool.retire(old, _segment.segment_size(old))
+        payload = _fetch(holder, held, segments)
+        copy = _values.stored(payload)
+        assert copy is not None
+        got = _read(payload)
         assert got.tobytes() == value.tobytes()  # the old bytes are all overwritten
         assert os.listdir(_recycle.pool_dir(os.getpid())) == []  # it was claimed
+        assert os.stat(_segment.SHM_DIR + copy[1]).st_ino == pages  # by the copy
     finally:
+        _writemaps.clear()
+        pool.purge(everything=True)
+
+
+def test_a_worker_forked_while_a_copy_comes_in_does_not_hold_its_pages(holder, segments,
+                                                                        monkeypatch):
+    """A copy into a freed segment's pages is received into a mapping of them
+    (``objects._writemaps``) for the whole transfer; a worker forked meanwhile must not
+    inherit that mapping or a descriptor of the segment (either would pin its pages for
+    the worker's life)."""
+    from dpool.objects import _recycle, _writemaps
+
+    pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30.0)
+    pulled = _pull._IntoMemory.pull_all
+    seen: list[str] = []
+
+    def fork_then_pull(self) -> None:
+        ino = os.stat(self.path).st_ino
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                with open("/proc/self/maps") as f:
+                    mapped = any(line.split()[4] == str(ino) for line in f
+                                 if len(line.split()) > 5)
+                opened = False
+                for fd in os.listdir("/proc/self/fd"):
+                    try:
+                        opened |= os.stat(f"/proc/self/fd/{fd}").st_ino == ino
+                    except OSError:
+                        pass
+                os.write(w, f"{int(mapped)} {int(opened)}".encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        seen.append(os.read(r, 100).decode())
+        os.close(r)
+        os.waitpid(pid, 0)
+        pulled(self)
+
+    monkeypatch.setattr(_pull._IntoMemory, "pull_all", fork_then_pull)
+    try:
+        value = np.arange(1 << 20, dtype=np.float64)
+        held = _stored(value, segments)  # (stored first: it would claim the pool's pages)
+        old = _stored(np.zeros(2 << 20), segments)  # 16 MB: its pages pooled
+        assert pool.retire(old, _segment.segment_size(old))
+        got = _read(_fetch(holder, held, segments))
+        assert got.tobytes() == value.tobytes()
+        assert seen == ["0 0"]  # the child had neither the mapping nor a descriptor
+        assert _writemaps.kept() == 1  # this process keeps it for the next copy
+    finally:
+        _writemaps.clear()
         pool.purge(everything=True)
 
 
