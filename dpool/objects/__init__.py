@@ -7,9 +7,11 @@ hosts is ``dpool.transfer``'s; this package imports no other part of dpool but
 
 Values as bytes:
 
-- ``_serialization``: cloudpickle protocol 5 with large buffers kept out-of-band.
+- ``_serialization``: pickle protocol 5 with large buffers kept out-of-band; the stdlib's
+  C pickler first, cloudpickle (loaded then) for what it cannot take.
 - ``_mainref``: functions and classes of the main script by reference (by-value fallback),
   and the one main namespace that functions pickled by value share in a process.
+- ``_byvalue``: a plain function's by-value fallback without cloudpickle.
 - ``_payload``: how arguments, results, errors and functions become payloads (the
   encoding every process uses on the wire).
 - ``_values``: the payload layouts -- a plain pickle, inline with its buffers, or stored
@@ -22,6 +24,8 @@ The store:
 - ``_segment``: one object per POSIX shared-memory segment; zero-copy, copy-on-write reads.
 - ``_mapping``: this process's read mappings of large segments (in-use locks, cache).
 - ``_recycle``: the pages of freed large segments, reused for the next large write.
+- ``_writemaps``: writable mappings of recycled segments, kept for the next write into
+  the same pages.
 - ``_forkguard``: no ``fork()`` while a thread holds a segment's descriptor.
 - ``_accounting``: the per-host bookkeeping (capacity, LRU eviction, reference and pin
   counts).
