@@ -87,9 +87,10 @@ class SegmentPool:
 
     @property
     def bytes(self) -> int:
-        """Bytes retired and not yet expired (claimed ones count until they expire, or
-        until a retire that would pass the budget finds them gone)."""
+        """Bytes retired, not yet expired and still in the pool (a claimed one holds the
+        claimer's object now: the store counts it as that)."""
         with self._cond:
+            self._forget_gone()
             return sum(size for size, _ in self._entries.values())
 
     def retire(self, name: str, size: int) -> bool:

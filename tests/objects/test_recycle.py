@@ -231,6 +231,7 @@ def test_a_claimed_segment_leaves_the_budget_to_the_next_freed_one(names):
             name = write(names, value)  # claims the pooled one
             assert os.stat(seg.SHM_DIR + name).st_ino in inodes
             assert float(seg.read_object(name).sum()) == value * N  # written over, whole
+            assert pool.bytes == 0  # (the claimed one is the new object's, not the pool's)
         assert len(inodes) == 1
     finally:
         pool.purge()
