@@ -1,7 +1,8 @@
 """The wire protocol between dpool processes, and what every connection starts with.
 
-- ``_messages``: every message, a slotted ``@record`` (as a dataclass) with a numeric ``CODE``;
-  ``_messages_cluster`` holds the cluster's own (nodes, global schedulers), re-exported.
+- ``_messages``: every message, a ``Slotted`` record (a slotted dataclass) with a numeric
+  ``CODE``; ``_messages_cluster`` holds the cluster's own (nodes, global schedulers),
+  re-exported.
 - ``_record``: ``@record``, what ``@dataclass`` makes of a class, compiled on first use.
 - ``_codec``: a batch of messages to one frame and back (the only encoder and the only
   dispatch table; ``PROTOCOL_VERSION``).

@@ -18,15 +18,14 @@ from typing import ClassVar, Optional
 
 from dpool.protocol._messages_cluster import *  # re-exported: m.Load, ...
 from dpool.protocol._messages_cluster import CLUSTER_MESSAGES
-from dpool.protocol._record import record
+from dpool.protocol._record import Slotted
 
 # A dependency value shipped with a task: (object id, ok, payload). ok=False means the
 # payload is a serialized exception the task must fail with instead of running.
 DepValue = tuple  # (int, bool, bytes)
 
 
-@record(slots=True)
-class Hello:
+class Hello(Slotted):
     """W->S who the worker is; sent once its initializer ran (it is ready: a task it
     was sent is charged an attempt for its death only from here on)."""
 
@@ -36,16 +35,14 @@ class Hello:
     pid: int
 
 
-@record(slots=True)
-class InitFailed:
+class InitFailed(Slotted):
     """W->S the initializer raised; the worker exits after sending this."""
 
     CODE: ClassVar[int] = 2
     error: bytes  # serialized (exception, traceback text)
 
 
-@record(slots=True)
-class RegisterFunction:
+class RegisterFunction(Slotted):
     """S->W (or W->S for functions first seen in a worker): function table entry."""
 
     CODE: ClassVar[int] = 3
@@ -53,8 +50,7 @@ class RegisterFunction:
     payload: bytes
 
 
-@record(slots=True)
-class ExecuteTask:
+class ExecuteTask(Slotted):
     """S->W run a task. ``args`` is None for a call without arguments."""
 
     CODE: ClassVar[int] = 4
@@ -64,8 +60,7 @@ class ExecuteTask:
     deps: Optional[tuple]  # tuple[DepValue, ...] for top-level ObjectRef/Future arguments
 
 
-@record(slots=True)
-class TaskDone:
+class TaskDone(Slotted):
     """W->S a task finished. ok=False: payload is a serialized (exception, traceback)."""
 
     CODE: ClassVar[int] = 5
@@ -75,8 +70,7 @@ class TaskDone:
     duration: float  # seconds spent in the user function
 
 
-@record(slots=True)
-class SubmitTask:
+class SubmitTask(Slotted):
     """W->S a task submitted from inside a task (dynamic task graph)."""
 
     CODE: ClassVar[int] = 6
@@ -88,8 +82,7 @@ class SubmitTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@record(slots=True)
-class Blocked:
+class Blocked(Slotted):
     """W->S the running task waits on other tasks: give its CPU slot back.
 
     ``returned`` lists tasks the worker had received but not started; the scheduler
@@ -100,31 +93,27 @@ class Blocked:
     returned: tuple
 
 
-@record(slots=True)
-class Unblocked:
+class Unblocked(Slotted):
     """W->S the waiting task resumed; its slot is taken again."""
 
     CODE: ClassVar[int] = 8
 
 
-@record(slots=True)
-class ReturnTasks:
+class ReturnTasks(Slotted):
     """W->S tasks that arrived while the worker was blocked, handed back unstarted."""
 
     CODE: ClassVar[int] = 9
     task_ids: tuple
 
 
-@record(slots=True)
-class GetObjects:
+class GetObjects(Slotted):
     """W->S send me these objects' values when they are ready."""
 
     CODE: ClassVar[int] = 10
     object_ids: tuple
 
 
-@record(slots=True)
-class ObjectValue:
+class ObjectValue(Slotted):
     """S->W an object's value (result of a task the worker owns, or one it asked for)."""
 
     CODE: ClassVar[int] = 11
@@ -133,23 +122,20 @@ class ObjectValue:
     payload: bytes
 
 
-@record(slots=True)
-class Release:
+class Release(Slotted):
     """W->S the worker dropped its last handle to these objects."""
 
     CODE: ClassVar[int] = 12
     object_ids: tuple
 
 
-@record(slots=True)
-class Shutdown:
+class Shutdown(Slotted):
     """S->W finish nothing more; exit now."""
 
     CODE: ClassVar[int] = 13
 
 
-@record(slots=True)
-class PutObject:
+class PutObject(Slotted):
     """W->S store this value under this id (``dpool.put`` inside a task)."""
 
     CODE: ClassVar[int] = 14
@@ -157,16 +143,14 @@ class PutObject:
     payload: bytes
 
 
-@record(slots=True)
-class Forget:
+class Forget(Slotted):
     """S->W these large segments were freed: unmap any cached mapping of them."""
 
     CODE: ClassVar[int] = 15
     names: tuple
 
 
-@record(slots=True)
-class Attach:
+class Attach(Slotted):
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
     CODE: ClassVar[int] = 16
@@ -177,8 +161,7 @@ class Attach:
     sys_path: tuple
 
 
-@record(slots=True)
-class Attached:
+class Attached(Slotted):
     """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
     the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
 
@@ -190,8 +173,7 @@ class Attached:
     store_owner: int  # the node's store (its pid) for a driver on its host, else 0
 
 
-@record(slots=True)
-class CreateGroup:
+class CreateGroup(Slotted):
     """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
 
     CODE: ClassVar[int] = 18
@@ -204,8 +186,7 @@ class CreateGroup:
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
 
 
-@record(slots=True)
-class GroupOp:
+class GroupOp(Slotted):
     """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
     ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
     S->D "cancelled": the answer to "cancel_queued", after its ``CancelTask`` list."""
@@ -216,16 +197,14 @@ class GroupOp:
     arg: str
 
 
-@record(slots=True)
-class GroupExited:
+class GroupExited(Slotted):
     """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
 
     CODE: ClassVar[int] = 20
     group_id: int
 
 
-@record(slots=True)
-class GroupBroken:
+class GroupBroken(Slotted):
     """S->D the group can run no more tasks (its initializer failed): ``reason``."""
 
     CODE: ClassVar[int] = 21
@@ -233,8 +212,7 @@ class GroupBroken:
     reason: str
 
 
-@record(slots=True)
-class CancelTask:
+class CancelTask(Slotted):
     """D->S the driver cancelled these futures: drop the tasks that have not started.
     S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
 
@@ -242,15 +220,13 @@ class CancelTask:
     task_ids: tuple
 
 
-@record(slots=True)
-class StatusRequest:
+class StatusRequest(Slotted):
     """D->S describe this node (``dpool status``)."""
 
     CODE: ClassVar[int] = 23
 
 
-@record(slots=True)
-class StatusReply:
+class StatusReply(Slotted):
     """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
 
     CODE: ClassVar[int] = 24
@@ -260,8 +236,7 @@ class StatusReply:
 # -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
 
 
-@record(slots=True)
-class LeaseRequest:
+class LeaseRequest(Slotted):
     """D->N first frame of a lease connection (on the node's unix socket): lend me a
     worker of this group. The node starts one with this very connection as its lease
     channel (granted: the worker says ``LeaseReady`` on it) or answers ``LeaseDenied``."""
@@ -271,16 +246,14 @@ class LeaseRequest:
     group_id: int
 
 
-@record(slots=True)
-class LeaseDenied:
+class LeaseDenied(Slotted):
     """N->D no worker to lend now (the group or the node's CPUs are in use)."""
 
     CODE: ClassVar[int] = 51
     reason: str
 
 
-@record(slots=True)
-class LeaseReady:
+class LeaseReady(Slotted):
     """W->D over the lease channel: the leased worker is up (initializer done). The
     driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
 
@@ -289,8 +262,7 @@ class LeaseReady:
     pid: int
 
 
-@record(slots=True)
-class LeasedResult:
+class LeasedResult(Slotted):
     """D->N the outcome of a task that ran on a leased worker: the node keeps the value
     in its object table (owned by the driver, like a put) for later tasks and peers."""
 
@@ -300,8 +272,7 @@ class LeasedResult:
     payload: bytes
 
 
-@record(slots=True)
-class LeaseRecall:
+class LeaseRecall(Slotted):
     """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
     this group once its task is done."""
 
@@ -309,15 +280,13 @@ class LeaseRecall:
     group_id: int
 
 
-@record(slots=True)
-class LeaseEnded:
+class LeaseEnded(Slotted):
     """W->N the driver closed the lease channel: this worker serves the node again."""
 
     CODE: ClassVar[int] = 55
 
 
-@record(slots=True)
-class LeaseLost:
+class LeaseLost(Slotted):
     """N->D the worker lent for this group exited. (The driver may not see its lease
     connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
 
@@ -326,8 +295,7 @@ class LeaseLost:
     worker_id: int
 
 
-@record(slots=True)
-class LeasedTask:
+class LeasedTask(Slotted):
     """D->N a task went to a leased worker: its result will come (``LeasedResult``).
     Until then the node holds a pending object for it, so a later task (or a worker)
     that needs it waits for it as for any task's result."""
@@ -336,8 +304,7 @@ class LeasedTask:
     object_id: int
 
 
-@record(slots=True)
-class LeasedLost:
+class LeasedLost(Slotted):
     """D->N the leased worker died with this task (the driver sends it to the node next):
     remove what it may have written of the result."""
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Optional
 
-from dpool.protocol._record import record
+from dpool.protocol._record import Slotted
 
 
-@record(slots=True)
-class PeerHello:
+class PeerHello(Slotted):
     """N->N, N->G first frame after the handshake from another node (or from a node to a
     global scheduler): who it is, where it listens, what it offers."""
 
@@ -24,8 +23,7 @@ class PeerHello:
     num_cpus: int
 
 
-@record(slots=True)
-class PeerWelcome:
+class PeerWelcome(Slotted):
     """N->N, G->N answer to ``PeerHello``: the answering process's id and the cluster's
     description as JSON (Redis shards, global schedulers)."""
 
@@ -34,8 +32,7 @@ class PeerWelcome:
     info: str
 
 
-@record(slots=True)
-class Load:
+class Load(Slotted):
     """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
 
     CODE: ClassVar[int] = 27
@@ -50,8 +47,7 @@ class Load:
     received: int = -1
 
 
-@record(slots=True)
-class RemoteTask:
+class RemoteTask(Slotted):
     """N->G a task spilled by its node (``origin``); G->N the same task placed on a node.
 
     Self-contained: the function's pickle, the arguments and the dependency values travel
@@ -73,8 +69,7 @@ class RemoteTask:
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-@record(slots=True)
-class SpillRejected:
+class SpillRejected(Slotted):
     """G->N no other node can take this spilled task now: run or retry it at home."""
 
     CODE: ClassVar[int] = 29
@@ -82,8 +77,7 @@ class SpillRejected:
     reason: str
 
 
-@record(slots=True)
-class Accepted:
+class Accepted(Slotted):
     """N->N the executing node has the task (the origin now knows where it runs)."""
 
     CODE: ClassVar[int] = 30
@@ -91,8 +85,7 @@ class Accepted:
     node_id: str
 
 
-@record(slots=True)
-class TaskResult:
+class TaskResult(Slotted):
     """N->N a spilled task's outcome, sent by the node that ran it to the origin."""
 
     CODE: ClassVar[int] = 31
@@ -102,8 +95,7 @@ class TaskResult:
     duration: float
 
 
-@record(slots=True)
-class Output:
+class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
     pid and its node (empty for the driver's own node)."""
@@ -116,8 +108,7 @@ class Output:
     data: bytes
 
 
-@record(slots=True)
-class DropGroup:
+class DropGroup(Slotted):
     """N->N the origin's group is gone (its driver left, or it was terminated): stop its
     tasks here and the mirror group's workers."""
 
@@ -127,8 +118,7 @@ class DropGroup:
     reason: str
 
 
-@record(slots=True)
-class WorkingDir:
+class WorkingDir(Slotted):
     """D->S the driver's working directory, packed (``protocol._workdir``), sent once per
     content digest before the groups that use it."""
 
@@ -138,8 +128,7 @@ class WorkingDir:
     archive: bytes
 
 
-@record(slots=True)
-class FetchSegment:
+class FetchSegment(Slotted):
     """N->N a request on an object-transfer connection (its first frame, and any later
     one): send me ``length`` bytes (-1: to the end) of this segment from ``offset``
     (``transfer._pull``); the answer is raw (the segment's whole size, then the bytes)."""
@@ -151,8 +140,7 @@ class FetchSegment:
     length: int = -1
 
 
-@record(slots=True)
-class ReleaseLent:
+class ReleaseLent(Slotted):
     """N->N the sender no longer needs the receiver to keep segment ``name``: a result
     the receiver lent it (it has its own copy now, or gave up), or an object of the
     sender's that the receiver copied for its tasks (freed: its last reference died)."""
@@ -161,8 +149,7 @@ class ReleaseLent:
     name: str
 
 
-@record(slots=True)
-class PushSegment:
+class PushSegment(Slotted):
     """D->N a request on an object-transfer connection (its first frame, or any later
     one): a driver that reaches its node over TCP uploads ``length`` bytes (-1: all)
     from ``offset`` of a large value, ``size`` bytes in the store's segment layout, to
@@ -180,8 +167,7 @@ class PushSegment:
     length: int = -1
 
 
-@record(slots=True)
-class PlacementFailed:
+class PlacementFailed(Slotted):
     """G->N this spilled task can never be placed as it asks (a hard ``NodeAffinity`` to
     a node not in the cluster): the origin fails it with ``PlacementError``."""
 
@@ -190,8 +176,7 @@ class PlacementFailed:
     reason: str
 
 
-@record(slots=True)
-class RunHere:
+class RunHere(Slotted):
     """G->N the placement strategy this spilled task asked for chose its origin (e.g.
     ``"spread"``'s turn came to it): the origin takes it back and runs it there."""
 
@@ -199,8 +184,7 @@ class RunHere:
     task_id: int
 
 
-@record(slots=True)
-class PGReserve:
+class PGReserve(Slotted):
     """D->N->G reserve a placement group (``dpool.placement_group``): all its bundles
     or none. The node fills in ``origin`` (its address) and forwards it to one global
     scheduler, which answers with ``PGState``."""
@@ -212,8 +196,7 @@ class PGReserve:
     strategy: str  # "pack" | "spread" | "strict_spread"
 
 
-@record(slots=True)
-class PGRemove:
+class PGRemove(Slotted):
     """D->N->G free a placement group's bundles (or stop waiting for them)."""
 
     CODE: ClassVar[int] = 103
@@ -221,8 +204,7 @@ class PGRemove:
     origin: str
 
 
-@record(slots=True)
-class PGState:
+class PGState(Slotted):
     """G->N->D (and in a node) what became of a placement group: ``state`` is
     "ready" (``nodes``: the node holding each bundle), "failed" (it can never be
     reserved: ``reason``) or "lost" (a node holding a bundle died: ``reason``)."""
@@ -234,8 +216,7 @@ class PGState:
     reason: str
 
 
-@record(slots=True)
-class BundleHold:
+class BundleHold(Slotted):
     """G->N hold (``hold=True``) or free one bundle of a placement group: the node takes
     its CPUs and resources out of what its other tasks may use."""
 
@@ -247,8 +228,7 @@ class BundleHold:
     attempt: int  # which try of the global scheduler's at holding the group
 
 
-@record(slots=True)
-class BundleHeld:
+class BundleHeld(Slotted):
     """N->G the answer to ``BundleHold(hold=True)``: ``ok`` False if the node cannot hold
     it now (``reason``): the global scheduler frees the group's other bundles and tries
     again later."""
@@ -261,8 +241,7 @@ class BundleHeld:
     attempt: int  # as in the ``BundleHold`` it answers
 
 
-@record(slots=True)
-class TasksQuery:
+class TasksQuery(Slotted):
     """N->N the origin asks a node that accepted these spilled tasks (the origin's task
     ids) a while ago which of them it still has (``node._spill``'s safety net)."""
 
@@ -271,8 +250,7 @@ class TasksQuery:
     task_ids: tuple
 
 
-@record(slots=True)
-class TasksKnown:
+class TasksKnown(Slotted):
     """N->N the answer to ``TasksQuery``, sent after any ``TaskResult`` already sent on
     the same link: the tasks the node still has (queued, running, fetching their inputs
     or code) and those it has no trace of (the origin offers those again)."""

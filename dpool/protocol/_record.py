@@ -11,6 +11,9 @@ A ``@record`` class has what ``@dataclass`` (``eq=True``, not frozen) gives it -
 fields equal), ``__hash__ = None``, ``__match_args__``, and with ``slots=True``
 ``__slots__`` in field order -- but ``__init__`` is compiled when the class is first
 instantiated (``_first_init``), and ``__repr__`` and ``__eq__`` are shared by all.
+``class M(Slotted)`` is ``@record(slots=True) class M``, made in one class creation
+instead of two (the decorator gets a finished class and must make it again to give it
+``__slots__``): the wire messages, 55 classes, use it.
 Type checkers see a dataclass (``dataclass_transform``). Not provided: the
 ``dataclasses`` module's functions (``fields``, ``asdict``, ``replace``) on them.
 ``field`` is this module's own (``default`` or ``default_factory``), so that nothing on
@@ -23,7 +26,7 @@ from __future__ import annotations
 from reprlib import recursive_repr
 from typing import Any, Callable, Optional, TypeVar, dataclass_transform
 
-__all__ = ["record", "field"]
+__all__ = ["Slotted", "field", "record"]
 
 _C = TypeVar("_C", bound=type)
 
@@ -69,8 +72,8 @@ def record(cls: Optional[_C] = None, /, *, slots: bool = False) -> Any:
     return _make(cls, slots)
 
 
-def _make(cls: _C, slots: bool) -> _C:
-    body = cls.__dict__
+def _fields(body: Any) -> tuple[tuple[str, ...], dict[str, Any], dict[str, Callable[[], Any]]]:
+    """(field names, {field: default}, {field: default factory}) of a class body."""
     names = tuple(name for name, kind in body.get("__annotations__", {}).items()
                   if not str(kind).startswith("ClassVar"))
     defaults: dict[str, Any] = {}
@@ -84,8 +87,43 @@ def _make(cls: _C, slots: bool) -> _C:
                 defaults[n] = value.default
         elif value is not MISSING:
             defaults[n] = value
-    methods = dict(__match_args__=names, __init__=_first_init, __repr__=_repr, __eq__=_eq,
-                   __hash__=None)
+    return names, defaults, factories
+
+
+def _methods(names: tuple[str, ...]) -> dict[str, Any]:
+    return dict(__match_args__=names, __init__=_first_init, __repr__=_repr, __eq__=_eq,
+                __hash__=None)
+
+
+class _SlottedMeta(type):
+    """Makes a subclass of :class:`Slotted` what ``@record(slots=True)`` makes of a class,
+    in one class creation (the decorator gets a class already made, and must make it
+    again to give it ``__slots__``)."""
+
+    def __new__(mcls, name: str, bases: tuple, body: dict) -> Any:
+        if not any(isinstance(b, _SlottedMeta) for b in bases):  # Slotted itself
+            return super().__new__(mcls, name, bases, body)
+        names, defaults, factories = _fields(body)
+        ns = {k: v for k, v in body.items() if k not in names}
+        ns.update(_methods(names), __slots__=names)
+        cls = super().__new__(mcls, name, bases, ns)
+        _SPECS[cls] = (names, defaults, factories)
+        return cls
+
+
+@dataclass_transform(field_specifiers=(field, Field))
+class Slotted(metaclass=_SlottedMeta):
+    """Base of a record with ``__slots__`` (the wire messages): ``class M(Slotted)`` is
+    ``@record(slots=True) class M``, made once. Its fields are its own annotations (a
+    subclass of a Slotted subclass is not supported)."""
+
+    __slots__ = ()
+
+
+def _make(cls: _C, slots: bool) -> _C:
+    body = cls.__dict__
+    names, defaults, factories = _fields(body)
+    methods = _methods(names)
     if slots:
         ns = {k: v for k, v in body.items()
               if k not in names and k not in ("__dict__", "__weakref__")}
