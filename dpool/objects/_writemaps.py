@@ -57,10 +57,12 @@ class _Entry:
         self.addr = addr
         self.length = length
 
-    def view(self) -> memoryview:
+    def view(self, size: int) -> memoryview:
+        """The first ``size`` bytes (the segment's: a kept mapping of a segment that
+        shrank since runs past its end, where a store would be a SIGBUS)."""
         import ctypes
 
-        return memoryview((ctypes.c_ubyte * self.length).from_address(self.addr)).cast("B")
+        return memoryview((ctypes.c_ubyte * size).from_address(self.addr)).cast("B")
 
     def linked(self) -> bool:
         try:
@@ -140,7 +142,7 @@ def mapped(fd: int, size: int) -> Iterator[memoryview]:
             own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         except OSError:  # no /proc: a mapping for this write only
             once = _Entry(-1, _map(fd, size), size)
-            view = once.view()
+            view = once.view(size)
             try:
                 yield view
             finally:
@@ -154,7 +156,7 @@ def mapped(fd: int, size: int) -> Iterator[memoryview]:
             raise
     with _cond:
         _busy.add(entry)
-    view = entry.view()
+    view = entry.view(size)
     try:
         yield view
     except BaseException:

@@ -159,3 +159,27 @@ def test_a_forked_child_inherits_no_mapping_and_no_descriptor(names, pool):
     os.waitpid(pid, 0)
     assert got == "0 0 0", got  # kept entries, mapped, open -- none in the child
     assert pages in _mapped_inodes()  # the parent keeps it
+
+
+def test_a_kept_mapping_of_a_segment_that_shrank_gives_only_its_bytes(names):
+    """A pool segment cut down for a smaller value keeps the inode: the kept mapping is
+    reused, but what the writer gets ends where the segment now ends (a store past it
+    would be a SIGBUS)."""
+    path = seg.SHM_DIR + f"/dpool_writemaps_test_{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, 8 << 20)
+        with _writemaps.mapped(fd, 8 << 20) as mem:
+            assert mem.nbytes == 8 << 20
+            mem[:4] = b"abcd"
+        (entry,) = _writemaps._entries.values()
+        os.ftruncate(fd, 2 << 20)
+        with _writemaps.mapped(fd, 2 << 20) as mem:
+            assert mem.nbytes == 2 << 20 and bytes(mem[:4]) == b"abcd"
+            mem[-1:] = b"z"
+        assert list(_writemaps._entries.values()) == [entry]  # the same mapping, reused
+        assert os.pread(fd, 1, (2 << 20) - 1) == b"z"
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    assert _writemaps.prune() == 1  # no name left: let go
