@@ -93,7 +93,8 @@ def test_a_mapping_goes_once_its_segment_has_no_name(names, pool):
     assert _writemaps.kept() == 1
     assert _writemaps.prune() == 0  # still named: kept
     seg.unlink(second)  # freed, not pooled
-    assert _writemaps.prune() == 1 and _writemaps.kept() == 0
+    _writemaps.prune()  # (or the timer, if it looked in between: either lets go)
+    assert _writemaps.kept() == 0
 
 
 def test_the_timer_lets_go_of_an_unlinked_segment(names, pool):
@@ -182,4 +183,5 @@ def test_a_kept_mapping_of_a_segment_that_shrank_gives_only_its_bytes(names):
     finally:
         os.close(fd)
         os.unlink(path)
-    assert _writemaps.prune() == 1  # no name left: let go
+    _writemaps.prune()  # no name left: let go (here, or by the timer meanwhile)
+    assert _writemaps.kept() == 0
