@@ -268,6 +268,7 @@ def test_a_worker_forked_while_a_copy_comes_in_does_not_hold_its_pages(holder, s
     the worker's life)."""
     from dpool.objects import _recycle, _writemaps
 
+    _writemaps.clear()  # (an earlier test's kept mappings would count below)
     pool = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30.0)
     pulled = _pull._IntoMemory.pull_all
     seen: list[str] = []
