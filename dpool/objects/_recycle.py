@@ -90,18 +90,15 @@ class SegmentPool:
         """Bytes retired, not yet expired and still in the pool (a claimed one holds the
         claimer's object now: the store counts it as that)."""
         with self._cond:
-            self._forget_gone()
-            return sum(size for size, _ in self._entries.values())
+            return self._pooled_locked()
 
     def retire(self, name: str, size: int) -> bool:
         """Move a freed segment into the pool; False if it does not qualify (unlink it)."""
         if size < LARGE or self.ttl_s <= 0:
             return False
         with self._cond:
-            if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
-                self._forget_gone()
-                if sum(s for s, _ in self._entries.values()) + size > self.max_bytes:
-                    return False
+            if self._pooled_locked() + size > self.max_bytes:
+                return False
             path = f"{self.dir}/{next(self._seq):x}"
             try:
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
@@ -117,17 +114,19 @@ class SegmentPool:
             self._cond.notify()
         return True
 
-    def _forget_gone(self) -> None:
-        """Stop counting entries no longer in the pool (called with ``_cond`` held): a
-        writer claimed them (their pages hold its object now), or a claim found one still
-        read and unlinked it. Without this, a claimed 1 GiB segment counted against the
-        budget until its expiry (seconds), and the next freed one was unlinked instead of
-        pooled: every other large write got fresh pages."""
+    def _pooled_locked(self) -> int:
+        """Bytes of the entries still in the pool (called with ``_cond`` held). Entries
+        no longer there are forgotten first: a writer claimed them (their pages hold its
+        object now), or a claim found one still read and unlinked it. Counted until their
+        expiry (seconds), a claimed 1 GiB segment made the next freed one go over budget
+        and be unlinked instead of pooled (every other large write got fresh pages), and
+        the store counted it twice."""
         gone = [p for p in self._entries if not os.path.exists(p)]
         for p in gone:
             del self._entries[p]
         if gone:
             self.gave_back = True  # (an unlinked one may be mapped by readers: they prune)
+        return sum(size for size, _ in self._entries.values())
 
     def purge(self, everything: bool = False) -> int:
         """Unlink every pool segment now; returns how many were still there.
