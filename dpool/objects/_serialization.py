@@ -227,8 +227,36 @@ _CodeType = types.CodeType
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
 
-def _dump(cls: Any, obj: Any, buffer_callback: Any = None,
+def _dump(obj: Any, buffers: Optional[list[memoryview]] = None,
           oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> bytes:
+    """The pickle stream of ``obj``: the stdlib's pickler first, cloudpickle's if that
+    fails. ``buffers``: out-of-band buffers of ``oob_threshold`` bytes or more go there
+    (emptied, and released, before the second try). Raises what the last try raised."""
+    buffer_callback = None
+    if buffers is not None:
+        def buffer_callback(pb: pickle.PickleBuffer) -> bool:
+            raw = pb.raw()
+            if raw.nbytes < oob_threshold:
+                raw.release()
+                return True
+            buffers.append(raw)
+            return False
+
+    cls = _first_pickler()
+    while True:
+        try:
+            return _dump_with(cls, obj, buffer_callback, oob_threshold)
+        except Exception:
+            if cls.cloud:
+                raise
+            if buffers:
+                for raw in buffers:
+                    raw.release()
+                buffers.clear()
+            cls = _cloud_pickler()
+
+
+def _dump_with(cls: Any, obj: Any, buffer_callback: Any, oob_threshold: int) -> bytes:
     file = io.BytesIO()
     pickler = cls(file, protocol=_PROTOCOL, buffer_callback=buffer_callback)
     pickler.ns = _mainref.namespace()
@@ -248,13 +276,7 @@ def dumps(obj: Any) -> bytes:
 
     Raises what pickling raised. Read it back with :func:`deserialize`.
     """
-    cls = _first_pickler()
-    try:
-        return _dump(cls, obj)
-    except Exception:
-        if cls.cloud:
-            raise
-    return _dump(_cloud_pickler(), obj)
+    return _dump(obj)
 
 
 def _type_name(obj: object) -> str:
@@ -272,31 +294,14 @@ def serialize(obj: object, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> Ser
         return Serialized(pickle.dumps(obj, protocol=_PROTOCOL), [])
 
     buffers: list[memoryview] = []
-
-    def keep_in_band(pb: pickle.PickleBuffer) -> bool:
-        raw = pb.raw()
-        if raw.nbytes < oob_threshold:
+    try:
+        return Serialized(_dump(obj, buffers, oob_threshold), buffers)
+    except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
+        for raw in buffers:
             raw.release()
-            return True
-        buffers.append(raw)
-        return False
-
-    cls = _first_pickler()
-    while True:
-        try:
-            meta = _dump(cls, obj, keep_in_band, oob_threshold)
-            return Serialized(meta, buffers)
-        except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
-            for raw in buffers:
-                raw.release()
-            buffers.clear()
-            if not cls.cloud:  # the stdlib's pickler could not: cloudpickle's
-                cls = _cloud_pickler()
-                continue
-            raise SerializationError(
-                f"cannot serialize object of type {_type_name(obj)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        raise SerializationError(
+            f"cannot serialize object of type {_type_name(obj)}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def deserialize(meta: bytes | memoryview, buffers: Iterable[Any] = ()) -> object:
