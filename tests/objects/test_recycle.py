@@ -8,10 +8,8 @@ while anyone still holds a view of them.
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,27 +19,9 @@ from dpool import ProcessPoolExecutor
 from dpool.objects import _mapping, _recycle
 from dpool.objects import _segment as seg
 from dpool.objects._serialization import serialize
+from tests.objects._large import N, new_name, write
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")
-
-N = (4 << 20) // 8  # 4 MiB of float64: a large segment
-_ids = itertools.count(10_000)
-
-
-@pytest.fixture
-def names() -> Iterator[list[str]]:
-    """Fresh segment names of this process; whatever exists at the end is unlinked."""
-    made: list[str] = []
-    yield made
-    _mapping.clear()
-    for name in made:
-        seg.unlink(name)
-
-
-def new_name(names: list[str]) -> str:
-    name = seg.segment_name(os.getpid(), next(_ids))
-    names.append(name)
-    return name
 
 
 def exporter_mmap(arr: np.ndarray) -> object:
@@ -52,12 +32,6 @@ def exporter_mmap(arr: np.ndarray) -> object:
     assert isinstance(base, memoryview)
     (inner,) = base.obj._objects.values()
     return inner.obj
-
-
-def write(names: list[str], value: float) -> str:
-    name = new_name(names)
-    seg.write_object(name, serialize(np.full(N, value)))
-    return name
 
 
 # ------------------------------------------------------------------ read mappings

@@ -4,7 +4,6 @@ inherited by a fork. Real segments in /dev/shm, a real fork."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -16,22 +15,9 @@ from dpool.objects import _mapping, _recycle, _writemaps
 from dpool.objects import _segment as seg
 from dpool.objects._serialization import serialize
 from dpool.transfer import _pull
+from tests.objects._large import N, new_name, write
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")
-
-N = (4 << 20) // 8  # 4 MiB of float64: a large segment
-_ids = itertools.count(50_000)
-
-
-@pytest.fixture
-def names() -> Iterator[list[str]]:
-    made: list[str] = []
-    _writemaps.clear()
-    yield made
-    _writemaps.clear()
-    _mapping.clear()
-    for name in made:
-        seg.unlink(name)
 
 
 @pytest.fixture
@@ -39,13 +25,6 @@ def pool() -> Iterator[_recycle.SegmentPool]:
     p = _recycle.SegmentPool(os.getpid(), 1 << 30, ttl_s=30)
     yield p
     p.purge(everything=True)
-
-
-def write(names: list[str], value: float) -> str:
-    name = seg.segment_name(os.getpid(), next(_ids))
-    names.append(name)
-    seg.write_object(name, serialize(np.full(N, value)))
-    return name
 
 
 def ino(name: str) -> int:
@@ -115,8 +94,7 @@ def test_a_grown_segment_is_mapped_again(names, pool):
     assert pool.retire(first, seg.segment_size(first))
     second = write(names, 2.0)
     assert pool.retire(second, seg.segment_size(second))
-    name = seg.segment_name(os.getpid(), next(_ids))
-    names.append(name)
+    name = new_name(names)
     seg.write_object(name, serialize(np.full(N + N // 2, 4.0)))  # the same pages, grown
     assert ino(name) == pages
     assert float(seg.read_object(name).sum()) == 4.0 * (N + N // 2)
