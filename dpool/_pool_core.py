@@ -268,8 +268,9 @@ class PoolCore:
                 exc = _cf.CancelledError()
             else:
                 exc = fut.exception()
-                if exc is not None and type(exc.__cause__) is _payload.RemoteTraceback:
-                    exc.__cause__ = _pool_traceback(exc.__cause__.tb)
+                if exc is not None and exc.__cause__ is not None and (
+                        type(exc.__cause__) is _payload.remote_traceback_type()):
+                    exc.__cause__ = _pool_traceback(str(exc.__cause__))  # str(): its .tb
                 if exc is None:
                     value = fut.result()
                     # The pool's own future: let go of the result, which the runtime

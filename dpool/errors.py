@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from concurrent.futures import CancelledError as _StdCancelledError
 from concurrent.futures import TimeoutError as _StdTimeoutError
-from concurrent.futures.process import BrokenProcessPool as _StdBrokenProcessPool
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know the name)
+if TYPE_CHECKING:
+    from dpool._errors_broken import DeserializationError, NodeLostError, WorkerCrashedError
 
 __all__ = [
     "Error",
@@ -32,26 +35,6 @@ __all__ = [
 
 class Error(Exception):
     """Base class of every exception dpool raises on its own account."""
-
-
-class WorkerCrashedError(Error, _StdBrokenProcessPool):
-    """A task's worker process died (exit code or signal in the message) on every attempt.
-
-    Raised by ``result()`` of that task's future once its retries are used up. Unlike the
-    stdlib, the executor itself stays usable: only the futures whose workers died fail.
-    """
-
-    def __init__(self, message: str, *, exitcode: int | None = None, attempts: int = 0):
-        super().__init__(message)
-        self.exitcode = exitcode
-        self.attempts = attempts
-
-    def __reduce__(self):  # keep the keyword fields across pickling
-        return (_rebuild_crashed, (str(self), self.exitcode, self.attempts))
-
-
-def _rebuild_crashed(message: str, exitcode: int | None, attempts: int) -> WorkerCrashedError:
-    return WorkerCrashedError(message, exitcode=exitcode, attempts=attempts)
 
 
 class ObjectStoreFullError(Error, MemoryError):
@@ -94,30 +77,6 @@ class SerializationError(Error, TypeError):
     """
 
 
-class DeserializationError(SerializationError, _StdBrokenProcessPool):
-    """A call's function or arguments could not be unpickled in the worker, or its
-    result (or exception) could not be unpickled in the caller.
-
-    The stdlib's executor raises ``BrokenProcessPool`` for exactly these failures, so this
-    error *is* a ``concurrent.futures.process.BrokenProcessPool`` (and a
-    :class:`SerializationError`, hence a ``TypeError``). Unlike the stdlib, only the call
-    whose data failed fails; the executor or ``Pool`` stays usable. Whatever unpickling
-    raised -- even ``SystemExit`` from a ``sys.exit()`` in a ``__reduce__`` -- becomes this
-    error, chained as ``__cause__``.
-    """
-
-    @classmethod
-    def wrap(cls, what: str, exc: BaseException) -> "DeserializationError":
-        """``DeserializationError("could not unpickle <what>: ...")`` caused by ``exc``."""
-        if isinstance(exc, SerializationError) and exc.__cause__ is not None:
-            detail = str(exc)  # already names the original error
-        else:
-            detail = f"{type(exc).__name__}: {exc}"
-        err = cls(f"could not unpickle {what}: {detail}")
-        err.__cause__ = exc
-        return err
-
-
 class ProtocolError(Error):
     """A peer sent a message this process does not understand (wrong version or code)."""
 
@@ -128,14 +87,6 @@ class AuthenticationError(Error):
     Raised when connecting to a node or global scheduler with a missing or wrong
     ``DPOOL_TOKEN``; the server logs the refusal and keeps serving others.
     """
-
-
-class NodeLostError(Error, _StdBrokenProcessPool):
-    """The connection between this driver and the node it is attached to broke (the node
-    died or was stopped). Every unfinished future of the driver fails with it, and later
-    submits raise it; a ``BrokenProcessPool``, as the stdlib's pools report a lost worker.
-    (A node that dies while running tasks *for* a live node is not this error: those tasks
-    are retried elsewhere.)"""
 
 
 class ControlStoreError(Error):
@@ -179,3 +130,48 @@ class PlacementError(ResourceError):
     and what the cluster has. A placement that is only busy waits instead. It is a
     ``ResourceError``, so code that handles impossible requests handles it too.
     """
+
+
+def broken_pool(reason: str) -> Exception:
+    """The stdlib's own ``BrokenProcessPool(reason)``: what a broken or shut-down pool's
+    calls raise, as the stdlib's would."""
+    return stdlib_broken_pool()(reason)
+
+
+_broken_pool_class: type | None = None
+
+
+def stdlib_broken_pool() -> type:
+    """``concurrent.futures.process.BrokenProcessPool``, imported on first use: its module
+    brings most of ``multiprocessing`` with it (see ``dpool._errors_broken``).
+
+    That module cannot be imported once the interpreter is exiting (it registers a
+    threading exit hook, refused after threading's shutdown). Then, when nothing imported
+    it earlier -- so no code can be holding the class -- its base, the
+    ``concurrent.futures.BrokenExecutor`` already loaded, stands in for it."""
+    global _broken_pool_class
+    if _broken_pool_class is None:
+        try:
+            from concurrent.futures.process import BrokenProcessPool
+
+            _broken_pool_class = BrokenProcessPool
+        except RuntimeError:  # "can't register atexit after shutdown"
+            from concurrent.futures import BrokenExecutor
+
+            _broken_pool_class = BrokenExecutor
+    return _broken_pool_class
+
+
+# The errors that are also ``BrokenProcessPool`` load with it, when first looked up: see
+# ``dpool._errors_broken``.
+_BROKEN = frozenset(("WorkerCrashedError", "DeserializationError", "NodeLostError"))
+
+
+def __getattr__(name: str) -> type:
+    if name in _BROKEN:
+        from dpool import _errors_broken
+
+        cls = getattr(_errors_broken, name)
+        globals()[name] = cls  # looked up once
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

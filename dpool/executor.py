@@ -15,9 +15,9 @@ import multiprocessing as mp
 import threading
 import time
 import weakref
-from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
+from dpool import errors
 from dpool._process_views import ProcessViews, WorkerProcess  # noqa: F401 - documented here
 from dpool.futures import Future
 from dpool.objects import _payload
@@ -250,7 +250,7 @@ class ProcessPoolExecutor(_cf.Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         group = self._group
         if self._driver is not None and group.broken is not None:
-            raise BrokenProcessPool(group.broken)
+            raise errors.broken_pool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if self._n_stdlib < self._max_workers:
@@ -273,7 +273,7 @@ class ProcessPoolExecutor(_cf.Executor):
                         req: Optional[_resources.Request]) -> Future:
         group = self._group
         if self._driver is not None and group.broken is not None:
-            raise BrokenProcessPool(group.broken)
+            raise errors.broken_pool(group.broken)
         if self._shutdown_thread:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if self._n_stdlib < self._max_workers:

@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("store", frozenset({"dpool.objects", "dpool.control"})),
     ("protocol", frozenset({"dpool.protocol"})),
     ("futures", frozenset({"dpool.futures"})),
-    ("errors", frozenset({"dpool.errors"})),
+    ("errors", frozenset({"dpool.errors", "dpool._errors_broken"})),
 ]
 
 # Pairs that must not import each other, in either direction, whatever the order says.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
@@ -20,7 +21,6 @@ from dpool.protocol import decode_batch
 from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task, WorkerHandle
-from dpool.scheduling._workers import _broken_error
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -111,7 +111,7 @@ class WorkerMessages(SchedulerCore):
         g = self._groups.get(msg.group_id, w.group)
         if g is None:  # an attached driver's group that is gone
             self.send_locked(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
-                _broken_error("the pool this task was submitted to was shut down")))])
+                errors.broken_pool("the pool this task was submitted to was shut down")))])
             return
         w.owned.add(msg.task_id)
         t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)

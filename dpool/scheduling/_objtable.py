@@ -22,7 +22,8 @@ import contextlib
 from concurrent.futures import InvalidStateError
 from typing import Any, Callable, Optional, cast
 
-from dpool.errors import DeserializationError, ObjectLostError, ObjectStoreFullError
+from dpool import errors
+from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _payload, _writemaps
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
@@ -81,10 +82,10 @@ class ObjectTable(Lineage):
                 if tries > 1:
                     self.reread(future, tries - 1)
                 else:
-                    future.set_exception(DeserializationError.wrap("the task's result", exc))
+                    future.set_exception(errors.DeserializationError.wrap("the task's result", exc))
                 return
             except BaseException as exc:  # noqa: BLE001 - report on the future
-                future.set_exception(DeserializationError.wrap("the task's result", exc))
+                future.set_exception(errors.DeserializationError.wrap("the task's result", exc))
                 return
             future.set_result(value)
 

@@ -41,9 +41,8 @@ from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling._bundle_ledger import BundleAllocation, BundleLedger
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._resources import BUNDLE, HERE
 from dpool.scheduling._records import Group, Task, WorkerHandle
-from dpool.scheduling._resources import Ledger, Request
+from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
 
 log = logging.getLogger("dpool.scheduling")
 

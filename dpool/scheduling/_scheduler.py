@@ -57,6 +57,7 @@ from collections import deque
 from collections.abc import ValuesView
 from typing import Any, Callable, Optional
 
+from dpool import errors
 from dpool.control import ControlStore
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
@@ -73,7 +74,7 @@ from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
-from dpool.scheduling._workers import WorkerPool, _broken_error, _reap
+from dpool.scheduling._workers import WorkerPool, _reap
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -359,7 +360,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         obj.refs = 1  # the submitter's handle (driver Future or worker future)
         self._objects[t.task_id] = obj
         if g.broken is not None:
-            self.finish_locked(t, False, _payload.dumps_error(_broken_error(g.broken)),
+            self.finish_locked(t, False, _payload.dumps_error(errors.broken_pool(g.broken)),
                                counted=False)
             return
         g.outstanding += 1

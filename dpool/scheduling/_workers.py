@@ -28,11 +28,13 @@ import sys
 import time
 from typing import Optional
 
-from dpool.errors import Error, WorkerCrashedError
+from dpool import errors
+from dpool.errors import Error
 from dpool.objects import _payload, _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._startup import WorkerConfig, start_worker
+from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 
@@ -210,8 +212,9 @@ class WorkerPool(SchedulerCore):
         args: tuple = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
         if g.inherited is not None:
             args = (child_sock, cfg, lease, g.inherited)
-        proc = g.mp_context.Process(target=start_worker, args=args,
-                                    name=f"dpool-worker-{wid}")
+        ctx = g.mp_context
+        make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
+        proc = make(target=start_worker, args=args, name=f"dpool-worker-{wid}")
         try:
             proc.start()
         except BaseException:
@@ -301,7 +304,7 @@ class WorkerPool(SchedulerCore):
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     g.queue.appendleft(t)
                 else:
-                    err = WorkerCrashedError(
+                    err = errors.WorkerCrashedError(
                         f"the worker running this task (pid {w.pid}) died with "
                         f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
                         f"{g.max_attempts}",
@@ -359,23 +362,29 @@ class WorkerPool(SchedulerCore):
                 obj.waiters = [x for x in obj.waiters if x is not w] or None
 
     def fail_group_locked(self, g: Group, reason: str) -> None:
-        err = _payload.dumps_error(_broken_error(reason))
+        made: list[bytes] = []
+
+        def err() -> bytes:  # made only if a task fails: the common close fails none
+            if not made:
+                made.append(_payload.dumps_error(errors.broken_pool(reason)))
+            return made[0]
+
         if self._spiller is not None:  # its tasks running on other nodes fail too
-            self._spiller.fail_group_locked(g, err)
+            self._spiller.fail_group_locked(g, err())
         while g.queue:
             t = g.queue.popleft()
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
-            self.finish_locked(t, False, err)
+            self.finish_locked(t, False, err())
         if g.rq:
-            self._fail_waiting_res_locked(g, err)
+            self._fail_waiting_res_locked(g, err())
         for w in g.workers:
             for t in list(w.inflight.values()):
                 w.inflight.pop(t.task_id)
                 if t.alloc is not None:
                     self._release_res_locked(t, w)
-                self.finish_locked(t, False, err)
+                self.finish_locked(t, False, err())
         # tasks still waiting for their inputs (maybe another executor's results)
         waiting: dict[int, Task] = {}
         for obj in self._objects.values():
@@ -390,7 +399,7 @@ class WorkerPool(SchedulerCore):
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
-            self.finish_locked(t, False, err)
+            self.finish_locked(t, False, err())
 
     def _retire_group_locked(self, g: Group) -> None:
         """All of a closed group's work is done: stop its workers, run on_idle hooks."""
@@ -417,12 +426,6 @@ def _describe_exit(code: Optional[int]) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-
-
-def _broken_error(reason: str) -> BaseException:
-    from concurrent.futures.process import BrokenProcessPool
-
-    return BrokenProcessPool(reason)
 
 
 def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from dpool.errors import DeserializationError
+from dpool import errors
 from dpool.objects import _mapping, _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -118,7 +118,7 @@ class _Worker:
                 else:
                     args, kwargs = _payload.loads(task.args)
             except BaseException as exc:  # noqa: BLE001 - SystemExit too (BrokenProcessPool)
-                raise DeserializationError.wrap(
+                raise errors.DeserializationError.wrap(
                     "the call's function or arguments in the worker", exc) from exc
             if task.deps:
                 args, kwargs = _resolve_deps(args, kwargs, task.deps)

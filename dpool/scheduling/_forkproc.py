@@ -1,0 +1,200 @@
+"""Worker processes under the ``fork`` start method, without multiprocessing's start-up cost.
+
+A worker is a ``multiprocessing`` process (``ForkedWorker``, a ``ForkProcess``): in it,
+``multiprocessing.current_process()`` is the worker, ``parent_process()`` the driver,
+``get_start_method()`` says ``fork``, and a ``Process`` object in the driver behaves as
+the stdlib's (``pid``, ``sentinel``, ``exitcode``, ``join``, ``kill``...). What differs is
+only how it is started: multiprocessing's fork ``Popen`` imports ``multiprocessing.util``
+(and ``subprocess`` with it, ~10 M instructions) in the driver, and its
+``Process._bootstrap`` imports it again in every child, where the worker needs none of it.
+``_Popen`` below forks and ``_bootstrap`` sets the child up as multiprocessing's does --
+the process identity, stdin on ``/dev/null``, the after-fork hooks and exit functions of
+``multiprocessing.util`` when the program loaded it -- without that import.
+
+It relies on these private names of ``multiprocessing.process`` and ``threading``, all
+present in 3.10-3.13: where one is missing (a later Python), ``AVAILABLE`` is False and
+workers start through multiprocessing's own ``Popen``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import signal
+import sys
+import threading
+import weakref
+from multiprocessing import context as _context_module
+from multiprocessing import process as _process_module
+from typing import Any
+
+_context: Any = _context_module  # (private names, which typeshed does not list)
+_process: Any = _process_module
+
+__all__ = ["AVAILABLE", "ForkedWorker", "uses_light_fork"]
+
+AVAILABLE = (
+    hasattr(_context, "ForkProcess") and hasattr(_context, "_force_start_method")
+    and all(hasattr(_process, n) for n in ("_current_process", "_parent_process",
+                                           "_children", "_process_counter",
+                                           "_ParentProcess"))
+    and hasattr(threading, "_shutdown")
+)
+
+
+def uses_light_fork(ctx: object) -> bool:
+    """Whether workers of an executor with multiprocessing context ``ctx`` start here:
+    the stock ``fork`` context (not a subclass that may start processes its own way)."""
+    return AVAILABLE and type(ctx) is getattr(_context, "ForkContext", None)
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _Popen:
+    """multiprocessing's fork ``Popen``, as ``BaseProcess`` uses it."""
+
+    method = "fork"
+
+    def __init__(self, process_obj: "ForkedWorker") -> None:
+        _flush_std_streams()  # or the child would write the parent's buffered output again
+        self.returncode: int | None = None
+        # the child reads EOF on its parent sentinel when the driver is gone; the driver's
+        # sentinel (``parent_r``) is readable once the child has ended
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.close(parent_r)
+                os.close(parent_w)
+                code = _bootstrap(process_obj, child_r)
+            finally:
+                os._exit(code)
+        os.close(child_w)
+        os.close(child_r)
+        self.sentinel = parent_r
+        self.finalizer = weakref.finalize(self, _close_fds, parent_r, parent_w)
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    def poll(self, flag: int = os.WNOHANG) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flag)
+            except OSError:  # not a child of ours (any more)
+                return None
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            if timeout is not None:
+                poller = select.poll()
+                poller.register(self.sentinel, select.POLLIN)
+                if not poller.poll(max(0, int(timeout * 1000 + 0.999))):
+                    return None
+            return self.poll(os.WNOHANG if timeout == 0.0 else 0)
+        return self.returncode
+
+    def _send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+            except OSError:
+                if self.wait(timeout=0.1) is None:
+                    raise
+
+    def terminate(self) -> None:
+        self._send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        self.finalizer()
+
+
+if AVAILABLE:
+    class ForkedWorker(_context.ForkProcess):  # type: ignore[name-defined,misc]
+        """A ``multiprocessing`` fork process started by ``_Popen``."""
+
+        @staticmethod
+        def _Popen(process_obj: "ForkedWorker") -> _Popen:  # type: ignore[override]
+            return _Popen(process_obj)
+else:  # pragma: no cover - a Python without the private names above
+    ForkedWorker = None  # type: ignore[assignment,misc]
+
+
+def _bootstrap(proc: Any, parent_sentinel: int) -> int:
+    """In the child: become ``proc`` as multiprocessing's ``BaseProcess._bootstrap`` does,
+    run it, return its exit code."""
+    util = sys.modules.get("multiprocessing.util")  # loaded only if the program uses it
+    exitcode = 1
+    try:
+        _context._force_start_method("fork")
+        _process._process_counter = itertools.count(1)
+        _process._children = set()
+        if sys.stdin is not None:  # as multiprocessing: the child does not read the terminal
+            try:
+                sys.stdin.close()
+                sys.stdin = open(os.devnull)
+            except (OSError, ValueError):
+                pass
+        old = _process._current_process
+        _process._current_process = proc
+        _process._parent_process = _process._ParentProcess(
+            proc._parent_name, proc._parent_pid, parent_sentinel)
+        if getattr(threading, "_HAVE_THREAD_NATIVE_ID", False):
+            threading.main_thread()._set_native_id()  # type: ignore[attr-defined]
+        try:
+            if util is not None:  # what the program's multiprocessing objects need after fork
+                util._finalizer_registry.clear()
+                util._run_after_forkers()
+        finally:
+            del old  # finalized only after the after-fork hooks, as multiprocessing does
+        try:
+            proc.run()
+            exitcode = 0
+        finally:
+            util = sys.modules.get("multiprocessing.util")  # the task may have loaded it
+            if util is not None:
+                util._exit_function()
+    except SystemExit as e:
+        if e.code is None:
+            exitcode = 0
+        elif isinstance(e.code, int):
+            exitcode = e.code
+        else:
+            sys.stderr.write(str(e.code) + "\n")
+            exitcode = 1
+    except BaseException:  # noqa: BLE001 - reported, as multiprocessing does
+        exitcode = 1
+        import traceback
+
+        sys.stderr.write(f"Process {proc.name}:\n")
+        traceback.print_exc()
+    finally:
+        threading._shutdown()  # type: ignore[attr-defined]
+        _flush_std_streams()
+    return exitcode
