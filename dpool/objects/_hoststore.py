@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from typing import Callable, Optional
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError
@@ -186,6 +184,8 @@ class HostStore:
                 raise _lost(oid, path, f"{on_disk} of its {size} bytes are left")
             self.store.reserve(size)  # may evict (spill) others; raises when it cannot
             target = _segment.SHM_DIR + name
+            import shutil  # spilling is rare: its imports load on first use
+
             try:
                 with open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
@@ -206,6 +206,9 @@ class HostStore:
 
     def _spill(self, oid: int) -> None:
         name = self.store.location(oid)
+        import shutil
+        import tempfile
+
         if self._spill_dir is None:
             self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
         path = os.path.join(self._spill_dir, name.lstrip("/"))
@@ -220,6 +223,8 @@ class HostStore:
         self.pool.purge(everything=True)
         self._spilled.clear()
         if self._spill_dir is not None:
+            import shutil
+
             shutil.rmtree(self._spill_dir, ignore_errors=True)
             self._spill_dir = None
 

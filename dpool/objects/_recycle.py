@@ -38,7 +38,6 @@ import fcntl
 import itertools
 import logging
 import os
-import shutil
 import threading
 import time
 
@@ -139,7 +138,9 @@ class SegmentPool:
             n = sum(_unlink(p) for p in paths)
             if paths:
                 self.gave_back = True
-            if everything:
+            if everything and os.path.isdir(self.dir):
+                import shutil  # here: a rare case, and its import is not small
+
                 shutil.rmtree(self.dir, ignore_errors=True)
             self._remove_dir()
         return n

@@ -35,7 +35,6 @@ import errno
 import logging
 import os
 import re
-import shutil
 import struct
 import time
 from typing import TYPE_CHECKING
@@ -446,6 +445,8 @@ def owner_dead(pid: int, started: float | None = None) -> bool:
 def _reap_entry(entry: str) -> bool:
     path = os.path.join(SHM_DIR, entry)
     if os.path.isdir(path):  # a dead owner's recycling pool (_recycle)
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)  # several reapers may race: harmless
         return not os.path.exists(path)
     import posix_ipc
