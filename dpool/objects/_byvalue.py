@@ -57,15 +57,65 @@ def function_state(fn: types.FunctionType) -> tuple[dict, dict]:
 
 
 def _global_names(code: types.CodeType) -> dict[str, None]:
-    """The global names ``code`` and the code nested in it use, in order of use."""
-    import dis  # only here: a by-value fallback is made once per function
+    """The global names ``code`` and the code nested in it use, in order of use: the
+    arguments of its LOAD_GLOBAL, STORE_GLOBAL and DELETE_GLOBAL instructions."""
+    names: dict[str, None] = {}
+    _scan_globals(code, names)
+    return names
 
-    names = {ins.argval: None for ins in dis.get_instructions(code)
-             if ins.opname in _GLOBAL_OPS}
+
+def _scan_globals(code: types.CodeType, names: dict[str, None]) -> None:
+    # The bytecode read directly (what ``dis.get_instructions`` would give, without
+    # importing ``dis``): 2-byte units of (opcode, argument), EXTENDED_ARG prefixes giving
+    # an argument's higher bytes; 3.11's inline caches are units of their own (CACHE),
+    # and LOAD_GLOBAL's argument there is the name's index shifted left by one.
+    ops = _global_opcodes()
+    if ops is None:  # a Python whose bytecode this does not know
+        import dis
+
+        names.update((ins.argval, None) for ins in dis.get_instructions(code)
+                     if ins.opname in _GLOBAL_OPS)
+    else:
+        load_global, other_globals, extended_arg, shift = ops
+        co_names = code.co_names
+        raw = code.co_code
+        ext = 0
+        for i in range(0, len(raw), 2):
+            op = raw[i]
+            arg = raw[i + 1] | ext
+            if op == extended_arg:
+                ext = arg << 8
+                continue
+            ext = 0
+            if op == load_global:
+                names[co_names[arg >> shift]] = None
+            elif op in other_globals:
+                names[co_names[arg]] = None
     for const in code.co_consts:
         if type(const) is types.CodeType:
-            names.update(_global_names(const))
-    return names
+            if ops is None:
+                names.update(_global_names(const))
+            else:
+                _scan_globals(const, names)
+
+
+_OPS: Any = ()
+
+
+def _global_opcodes() -> Any:
+    """``(LOAD_GLOBAL, {STORE_GLOBAL, DELETE_GLOBAL}, EXTENDED_ARG, LOAD_GLOBAL's
+    argument shift)`` for this Python's bytecode, or None where its layout is unknown."""
+    global _OPS
+    if _OPS == ():
+        if (3, 10) <= sys.version_info[:2] <= (3, 13):
+            import opcode
+
+            op = opcode.opmap
+            _OPS = (op["LOAD_GLOBAL"], frozenset((op["STORE_GLOBAL"], op["DELETE_GLOBAL"])),
+                    op["EXTENDED_ARG"], 0 if sys.version_info < (3, 11) else 1)
+        else:
+            _OPS = None
+    return _OPS
 
 
 def _all_names(code: types.CodeType, into: set[str]) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,50 @@ def test_plain_data_fast_path_handles_sharing_and_cycles() -> None:
     cyclic.append(cyclic)
     back = roundtrip(cyclic)
     assert back[0] == 1 and back[1] is back
+
+
+def _globals_by_dis(code: types.CodeType) -> list:
+    import dis
+
+    names = {ins.argval: None for ins in dis.get_instructions(code)
+             if ins.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL")}
+    for const in code.co_consts:
+        if type(const) is types.CodeType:
+            names.update(dict.fromkeys(_globals_by_dis(const)))
+    return list(names)
+
+
+def test_the_global_names_of_a_function_are_what_dis_reads() -> None:
+    """``_byvalue`` reads a function's globals from its bytecode without ``dis``: the same
+    names in the same order, also past 256 names (EXTENDED_ARG), in nested code (a
+    lambda, a comprehension, a method), with attributes and locals that share a
+    global's name left out, and a global statement's stores and deletes."""
+    from dpool.objects._byvalue import _global_names
+
+    many = "\n".join(f"    v{i} = g{i}" for i in range(300))
+    src = f"""
+def f(x):
+    global out, gone
+{many}
+    out = len(x) + max(x.len, 1)
+    del gone
+    k = lambda y: min(y, a_global)
+    [z for z in range(3) if z in other]
+    class C:
+        def m(self):
+            return in_a_method
+    return x.sort, k, C
+"""
+    ns: dict = {}
+    exec(compile(src, "<generated>", "exec"), ns)
+    got = list(_global_names(ns["f"].__code__))
+    assert got == _globals_by_dis(ns["f"].__code__)
+    assert got[:2] == ["g0", "g1"] and got[299] == "g299" and "sort" not in got
+    assert {"len", "max", "out", "gone", "min", "a_global", "range", "other",
+            "in_a_method"} <= set(got)
+    # and every function of a large module of the stdlib
+    import email.message
+
+    for fn in vars(email.message.Message).values():
+        if isinstance(fn, types.FunctionType):
+            assert list(_global_names(fn.__code__)) == _globals_by_dis(fn.__code__)
