@@ -35,6 +35,13 @@ DENIED = (
     # what only a closure, a class made in a function... needs (cloudpickle, and what it
     # imports), and ``@dataclass`` (``@record`` instead)
     "cloudpickle", "dataclasses", "inspect", "ast", "platform",
+    # what the stdlib's executor imports and a worker's start does without: the module of
+    # BrokenProcessPool (multiprocessing's connections, queues, utilities, subprocess),
+    # multiprocessing's fork Popen (``scheduling._forkproc`` instead), files on disk
+    # (spilling), and the bytecode disassembler (``_byvalue`` reads globals itself)
+    "concurrent.futures.process", "multiprocessing.connection", "multiprocessing.queues",
+    "multiprocessing.util", "multiprocessing.popen_fork", "subprocess", "tempfile",
+    "shutil", "dis",
 )
 
 
@@ -56,19 +63,26 @@ def test_importing_the_pool_classes_loads_nothing_denied(name):
     assert not _denied(loaded), _denied(loaded)
 
 
-def test_a_first_task_loads_nothing_denied_in_the_driver_or_the_worker():
+_FIRST_TASK = {
+    "ProcessPoolExecutor":
+        "with ProcessPoolExecutor(2) as ex: in_worker = ex.submit(modules).result()",
+    "Pool": "with Pool(2) as p: in_worker = p.apply(modules)",
+}
+
+
+@pytest.mark.parametrize("name", ["ProcessPoolExecutor", "Pool"])
+def test_a_first_task_loads_nothing_denied_in_the_driver_or_the_worker(name):
     """Submit, result, shutdown: the driver and its (forked) worker load none of them
     either (the worker's own modules, dpool.worker, aside)."""
-    loaded = _loaded_after("""
+    loaded = _loaded_after(f"""
         import sys
-        from dpool import ProcessPoolExecutor
+        from dpool import {name}
 
         def modules():
             return sorted(sys.modules)
 
         if __name__ == "__main__":
-            with ProcessPoolExecutor(2) as ex:
-                in_worker = ex.submit(modules).result()
+            {_FIRST_TASK[name]}
             print("\\n".join("worker:" + m for m in in_worker))
     """)
     driver = {m for m in loaded if not m.startswith("worker:")}
