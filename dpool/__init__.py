@@ -13,7 +13,7 @@ placement groups (``placement_group``: bundles reserved together, all or none), 
 # its submodules, such as the pytest plugin that pytest loads on every run through its
 # entry point (dpool.testing._plugin) -- costs next to nothing. ``from dpool import
 # ProcessPoolExecutor`` loads the runtime then, as before.
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
     from dpool._resources_api import get_gpu_ids, resources

@@ -32,11 +32,14 @@ import threading
 import weakref
 from collections import OrderedDict
 from functools import partial
-from typing import Any, Callable, Iterable, Optional
 
 from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
 from dpool.executor import ProcessPoolExecutor, _ChunkRunner
 from dpool.objects import _payload
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Optional
 
 log = logging.getLogger("dpool.pool")
 

@@ -20,21 +20,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 from collections import deque
 from multiprocessing import TimeoutError as _MpTimeoutError
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Generic,
-    Iterable,
-    Iterator,
-    Optional,
-    TypeVar,
-)
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+
     from dpool._pool_core import PoolCore
+
+    T = TypeVar("T")
+    Callback = Optional[Callable[[Any], object]]
+else:
+    # What these classes use of typing at run time, without importing it: generic bases,
+    # so that ``AsyncResult[int]`` works as the stdlib's does (a ``types.GenericAlias``).
+    from collections.abc import Iterator
+
+    class Generic:
+        __slots__ = ()
+        __class_getitem__ = classmethod(types.GenericAlias)
+
+    T = "T"
 
 # How a submitted task's value maps onto a job's results (see PoolCore.submit).
 APPLY, SINGLE, CHUNK, BATCH = 0, 1, 2, 3
@@ -42,10 +49,6 @@ APPLY, SINGLE, CHUNK, BATCH = 0, 1, 2, 3
 __all__ = ["ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
 log = logging.getLogger("dpool.pool")
-
-T = TypeVar("T")
-
-Callback = Optional[Callable[[Any], object]]
 
 
 def _call_user(fn: Callable[[Any], object], arg: Any, what: str) -> None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Optional, Union
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional, Union
 
 _numbers = itertools.count(1)
 
@@ -117,7 +120,8 @@ class NotStartedProcess:
         return f"<NotStartedProcess name={self.name!r} initial>"
 
 
-View = Union[WorkerProcess, NotStartedProcess]
+if TYPE_CHECKING:
+    View = Union[WorkerProcess, NotStartedProcess]
 
 
 class ProcessViews:

@@ -15,7 +15,6 @@ import multiprocessing as mp
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from dpool import errors
 from dpool._process_views import ProcessViews, WorkerProcess  # noqa: F401 - documented here
@@ -24,7 +23,10 @@ from dpool.objects import _payload
 from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
 from dpool.scheduling import GroupConfig, _resources
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
     from dpool.runtime._client import Client, Driver
 
 __all__ = ["ProcessPoolExecutor", "Executor", "ResourceOptions", "get_executor"]

@@ -15,27 +15,29 @@ from __future__ import annotations
 import collections
 import concurrent.futures as _cf
 import threading
-from typing import Any, Callable, Optional, Protocol, TypeVar
 
 __all__ = ["Future", "ObjectRef"]
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:  # (the client protocol is for type checkers only)
+    from typing import Any, Callable, Optional, Protocol, TypeVar
 
+    T = TypeVar("T")
 
-class FutureClient(Protocol):
-    """What a ``Future`` or ``ObjectRef`` calls on the client that made it."""
+    class FutureClient(Protocol):
+        """What a ``Future`` or ``ObjectRef`` calls on the client that made it."""
 
-    gives_back_slot: bool  # a worker's client: waiting hands the worker's CPU slot back
+        gives_back_slot: bool  # a worker's client: waiting hands the worker's slot back
 
-    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` (a wait), with the worker's slot given back meanwhile."""
+        def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+            """``fn(*args)`` (a wait), with the worker's slot given back meanwhile."""
 
-    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
-        """Wait a while for ``future`` by reading its result on this thread; what is
-        left of ``timeout``."""
+        def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+            """Wait a while for ``future`` by reading its result on this thread; what is
+            left of ``timeout``."""
 
-    def release(self, object_id: int) -> None:
-        """Drop one handle of the object (from ``__del__``: takes no lock)."""
+        def release(self, object_id: int) -> None:
+            """Drop one handle of the object (from ``__del__``: takes no lock)."""
 
 
 # While a task's arguments are pickled on a thread, the handles pickled inside them

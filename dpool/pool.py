@@ -18,7 +18,6 @@ import operator
 import os
 import types
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Optional
 
 from dpool._pool_core import CLOSE, RUN, TERMINATE, PoolCore
 from dpool._pool_results import (
@@ -31,6 +30,10 @@ from dpool._pool_results import (
 )
 from dpool.executor import ProcessPoolExecutor
 from dpool.runtime import _current
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Mapping, Optional
 
 __all__ = ["Pool", "cpu_count", "ApplyResult", "AsyncResult", "MapResult", "IMapIterator",
            "IMapUnorderedIterator"]

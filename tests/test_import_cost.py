@@ -42,6 +42,9 @@ DENIED = (
     "concurrent.futures.process", "multiprocessing.connection", "multiprocessing.queues",
     "multiprocessing.util", "multiprocessing.popen_fork", "subprocess", "tempfile",
     "shutil", "dis",
+    # typing: annotations are strings (``from __future__ import annotations``) and the
+    # names they use are imported under ``TYPE_CHECKING`` (which is False at run time)
+    "typing",
 )
 
 

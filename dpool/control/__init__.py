@@ -12,7 +12,21 @@ runs replicas and Sentinels.
 ``_fnname`` reads a function's name from its pickled payload without unpickling it.
 """
 
-from dpool.control._interface import ControlStore, TaskRecord
 from dpool.control._local import InProcessControlStore
+from dpool.control._task_record import TaskRecord
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.control._interface import ControlStore
 
 __all__ = ["ControlStore", "TaskRecord", "InProcessControlStore"]
+
+
+def __getattr__(name: str) -> object:
+    # The interface is a typing.Protocol, which only type checkers and the cluster's
+    # modules need: the embedded runtime does not import typing for it (issue 21).
+    if name == "ControlStore":
+        from dpool.control._interface import ControlStore
+
+        return ControlStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,6 @@
 """The control-store interfaces: ``ControlStore`` (what the local scheduler records,
-every implementation) and ``ClusterControlStore`` (what the cluster's daemons share too).
+every implementation) and ``ClusterControlStore`` (what the cluster's daemons share too);
+``TaskRecord``, a row of the task table, is ``_task_record``'s.
 
 Writes are *fire and forget* from the caller's point of view: an implementation queues
 them and applies them in batches (``flush``), so recording lineage and events never sits
@@ -11,24 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Optional, Protocol
 
-from dpool.protocol._record import record
+from dpool.control._task_record import TaskRecord
 
 if TYPE_CHECKING:
     from dpool.control._registry import ClusterView
 
-
-@record(slots=True)
-class TaskRecord:
-    """One row of the task table: enough lineage to run the task again."""
-
-    task_id: int
-    fn_id: int
-    args: Optional[bytes]
-    dep_ids: tuple
-    group_id: int
-    state: str = "PENDING"  # PENDING -> RUNNING -> FINISHED | FAILED | CANCELLED
-    attempts: int = 0
-    result_ids: tuple = ()
 
 
 class ControlStore(Protocol):

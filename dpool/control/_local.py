@@ -12,9 +12,12 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterable
-from typing import Optional
 
-from dpool.control._interface import TaskRecord
+from dpool.control._task_record import TaskRecord
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 EVENT_LOG_SIZE = 200_000
 

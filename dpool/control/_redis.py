@@ -44,10 +44,10 @@ from redis.retry import Retry
 
 from dpool.control import _keys as K
 from dpool.control import _redis_batch, _sentinel
-from dpool.control._interface import TaskRecord
 from dpool.control._redis_observe import ObserveReads
 from dpool.control._redis_pubsub import PubSub, Subscription
 from dpool.control._registry import Registry
+from dpool.control._task_record import TaskRecord
 from dpool.errors import ControlStoreError
 
 log = logging.getLogger("dpool.control")

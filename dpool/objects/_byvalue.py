@@ -20,7 +20,10 @@ from __future__ import annotations
 import marshal
 import sys
 import types
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["NeedsCloudpickle", "function_state", "reduce_code", "reduce_module"]
 

@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
 
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _recycle, _segment, _values
 from dpool.objects._accounting import ObjectStore, default_capacity
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 log = logging.getLogger("dpool.objects")
 

@@ -44,9 +44,12 @@ import time
 import types
 import weakref
 import zlib
-from typing import Any
 
 from dpool.objects._byvalue import NeedsCloudpickle, function_state
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any
 
 TAG = 0x03
 """First byte of a payload that carries a table of main-namespace references."""

@@ -46,9 +46,12 @@ import os
 import threading
 import weakref
 from collections import OrderedDict, deque
-from typing import Optional
 
 from dpool.objects import _forkguard
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = ["CACHE_ENTRIES", "LARGE", "SHM_DIR", "cached", "clear", "forget", "lend", "prune"]
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Any, Optional
 
 from dpool import errors
 from dpool.errors import SerializationError
 from dpool.objects import _serialization, _values
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 _dumps = pickle.dumps

@@ -37,12 +37,12 @@ import os
 import re
 import struct
 import time
-from typing import TYPE_CHECKING
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _forkguard, _mapping, _recycle, _writemaps
 from dpool.objects._serialization import Serialized, deserialize
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     import posix_ipc
 

@@ -41,10 +41,13 @@ import pickle
 import sys
 import types
 from collections.abc import Iterable
-from typing import Any, Optional
 
 from dpool.errors import SerializationError
 from dpool.objects import _byvalue, _mainref
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 __all__ = ["DEFAULT_OOB_THRESHOLD", "Serialized", "deserialize", "dumps", "serialize"]
 

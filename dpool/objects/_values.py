@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import Any, Optional
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 from dpool.objects._serialization import Serialized, deserialize, serialize
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 _loads = pickle.loads
 

@@ -37,7 +37,10 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["KEEP", "clear", "kept", "mapped", "prune"]
 

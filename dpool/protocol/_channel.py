@@ -17,7 +17,10 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Optional
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 _HEADER = struct.Struct("!Q")
 _HLEN = _HEADER.size

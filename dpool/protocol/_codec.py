@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import operator
 import pickle
-from typing import Callable, Iterable
 
 from dpool.errors import ProtocolError
 from dpool.protocol import _messages as m
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable, Iterable
 
 PROTOCOL_VERSION = 6  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
 # 5: FetchSegment asks for a range; 6: PushSegment (a TCP driver uploads a large value)

@@ -29,9 +29,12 @@ import select
 import selectors
 import threading
 import time
-from typing import Any, Callable, Optional
 
 from dpool.protocol import ChannelClosed
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 log = logging.getLogger("dpool.scheduling")
 

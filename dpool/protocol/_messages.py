@@ -14,11 +14,13 @@ re-exported here, so ``m.Load`` names one as before, and ``ALL_MESSAGES`` holds 
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
-
 from dpool.protocol._messages_cluster import *  # re-exported: m.Load, ...
 from dpool.protocol._messages_cluster import CLUSTER_MESSAGES
 from dpool.protocol._record import Slotted
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import ClassVar, Optional
 
 # A dependency value shipped with a task: (object id, ok, payload). ok=False means the
 # payload is a serialized exception the task must fail with instead of running.

@@ -7,9 +7,11 @@ the same rules hold: fields positional and append-only, one ``CODE`` per class.
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
-
 from dpool.protocol._record import Slotted
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import ClassVar, Optional
 
 
 class PeerHello(Slotted):

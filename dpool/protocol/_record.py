@@ -24,11 +24,18 @@ it).
 from __future__ import annotations
 
 from reprlib import recursive_repr
-from typing import Any, Callable, Optional, TypeVar, dataclass_transform
 
 __all__ = ["Slotted", "field", "record"]
 
-_C = TypeVar("_C", bound=type)
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar, dataclass_transform
+
+    _C = TypeVar("_C", bound=type)
+else:
+    def dataclass_transform(**_: object) -> Callable:
+        """typing's decorator, which only tells type checkers what ``record`` makes."""
+        return lambda obj: obj
 
 
 class _FactoryMarker:

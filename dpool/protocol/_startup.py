@@ -5,9 +5,11 @@ imports the scheduler: importing the worker from the scheduler made a cycle)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from dpool.protocol._record import field, record
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 @record(slots=True)

@@ -16,9 +16,12 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Optional
 
 from dpool.objects import _values
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 
 def _same_bytes(a: Any, b: Any) -> bool:

@@ -7,12 +7,14 @@ from a task is prepared exactly like one submitted from the driver.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
 
 from dpool.futures import Future, ObjectRef, collect_refs
 from dpool.objects import _payload
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from typing import Any, Optional
+
     from dpool.runtime._client import Client
 
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Any, Callable, Optional, TypeVar
 
 from dpool.futures import Future, ObjectRef
 from dpool.protocol import _messages as m
 from dpool.runtime._functions import FunctionTable
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar
+
+    T = TypeVar("T")
 
 
 class ChannelClient:

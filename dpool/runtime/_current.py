@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
     from dpool.runtime._client import Client, Driver
     from dpool.runtime._cluster import ClusterRuntime
 
@@ -51,7 +53,7 @@ def cluster_cpus() -> int:
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
         # never 0: a 0-CPU head that has not yet seen a node that just joined says 0
         # (a pool of 0 workers would keep its tasks queued for good: issue 17)
-        return max(1, cast("ClusterRuntime", driver()).cluster_cpus)
+        return max(1, _cluster_driver().cluster_cpus)
     if os.environ.get("DPOOL_NUM_CPUS"):
         from dpool.scheduling._detect import embedded_cpus
 
@@ -66,8 +68,13 @@ def node_id() -> str:
     if here:
         return here
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
-        return cast("ClusterRuntime", driver()).node_id
+        return _cluster_driver().node_id
     return "local"
+
+
+def _cluster_driver() -> ClusterRuntime:
+    d: Any = driver()  # where DPOOL_ADDRESS is set (and not in a worker): a ClusterRuntime
+    return d
 
 
 def in_worker() -> bool:

@@ -13,7 +13,6 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Callable, Optional, TypeVar
 
 from dpool.control import InProcessControlStore
 from dpool.futures import Future, ObjectRef
@@ -27,7 +26,11 @@ log = logging.getLogger("dpool.runtime")
 
 _REAP_EVERY_S = 1.0  # new executors look for dead drivers' segments at most this often
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar
+
+    T = TypeVar("T")
 
 
 class DriverRuntime:

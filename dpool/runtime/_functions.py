@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
 
 from dpool.objects import _payload
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 class FunctionTable:

@@ -13,9 +13,11 @@ node or a value is lost).
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
+    F = TypeVar("F", bound=Callable[..., Any])
 
 _MARK = "__dpool_no_rebuild__"
 

@@ -23,16 +23,21 @@ Whether a task runs on this host at all is the node's business (``node._spill``)
 where a spilled one goes, the global scheduler's (``dpool.global_scheduler``).
 """
 
-from dpool.scheduling._api import (
-    DriverService,
-    Handler,
-    LeaseService,
-    SchedulerAPI,
-    SpillService,
-)
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._scheduler import GroupConfig, LocalScheduler
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.scheduling._api import (
+        DriverService,
+        Handler,
+        LeaseService,
+        SchedulerAPI,
+        SpillService,
+    )
+
+_API = frozenset(("DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"))
 
 __all__ = [
     "BatchPolicy",
@@ -48,3 +53,13 @@ __all__ = [
     "Task",
     "WorkerHandle",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The services' interfaces are typing.Protocols, which only type checkers and the
+    # node's modules need: the embedded runtime does not import typing for them (issue 21).
+    if name in _API:
+        from dpool.scheduling import _api
+
+        return getattr(_api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

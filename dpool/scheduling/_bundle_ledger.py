@@ -25,25 +25,26 @@ given to anyone meanwhile); new tasks cannot start in it.
 Pure bookkeeping under the scheduler's lock, no processes (tests/placement/).
 """
 
-# (No ``from __future__ import annotations``: typing.NamedTuple compiles each field's
-# annotation when it is a string, ~1.2 M instructions a class at every program's start.)
+from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import collections
 
 from dpool.scheduling._resources import Allocation, Ledger, Request, _describe
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = ["Bundle", "BundleAllocation", "BundleLedger"]
 
 
-class BundleAllocation(NamedTuple):
+class BundleAllocation(collections.namedtuple("BundleAllocation",
+                                              "request gpu_ids gpu_units key sub")):
     """A task's share of a bundle: like ``Allocation`` (``gpu_ids`` are the node's
-    device indexes), plus the bundle and the share of its sub-ledger."""
+    device indexes), plus the bundle (``key``: ``(pg_id, index)``) and the share of its
+    sub-ledger (``sub``, an ``Allocation``)."""
 
-    request: Request
-    gpu_ids: tuple
-    gpu_units: int
-    key: tuple  # (pg_id, index)
-    sub: Allocation
+    __slots__ = ()
 
 
 class Bundle:

@@ -17,15 +17,19 @@ import itertools
 import socket
 import threading
 from collections import deque
-from typing import Callable, Optional
 
-from dpool.control import ControlStore
 from dpool.objects._hoststore import HostStore
 from dpool.protocol._ioloop import IOLoop
-from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    from dpool.control import ControlStore
+    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 
 
 class SchedulerCore:

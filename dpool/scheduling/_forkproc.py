@@ -27,7 +27,10 @@ import threading
 import weakref
 from multiprocessing import context as _context_module
 from multiprocessing import process as _process_module
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any
 
 _context: Any = _context_module  # (private names, which typeshed does not list)
 _process: Any = _process_module

@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Callable, Optional
 
 from dpool.protocol import _messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task
 from dpool.scheduling._workers import _reap
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 log = logging.getLogger("dpool.scheduling")
 

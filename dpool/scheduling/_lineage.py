@@ -52,12 +52,15 @@ Lock rule: every method here expects the scheduler's lock held.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional
 
 from dpool.errors import ObjectLostError
 from dpool.objects import _payload, _values
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 log = logging.getLogger("dpool.scheduling")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import InvalidStateError
-from typing import Any, Callable, Optional, cast
 
 from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
@@ -28,6 +27,10 @@ from dpool.objects import _mapping, _payload, _writemaps
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, WorkerHandle
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 
 class ObjectTable(Lineage):
@@ -159,7 +162,8 @@ class ObjectTable(Lineage):
         """A ready object's (ok, payload), brought back from disk first if it was spilled;
         None if its spill file was gone and it is being rebuilt (``_lineage``): the caller
         waits on ``obj`` as on any pending object."""
-        ok, payload = obj.ok, cast(bytes, obj.payload)  # ready: the payload is set
+        ok = obj.ok
+        payload: bytes = obj.payload  # type: ignore[assignment]  # ready: it is set
         if ok:
             try:
                 self.store.restore_payload(payload)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Optional
 
 from dpool.protocol import Channel
 from dpool.protocol._record import field, record
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class Task:

@@ -34,7 +34,6 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any, Optional
 
 from dpool.errors import PlacementError, ResourceError
 from dpool.objects import _payload
@@ -43,6 +42,10 @@ from dpool.scheduling._bundle_ledger import BundleAllocation, BundleLedger
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 log = logging.getLogger("dpool.scheduling")
 

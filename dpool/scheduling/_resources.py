@@ -18,26 +18,33 @@ resources -- is shared by every executor of the runtime (or node) and lives here
 Pure bookkeeping, no processes, no locks: the scheduler calls it with its lock held.
 """
 
-# (No ``from __future__ import annotations``: typing.NamedTuple compiles each field's
-# annotation when it is a string, ~1.2 M instructions a class at every program's start.)
+from __future__ import annotations
 
+import collections
 import math
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional
 
 GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest request)
 
 
-class Request(NamedTuple):
-    """A task's needs. Travels on the wire as a plain tuple (``tuple(req)``)."""
+# (collections' named tuples, not typing.NamedTuple: the runtime does not import typing)
+class Request(collections.namedtuple("Request", "cpus gpus memory custom strategy",
+                                     defaults=(1, 0.0, 0, (), None))):
+    """A task's needs. Travels on the wire as a plain tuple (``tuple(req)``).
 
-    cpus: int = 1
-    gpus: float = 0.0
-    memory: int = 0
-    custom: tuple = ()  # ((name, amount), ...) sorted by name, amounts > 0
-    # where it asks to run, in wire form (``_placement_policy.strategy_to_wire``): None
-    # for the default rule. A task that asks only for a strategy is a request too, so
-    # the ordinary dispatch path never looks at strategies.
-    strategy: Optional[tuple] = None
+    - ``cpus`` (int, 1), ``gpus`` (float, 0.0), ``memory`` (int bytes, 0);
+    - ``custom``: ``((name, amount), ...)`` sorted by name, amounts > 0;
+    - ``strategy``: where it asks to run, in wire form
+      (``_placement_policy.strategy_to_wire``): None for the default rule. A task that
+      asks only for a strategy is a request too, so the ordinary dispatch path never
+      looks at strategies.
+    """
+
+    __slots__ = ()
 
     def as_dict(self) -> dict:
         """``{"CPU": .., "GPU": .., "memory": .., name: ..}`` without zero entries but CPU."""
@@ -200,10 +207,11 @@ def of_function(fn: Any) -> Optional[dict]:
 
 
 # -- what a runtime or node has ------------------------------------------------------------
-class Allocation(NamedTuple):
-    request: Request
-    gpu_ids: tuple  # device indexes (into Ledger.gpu_names)
-    gpu_units: int  # units taken from each of gpu_ids
+class Allocation(collections.namedtuple("Allocation", "request gpu_ids gpu_units")):
+    """What a ``Request`` took: ``gpu_ids``, device indexes (into ``Ledger.gpu_names``),
+    and ``gpu_units``, the units taken from each of them."""
+
+    __slots__ = ()
 
 
 class Ledger:

@@ -55,17 +55,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import ValuesView
-from typing import Any, Callable, Optional
 
 from dpool import errors
-from dpool.control import ControlStore
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
-from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
@@ -75,6 +72,13 @@ from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
 from dpool.scheduling._workers import WorkerPool, _reap
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+    from dpool.control import ControlStore
+    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 
 log = logging.getLogger("dpool.scheduling")
 

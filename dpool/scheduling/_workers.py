@@ -26,7 +26,6 @@ import signal
 import socket
 import sys
 import time
-from typing import Optional
 
 from dpool import errors
 from dpool.errors import Error
@@ -37,6 +36,10 @@ from dpool.protocol._startup import WorkerConfig, start_worker
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
 
 log = logging.getLogger("dpool.scheduling")
 

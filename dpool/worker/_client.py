@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, Callable, Optional, TypeVar
 
 from dpool.futures import Future, ObjectRef
 from dpool.objects import _mapping, _payload
@@ -28,7 +27,11 @@ from dpool.protocol import _messages as m
 from dpool.runtime import _calls
 from dpool.runtime._channel_client import ChannelClient
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar
+
+    T = TypeVar("T")
 
 _CLOSED = object()
 

@@ -24,7 +24,6 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Any, Callable, Optional
 
 from dpool import errors
 from dpool.objects import _mapping, _payload
@@ -32,6 +31,10 @@ from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batc
 from dpool.protocol import _messages as m
 from dpool.protocol._startup import WorkerConfig
 from dpool.worker import _watchdog
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 log = logging.getLogger("dpool.worker")
 

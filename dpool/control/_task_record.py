@@ -1,0 +1,27 @@
+"""A row of the task table (``TaskRecord``), apart from the interfaces (``_interface``):
+the embedded runtime's store uses it at run time, the interfaces only type checkers do.
+"""
+
+from __future__ import annotations
+
+from dpool.protocol._record import record
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Optional
+
+__all__ = ["TaskRecord"]
+
+
+@record(slots=True)
+class TaskRecord:
+    """One row of the task table: enough lineage to run the task again."""
+
+    task_id: int
+    fn_id: int
+    args: Optional[bytes]
+    dep_ids: tuple
+    group_id: int
+    state: str = "PENDING"  # PENDING -> RUNNING -> FINISHED | FAILED | CANCELLED
+    attempts: int = 0
+    result_ids: tuple = ()
