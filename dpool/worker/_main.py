@@ -201,6 +201,14 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
     return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
 
 
+def _client_of(worker: _Worker) -> Any:
+    """The runtime API of the task code of this worker, made when a task first submits,
+    waits or puts (most never do: its module is not imported before)."""
+    from dpool.worker._client import WorkerClient
+
+    return WorkerClient(worker)
+
+
 def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None,
                  initargs: Optional[tuple] = None) -> None:
     """Process target: set up like the driver, connect, serve until told to stop."""
@@ -247,9 +255,7 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None,
         from dpool.worker._lease import LeaseLink
 
         worker.lease = LeaseLink(worker, lease)
-    from dpool.worker._client import WorkerClient
-
-    _current.set_worker(worker, WorkerClient)
+    _current.set_worker(worker, _client_of)
     try:
         worker.run()
     except ChannelClosed:
