@@ -45,6 +45,8 @@ DENIED = (
     # typing: annotations are strings (``from __future__ import annotations``) and the
     # names they use are imported under ``TYPE_CHECKING`` (which is False at run time)
     "typing",
+    # the cluster's wire messages (``_messages`` loads them when one is first used)
+    "dpool.protocol._messages_cluster",
 )
 
 

@@ -21,19 +21,12 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = 6  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
 # 5: FetchSegment asks for a range; 6: PushSegment (a TCP driver uploads a large value)
 
-_BY_CODE: dict[int, type] = {}
-for _cls in m.ALL_MESSAGES:
-    if _cls.CODE in _BY_CODE:  # pragma: no cover - guards edits to _messages
-        raise RuntimeError(f"duplicate message code {_cls.CODE}")
-    _BY_CODE[_cls.CODE] = _cls
-
-_FIELDS: dict[type, tuple[str, ...]] = {cls: cls.__slots__ for cls in m.ALL_MESSAGES}
 
 
 def _item_getter(cls: type) -> Callable[[object], tuple]:
     """``msg -> (code, *fields)`` in one C-level attrgetter call (the encode hot path)."""
     code = (cls.CODE,)  # type: ignore[attr-defined]
-    fields = _FIELDS[cls]
+    fields: tuple[str, ...] = cls.__slots__  # type: ignore[attr-defined]
     if not fields:
         return lambda msg: code
     if len(fields) == 1:
@@ -43,7 +36,39 @@ def _item_getter(cls: type) -> Callable[[object], tuple]:
     return lambda msg: code + many(msg)
 
 
-_ITEM: dict[type, Callable[[object], tuple]] = {cls: _item_getter(cls) for cls in m.ALL_MESSAGES}
+class _Items(dict):
+    """message class -> its ``_item_getter``; the cluster's messages are added when one is
+    first encoded (``_messages_cluster`` loads on first use)."""
+
+    def __missing__(self, cls: type) -> Callable[[object], tuple]:
+        if not _add_cluster_messages() or cls not in self:
+            raise KeyError(cls)
+        return self[cls]  # type: ignore[no-any-return]
+
+
+_BY_CODE: dict[int, type] = {}
+_ITEM = _Items()
+
+
+def _add(classes: Iterable[type]) -> None:
+    for cls in classes:
+        code = cls.CODE  # type: ignore[attr-defined]
+        if code in _BY_CODE:  # pragma: no cover - guards edits to _messages
+            raise RuntimeError(f"duplicate message code {code}")
+        _BY_CODE[code] = cls
+        _ITEM[cls] = _item_getter(cls)
+
+
+def _add_cluster_messages() -> bool:
+    """Register the cluster's messages; False if they already were."""
+    cluster = m.CLUSTER_MESSAGES
+    if cluster[0].CODE in _BY_CODE:  # type: ignore[attr-defined]
+        return False
+    _add(cluster)
+    return True
+
+
+_add(m.EMBEDDED_MESSAGES)
 
 _dumps = pickle.dumps
 _loads = pickle.loads
@@ -70,6 +95,9 @@ def decode_batch(frame: bytes) -> list:
     for item in items:
         cls = _BY_CODE.get(item[0])
         if cls is None:
-            raise ProtocolError(f"unknown message code {item[0]!r}")
+            _add_cluster_messages()
+            cls = _BY_CODE.get(item[0])
+            if cls is None:
+                raise ProtocolError(f"unknown message code {item[0]!r}")
         out.append(cls(*item[1:]))
     return out

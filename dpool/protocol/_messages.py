@@ -10,17 +10,22 @@ as a tuple in declaration order, so reordering a field is a protocol version bum
 The cluster's own messages (nodes and global schedulers: peer handshakes, load reports,
 spilled tasks, transfers, placement groups) are in ``_messages_cluster``; they are
 re-exported here, so ``m.Load`` names one as before, and ``ALL_MESSAGES`` holds both.
+That module loads on first use of one of its names (a program on the embedded runtime
+sends none): ``EMBEDDED_MESSAGES`` are this module's own.
 """
 
 from __future__ import annotations
 
-from dpool.protocol._messages_cluster import *  # re-exported: m.Load, ...
-from dpool.protocol._messages_cluster import CLUSTER_MESSAGES
 from dpool.protocol._record import Slotted
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import ClassVar, Optional
+
+    from dpool.protocol._messages_cluster import *  # noqa: F403 - re-exported: m.Load...
+    from dpool.protocol._messages_cluster import CLUSTER_MESSAGES  # noqa: F401
+
+    ALL_MESSAGES: tuple[type, ...]
 
 # A dependency value shipped with a task: (object id, ok, payload). ok=False means the
 # payload is a serialized exception the task must fail with instead of running.
@@ -314,7 +319,21 @@ class LeasedLost(Slotted):
     object_id: int
 
 
-ALL_MESSAGES = (
+class Output(Slotted):
+    """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
+    on its way to the driver whose task it ran: the group (the driver's id), the worker's
+    pid and its node (empty for the driver's own node)."""
+
+    CODE: ClassVar[int] = 32
+    group_id: int
+    pid: int
+    node: str
+    stream: int
+    data: bytes
+
+
+
+EMBEDDED_MESSAGES = (
     Hello,
     InitFailed,
     RegisterFunction,
@@ -348,4 +367,19 @@ ALL_MESSAGES = (
     LeaseLost,
     LeasedTask,
     LeasedLost,
-) + CLUSTER_MESSAGES
+    Output,
+)
+
+
+def __getattr__(name: str) -> object:
+    """The cluster's messages (``m.Load``...) and ``ALL_MESSAGES``, on first use."""
+    from dpool.protocol import _messages_cluster as cluster
+
+    if name == "ALL_MESSAGES":
+        value: object = EMBEDDED_MESSAGES + cluster.CLUSTER_MESSAGES
+    elif name in cluster.__all__:
+        value = getattr(cluster, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # looked up once
+    return value

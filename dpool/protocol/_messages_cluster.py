@@ -97,19 +97,6 @@ class TaskResult(Slotted):
     duration: float
 
 
-class Output(Slotted):
-    """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
-    on its way to the driver whose task it ran: the group (the driver's id), the worker's
-    pid and its node (empty for the driver's own node)."""
-
-    CODE: ClassVar[int] = 32
-    group_id: int
-    pid: int
-    node: str
-    stream: int
-    data: bytes
-
-
 class DropGroup(Slotted):
     """N->N the origin's group is gone (its driver left, or it was terminated): stop its
     tasks here and the mirror group's workers."""
@@ -271,7 +258,6 @@ CLUSTER_MESSAGES = (
     SpillRejected,
     Accepted,
     TaskResult,
-    Output,
     DropGroup,
     WorkingDir,
     FetchSegment,
@@ -290,7 +276,7 @@ CLUSTER_MESSAGES = (
 
 __all__ = [
     "CLUSTER_MESSAGES", "Accepted", "BundleHeld", "BundleHold", "DropGroup", "FetchSegment",
-    "Load", "Output", "PGRemove", "PGReserve", "PGState", "PeerHello", "PeerWelcome",
+    "Load", "PGRemove", "PGReserve", "PGState", "PeerHello", "PeerWelcome",
     "PlacementFailed", "PushSegment", "ReleaseLent", "RemoteTask", "RunHere", "SpillRejected",
     "TaskResult", "TasksKnown", "TasksQuery", "WorkingDir",
 ]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pickle
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -25,6 +28,32 @@ def test_codec_round_trip_every_message_type():
             m.ObjectValue(9, False, b"err"), m.Release((1,)), m.Shutdown(),
             m.PutObject(4, b"x"), m.SubmitTask(8, 2, None, (7,), 1)]
     assert decode_batch(encode_batch(msgs)) == msgs
+
+
+def test_the_cluster_messages_load_when_first_met():
+    """A fresh process on the embedded runtime has not loaded the cluster's messages;
+    decoding one (a peer sent it) or encoding one (``m.FetchSegment`` used) loads them."""
+    code = textwrap.dedent("""
+        import pickle, sys
+        from dpool.protocol import PROTOCOL_VERSION, decode_batch, encode_batch
+        from dpool.protocol import _messages as m
+        assert "dpool.protocol._messages_cluster" not in sys.modules
+        decode_batch(encode_batch([m.Hello(PROTOCOL_VERSION, 1, 2)]))
+        assert "dpool.protocol._messages_cluster" not in sys.modules
+        fields = (7, "/seg", 0, -1)
+        if sys.argv[1] == "encode":
+            (msg,) = decode_batch(encode_batch([m.FetchSegment(*fields)]))
+        else:  # a peer's frame: the message's code (given) and its fields
+            frame = pickle.dumps((PROTOCOL_VERSION, [(int(sys.argv[2]),) + fields]))
+            (msg,) = decode_batch(frame)
+        assert msg == m.FetchSegment(*fields), msg
+        assert len(m.ALL_MESSAGES) == len(m.EMBEDDED_MESSAGES) + len(m.CLUSTER_MESSAGES)
+        print("ok")
+    """)
+    for how in ("decode", "encode"):
+        out = subprocess.run([sys.executable, "-c", code, how, str(m.FetchSegment.CODE)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_codec_rejects_unknown_code_and_version():
