@@ -104,18 +104,28 @@ def _scan_globals(code: types.CodeType, names: dict[str, None]) -> None:
 
 _OPS: Any = ()
 
+# LOAD_GLOBAL, STORE_GLOBAL, DELETE_GLOBAL, EXTENDED_ARG: the same numbers in 3.10-3.12
+# (tests/objects check them against ``opcode.opmap``), which saves importing ``opcode``
+_KNOWN_OPCODES = {(3, 10): (116, 97, 98, 144), (3, 11): (116, 97, 98, 144),
+                  (3, 12): (116, 97, 98, 144)}
+
 
 def _global_opcodes() -> Any:
     """``(LOAD_GLOBAL, {STORE_GLOBAL, DELETE_GLOBAL}, EXTENDED_ARG, LOAD_GLOBAL's
     argument shift)`` for this Python's bytecode, or None where its layout is unknown."""
     global _OPS
     if _OPS == ():
-        if (3, 10) <= sys.version_info[:2] <= (3, 13):
-            import opcode
+        version = sys.version_info[:2]
+        if (3, 10) <= version <= (3, 13):
+            known = _KNOWN_OPCODES.get(version)
+            if known is None:
+                import opcode
 
-            op = opcode.opmap
-            _OPS = (op["LOAD_GLOBAL"], frozenset((op["STORE_GLOBAL"], op["DELETE_GLOBAL"])),
-                    op["EXTENDED_ARG"], 0 if sys.version_info < (3, 11) else 1)
+                op = opcode.opmap
+                known = (op["LOAD_GLOBAL"], op["STORE_GLOBAL"], op["DELETE_GLOBAL"],
+                         op["EXTENDED_ARG"])
+            load, store, delete, extended = known
+            _OPS = (load, frozenset((store, delete)), extended, 0 if version < (3, 11) else 1)
         else:
             _OPS = None
     return _OPS

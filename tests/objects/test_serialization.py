@@ -274,3 +274,17 @@ def f(x):
     for fn in vars(email.message.Message).values():
         if isinstance(fn, types.FunctionType):
             assert list(_global_names(fn.__code__)) == _globals_by_dis(fn.__code__)
+
+
+def test_the_opcode_numbers_it_knows_are_this_python_s() -> None:
+    import opcode
+
+    from dpool.objects import _byvalue
+
+    known = _byvalue._KNOWN_OPCODES.get(sys.version_info[:2])
+    if known is None:
+        pytest.skip("this Python's opcodes are read from the opcode module")
+    op = opcode.opmap
+    assert known == (op["LOAD_GLOBAL"], op["STORE_GLOBAL"], op["DELETE_GLOBAL"],
+                     op["EXTENDED_ARG"])
+
