@@ -2,16 +2,18 @@
 
 Direction is noted on each class: S = local scheduler, W = worker, D = a driver attached
 to a node daemon (cluster mode; it speaks the worker's messages for submitting, getting,
-putting and releasing, plus the group messages below). Payloads are opaque
-``bytes`` produced by ``dpool.objects`` serialization; ids are ints (object id == id of
-the task that produces it). Keep fields positional and append-only: the codec sends them
-as a tuple in declaration order, so reordering a field is a protocol version bump.
+putting and releasing, plus its group messages in ``_messages_cluster``). Payloads
+are opaque ``bytes`` produced by ``dpool.objects`` serialization; ids are ints (object
+id == id of the task that produces it). Keep fields positional and append-only: the codec
+sends them as a tuple in declaration order, so reordering a field is a protocol version
+bump.
 
 The cluster's own messages (nodes and global schedulers: peer handshakes, load reports,
-spilled tasks, transfers, placement groups) are in ``_messages_cluster``; they are
-re-exported here, so ``m.Load`` names one as before, and ``ALL_MESSAGES`` holds both.
-That module loads on first use of one of its names (a program on the embedded runtime
-sends none): ``EMBEDDED_MESSAGES`` are this module's own.
+spilled tasks, transfers, placement groups; an attached driver's groups and worker
+leases) are in ``_messages_cluster``; they are re-exported here, so ``m.Load`` names
+one as before, and ``ALL_MESSAGES`` holds both. That module loads on first use of one of
+its names (a program on the embedded runtime sends none): ``EMBEDDED_MESSAGES`` are this
+module's own.
 """
 
 from __future__ import annotations
@@ -157,168 +159,6 @@ class Forget(Slotted):
     names: tuple
 
 
-class Attach(Slotted):
-    """D->S first frame after the handshake: who the driver is and where its code lives."""
-
-    CODE: ClassVar[int] = 16
-    version: int
-    pid: int
-    hostname: str
-    cwd: str
-    sys_path: tuple
-
-
-class Attached(Slotted):
-    """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
-    the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
-
-    CODE: ClassVar[int] = 17
-    node_id: str
-    id_prefix: int
-    num_cpus: int
-    cluster_cpus: int
-    store_owner: int  # the node's store (its pid) for a driver on its host, else 0
-
-
-class CreateGroup(Slotted):
-    """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
-
-    CODE: ClassVar[int] = 18
-    group_id: int
-    max_workers: int
-    start_method: str
-    initializer: Optional[bytes]
-    max_tasks: Optional[int]
-    max_attempts: int
-    workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
-
-
-class GroupOp(Slotted):
-    """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
-    ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
-    S->D "cancelled": the answer to "cancel_queued", after its ``CancelTask`` list."""
-
-    CODE: ClassVar[int] = 19
-    group_id: int
-    op: str
-    arg: str
-
-
-class GroupExited(Slotted):
-    """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
-
-    CODE: ClassVar[int] = 20
-    group_id: int
-
-
-class GroupBroken(Slotted):
-    """S->D the group can run no more tasks (its initializer failed): ``reason``."""
-
-    CODE: ClassVar[int] = 21
-    group_id: int
-    reason: str
-
-
-class CancelTask(Slotted):
-    """D->S the driver cancelled these futures: drop the tasks that have not started.
-    S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
-
-    CODE: ClassVar[int] = 22
-    task_ids: tuple
-
-
-class StatusRequest(Slotted):
-    """D->S describe this node (``dpool status``)."""
-
-    CODE: ClassVar[int] = 23
-
-
-class StatusReply(Slotted):
-    """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
-
-    CODE: ClassVar[int] = 24
-    status: str
-
-
-# -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
-
-
-class LeaseRequest(Slotted):
-    """D->N first frame of a lease connection (on the node's unix socket): lend me a
-    worker of this group. The node starts one with this very connection as its lease
-    channel (granted: the worker says ``LeaseReady`` on it) or answers ``LeaseDenied``."""
-
-    CODE: ClassVar[int] = 50
-    version: int
-    group_id: int
-
-
-class LeaseDenied(Slotted):
-    """N->D no worker to lend now (the group or the node's CPUs are in use)."""
-
-    CODE: ClassVar[int] = 51
-    reason: str
-
-
-class LeaseReady(Slotted):
-    """W->D over the lease channel: the leased worker is up (initializer done). The
-    driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
-
-    CODE: ClassVar[int] = 52
-    worker_id: int
-    pid: int
-
-
-class LeasedResult(Slotted):
-    """D->N the outcome of a task that ran on a leased worker: the node keeps the value
-    in its object table (owned by the driver, like a put) for later tasks and peers."""
-
-    CODE: ClassVar[int] = 53
-    object_id: int
-    ok: bool
-    payload: bytes
-
-
-class LeaseRecall(Slotted):
-    """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
-    this group once its task is done."""
-
-    CODE: ClassVar[int] = 54
-    group_id: int
-
-
-class LeaseEnded(Slotted):
-    """W->N the driver closed the lease channel: this worker serves the node again."""
-
-    CODE: ClassVar[int] = 55
-
-
-class LeaseLost(Slotted):
-    """N->D the worker lent for this group exited. (The driver may not see its lease
-    connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
-
-    CODE: ClassVar[int] = 56
-    group_id: int
-    worker_id: int
-
-
-class LeasedTask(Slotted):
-    """D->N a task went to a leased worker: its result will come (``LeasedResult``).
-    Until then the node holds a pending object for it, so a later task (or a worker)
-    that needs it waits for it as for any task's result."""
-
-    CODE: ClassVar[int] = 57
-    object_id: int
-
-
-class LeasedLost(Slotted):
-    """D->N the leased worker died with this task (the driver sends it to the node next):
-    remove what it may have written of the result."""
-
-    CODE: ClassVar[int] = 58
-    object_id: int
-
-
 class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -330,7 +170,6 @@ class Output(Slotted):
     node: str
     stream: int
     data: bytes
-
 
 
 EMBEDDED_MESSAGES = (
@@ -349,24 +188,6 @@ EMBEDDED_MESSAGES = (
     Shutdown,
     PutObject,
     Forget,
-    Attach,
-    Attached,
-    CreateGroup,
-    GroupOp,
-    GroupExited,
-    GroupBroken,
-    CancelTask,
-    StatusRequest,
-    StatusReply,
-    LeaseRequest,
-    LeaseDenied,
-    LeaseReady,
-    LeasedResult,
-    LeaseRecall,
-    LeaseEnded,
-    LeaseLost,
-    LeasedTask,
-    LeasedLost,
     Output,
 )
 

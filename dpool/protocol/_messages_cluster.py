@@ -1,8 +1,10 @@
 """The cluster's messages: between nodes (N), global schedulers (G) and the nodes' spill
 and transfer services -- peer handshakes, load reports, spilled tasks and their results,
-object transfers, placement groups, the stranded-task safety net. The local scheduler's,
-workers' and drivers' messages are in ``_messages``, which re-exports these (``m.Load``);
-the same rules hold: fields positional and append-only, one ``CODE`` per class.
+object transfers, placement groups, the stranded-task safety net -- and those of a driver
+attached to a node (D: its groups, status, worker leases). The local scheduler's and its
+workers' messages are in ``_messages``, which re-exports these (``m.Load``) and loads
+this module when one is first used; the same rules hold: fields positional and
+append-only, one ``CODE`` per class.
 """
 
 from __future__ import annotations
@@ -250,7 +252,188 @@ class TasksKnown(Slotted):
     unknown: tuple
 
 
+class Attach(Slotted):
+    """D->S first frame after the handshake: who the driver is and where its code lives."""
+
+    CODE: ClassVar[int] = 16
+    version: int
+    pid: int
+    hostname: str
+    cwd: str
+    sys_path: tuple
+
+
+class Attached(Slotted):
+    """S->D the node accepted the driver. ``id_prefix`` makes the driver's ids unique on
+    the node (``prefix << 40 | counter``); ``cluster_cpus`` is what ``cpu_count()`` says."""
+
+    CODE: ClassVar[int] = 17
+    node_id: str
+    id_prefix: int
+    num_cpus: int
+    cluster_cpus: int
+    store_owner: int  # the node's store (its pid) for a driver on its host, else 0
+
+
+class CreateGroup(Slotted):
+    """D->S a new executor or pool: a worker group with this (driver-chosen) id."""
+
+    CODE: ClassVar[int] = 18
+    group_id: int
+    max_workers: int
+    start_method: str
+    initializer: Optional[bytes]
+    max_tasks: Optional[int]
+    max_attempts: int
+    workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
+
+
+class GroupOp(Slotted):
+    """D->S ``op`` on a group: "cancel_queued", "close", "close_notify" (close and answer
+    ``GroupExited`` once its workers are gone) or "terminate" (``arg``: the reason).
+    S->D "cancelled": the answer to "cancel_queued", after its ``CancelTask`` list."""
+
+    CODE: ClassVar[int] = 19
+    group_id: int
+    op: str
+    arg: str
+
+
+class GroupExited(Slotted):
+    """S->D the closed group is idle and its workers exited (``shutdown(wait=True)``)."""
+
+    CODE: ClassVar[int] = 20
+    group_id: int
+
+
+class GroupBroken(Slotted):
+    """S->D the group can run no more tasks (its initializer failed): ``reason``."""
+
+    CODE: ClassVar[int] = 21
+    group_id: int
+    reason: str
+
+
+class CancelTask(Slotted):
+    """D->S the driver cancelled these futures: drop the tasks that have not started.
+    S->D (answering ``GroupOp("cancel_queued")``): the queued tasks it dropped."""
+
+    CODE: ClassVar[int] = 22
+    task_ids: tuple
+
+
+class StatusRequest(Slotted):
+    """D->S describe this node (``dpool status``)."""
+
+    CODE: ClassVar[int] = 23
+
+
+class StatusReply(Slotted):
+    """S->D the node's state as JSON: id, CPUs used/total, queue, store, drivers."""
+
+    CODE: ClassVar[int] = 24
+    status: str
+
+
+# -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
+
+
+# -- worker leases (codes from 50: a same-host driver talks to a worker directly) --------
+class LeaseRequest(Slotted):
+    """D->N first frame of a lease connection (on the node's unix socket): lend me a
+    worker of this group. The node starts one with this very connection as its lease
+    channel (granted: the worker says ``LeaseReady`` on it) or answers ``LeaseDenied``."""
+
+    CODE: ClassVar[int] = 50
+    version: int
+    group_id: int
+
+
+class LeaseDenied(Slotted):
+    """N->D no worker to lend now (the group or the node's CPUs are in use)."""
+
+    CODE: ClassVar[int] = 51
+    reason: str
+
+
+class LeaseReady(Slotted):
+    """W->D over the lease channel: the leased worker is up (initializer done). The
+    driver sends it ``RegisterFunction``/``ExecuteTask`` and gets ``TaskDone`` back."""
+
+    CODE: ClassVar[int] = 52
+    worker_id: int
+    pid: int
+
+
+class LeasedResult(Slotted):
+    """D->N the outcome of a task that ran on a leased worker: the node keeps the value
+    in its object table (owned by the driver, like a put) for later tasks and peers."""
+
+    CODE: ClassVar[int] = 53
+    object_id: int
+    ok: bool
+    payload: bytes
+
+
+class LeaseRecall(Slotted):
+    """N->D the node needs the CPU a lease holds (tasks are queued): end the lease of
+    this group once its task is done."""
+
+    CODE: ClassVar[int] = 54
+    group_id: int
+
+
+class LeaseEnded(Slotted):
+    """W->N the driver closed the lease channel: this worker serves the node again."""
+
+    CODE: ClassVar[int] = 55
+
+
+class LeaseLost(Slotted):
+    """N->D the worker lent for this group exited. (The driver may not see its lease
+    connection close: a worker forked meanwhile can hold a copy of the worker's end.)"""
+
+    CODE: ClassVar[int] = 56
+    group_id: int
+    worker_id: int
+
+
+class LeasedTask(Slotted):
+    """D->N a task went to a leased worker: its result will come (``LeasedResult``).
+    Until then the node holds a pending object for it, so a later task (or a worker)
+    that needs it waits for it as for any task's result."""
+
+    CODE: ClassVar[int] = 57
+    object_id: int
+
+
+class LeasedLost(Slotted):
+    """D->N the leased worker died with this task (the driver sends it to the node next):
+    remove what it may have written of the result."""
+
+    CODE: ClassVar[int] = 58
+    object_id: int
+
+
 CLUSTER_MESSAGES = (
+    Attach,
+    Attached,
+    CreateGroup,
+    GroupOp,
+    GroupExited,
+    GroupBroken,
+    CancelTask,
+    StatusRequest,
+    StatusReply,
+    LeaseRequest,
+    LeaseDenied,
+    LeaseReady,
+    LeasedResult,
+    LeaseRecall,
+    LeaseEnded,
+    LeaseLost,
+    LeasedTask,
+    LeasedLost,
     PeerHello,
     PeerWelcome,
     Load,
@@ -275,8 +458,11 @@ CLUSTER_MESSAGES = (
 )
 
 __all__ = [
-    "CLUSTER_MESSAGES", "Accepted", "BundleHeld", "BundleHold", "DropGroup", "FetchSegment",
-    "Load", "PGRemove", "PGReserve", "PGState", "PeerHello", "PeerWelcome",
-    "PlacementFailed", "PushSegment", "ReleaseLent", "RemoteTask", "RunHere", "SpillRejected",
-    "TaskResult", "TasksKnown", "TasksQuery", "WorkingDir",
+    "CLUSTER_MESSAGES", "Accepted", "Attach", "Attached", "BundleHeld", "BundleHold",
+    "CancelTask", "CreateGroup", "DropGroup", "FetchSegment", "GroupBroken", "GroupExited",
+    "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost", "LeaseReady", "LeaseRecall",
+    "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask", "Load", "PGRemove", "PGReserve",
+    "PGState", "PeerHello", "PeerWelcome", "PlacementFailed", "PushSegment", "ReleaseLent",
+    "RemoteTask", "RunHere", "SpillRejected", "StatusReply", "StatusRequest", "TaskResult",
+    "TasksKnown", "TasksQuery", "WorkingDir",
 ]
