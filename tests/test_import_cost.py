@@ -146,6 +146,40 @@ def test_a_record_is_what_a_dataclass_would_be(how):
     assert str(cheap_error.value) == str(real_error.value)
 
 
+@pytest.mark.parametrize("slots", [True, False])
+def test_a_record_without_factories_inits_as_a_dataclass(slots):
+    """Its ``__init__`` comes from a precompiled template of its arity (``_record``): the
+    same signature, defaults, keywords and argument errors as the dataclass's."""
+
+    def make(decorator: Callable[..., Any]) -> type:
+        @decorator
+        class Pt:
+            x: int
+            y: Optional[int]
+            label: str = "p"
+            tag: tuple = ()
+
+        return Pt
+
+    cheap, real = make(record(slots=slots)), make(dataclasses.dataclass(slots=slots))
+    for args, kwargs in [((1, 2), {}), ((1, None, "q"), {}), ((1,), {"y": 3, "tag": (4,)}),
+                         ((), {"x": 1, "y": 2, "label": "z"})]:
+        assert repr(cheap(*args, **kwargs)).split("Pt(")[1] == \
+            repr(real(*args, **kwargs)).split("Pt(")[1]
+        assert cheap(*args, **kwargs) == cheap(*args, **kwargs)
+    assert str(inspect.signature(cheap)) == str(inspect.signature(real))  # (once made)
+    for args, kwargs in [((1, 2, 3, 4, 5), {}), ((1,), {}), ((1, 2), {"z": 0}),
+                         ((1, 2), {"x": 0})]:
+        with pytest.raises(TypeError) as cheap_error:
+            cheap(*args, **kwargs)
+        with pytest.raises(TypeError) as real_error:
+            real(*args, **kwargs)
+        assert str(cheap_error.value) == str(real_error.value)
+    assert cheap.__init__.__qualname__ == real.__init__.__qualname__
+    empty = record(slots=slots)(type("Empty", (), {"__annotations__": {}}))
+    assert repr(empty()) == "Empty()"
+
+
 def test_the_wire_messages_pickle_and_compare_as_before():
     from dpool.protocol import _messages as m
 

@@ -23,6 +23,7 @@ it).
 
 from __future__ import annotations
 
+import types
 from reprlib import recursive_repr
 
 __all__ = ["Slotted", "field", "record"]
@@ -154,6 +155,101 @@ _SPECS: dict[type, tuple[tuple[str, ...], dict[str, Any], dict[str, Callable[[],
 
 def _make_init(cls: type) -> Callable[..., None]:
     names, defaults, factories = _SPECS[cls]
+    if not factories and len(names) < len(_TEMPLATES):
+        init = _from_template(names, tuple(defaults[n] for n in names if n in defaults),
+                              f"{cls.__qualname__}.__init__")
+    else:
+        init = _compiled_init(names, defaults, factories)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    annotations = cls.__annotations__
+    init.__annotations__ = {n: annotations[n] for n in names} | {"return": None}
+    return init
+
+
+# ``__init__`` of a record without default factories: the template of its number of
+# fields, compiled with this module, with the field names put in (``code.replace``) and
+# the defaults as the function's -- what ``_compiled_init`` would make, without compiling
+# source at run time (~0.4 M instructions a class, in every process that makes one).
+def _t0(self):  # type: ignore[no-untyped-def]
+    pass
+
+
+def _t1(self, f0):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+
+
+def _t2(self, f0, f1):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+
+
+def _t3(self, f0, f1, f2):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+
+
+def _t4(self, f0, f1, f2, f3):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+    self.f3 = f3
+
+
+def _t5(self, f0, f1, f2, f3, f4):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+    self.f3 = f3
+    self.f4 = f4
+
+
+def _t6(self, f0, f1, f2, f3, f4, f5):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+    self.f3 = f3
+    self.f4 = f4
+    self.f5 = f5
+
+
+def _t7(self, f0, f1, f2, f3, f4, f5, f6):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+    self.f3 = f3
+    self.f4 = f4
+    self.f5 = f5
+    self.f6 = f6
+
+
+def _t8(self, f0, f1, f2, f3, f4, f5, f6, f7):  # type: ignore[no-untyped-def]
+    self.f0 = f0
+    self.f1 = f1
+    self.f2 = f2
+    self.f3 = f3
+    self.f4 = f4
+    self.f5 = f5
+    self.f6 = f6
+    self.f7 = f7
+
+
+_TEMPLATES = (_t0, _t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8)
+
+
+def _from_template(names: tuple[str, ...], defaults: tuple,
+                   qualname: str) -> Callable[..., None]:
+    code = _TEMPLATES[len(names)].__code__
+    if names:  # the template's stores (co_names) and arguments, in field order
+        code = code.replace(co_names=names, co_varnames=("self",) + names)
+    code = code.replace(co_name="__init__")
+    if hasattr(code, "co_qualname"):  # 3.11+: tracebacks name Class.__init__
+        code = code.replace(co_qualname=qualname)
+    return types.FunctionType(code, {}, "__init__", defaults or None)
+
+
+def _compiled_init(names: tuple[str, ...], defaults: dict[str, Any],
+                   factories: dict[str, Callable[[], Any]]) -> Callable[..., None]:
     params = ["self"]
     lines = []
     scope: dict[str, Any] = {"_FACTORY": _FACTORY}
@@ -171,11 +267,7 @@ def _make_init(cls: type) -> Callable[..., None]:
             lines.append(f"    self.{n} = {n}")
     source = f"def __init__({', '.join(params)}):\n" + ("\n".join(lines) or "    pass")
     exec(source, scope)  # noqa: S102 - as dataclasses does
-    init = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    annotations = cls.__annotations__
-    init.__annotations__ = {n: annotations[n] for n in names} | {"return": None}
-    return init  # type: ignore[no-any-return]
+    return scope["__init__"]  # type: ignore[no-any-return]
 
 
 def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
