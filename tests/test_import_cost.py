@@ -47,6 +47,8 @@ DENIED = (
     "typing",
     # the cluster's wire messages (``_messages`` loads them when one is first used)
     "dpool.protocol._messages_cluster",
+    # placement groups' bundles (the first one held loads it)
+    "dpool.scheduling._bundle_ledger",
 )
 
 

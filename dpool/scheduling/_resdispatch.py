@@ -38,7 +38,6 @@ from collections import deque
 from dpool.errors import PlacementError, ResourceError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
-from dpool.scheduling._bundle_ledger import BundleAllocation, BundleLedger
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
@@ -46,6 +45,8 @@ from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Optional
+
+    from dpool.scheduling._bundle_ledger import BundleLedger
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -181,7 +182,9 @@ class ResourceDispatch(SchedulerCore):
         held, else why not now. ``host_cpus``: the CPUs to count on the embedded runtime
         (a node counts its own)."""
         bl = self._bundles
-        if bl is None:
+        if bl is None:  # the first placement group here: its module loads now
+            from dpool.scheduling._bundle_ledger import BundleLedger
+
             bl = self._bundles = BundleLedger(self.resources_locked())
         bl.ledger = self.resources_locked()
         total = self._cpu_total_locked()
@@ -234,12 +237,11 @@ class ResourceDispatch(SchedulerCore):
             self.cpu_limit -= bl.idle_cpus - idle_before
 
     def _free_alloc_locked(self, a: object) -> None:
-        if isinstance(a, BundleAllocation):
-            bl = self._bundles
-            if bl is not None:
-                idle = bl.idle_cpus
-                bl.release(a)
-                self._bundle_cpus_moved_locked(idle)
+        bl = self._bundles
+        if bl is not None and _is_bundle_share(a):  # (no bundle ledger: no bundle share)
+            idle = bl.idle_cpus
+            bl.release(a)  # type: ignore[arg-type]
+            self._bundle_cpus_moved_locked(idle)
         elif self.ledger is not None:
             self.ledger.release(a)  # type: ignore[arg-type]
 
@@ -510,3 +512,10 @@ class ResourceDispatch(SchedulerCore):
 
 def _strategy_text(s: object) -> str:
     return f"scheduling={s!r}"
+
+
+def _is_bundle_share(a: object) -> bool:
+    """Whether ``a`` is a task's share of a placement-group bundle."""
+    from dpool.scheduling._bundle_ledger import BundleAllocation  # (loaded by the first hold)
+
+    return isinstance(a, BundleAllocation)
