@@ -59,7 +59,7 @@ ENV_CAPACITY = "DPOOL_OBJECT_STORE_MEMORY"
 _MEMORY_FRACTION = 0.30
 _SHM_FRACTION = 0.90
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*([0-9][0-9_]*)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE = r"^\s*([0-9][0-9_]*)\s*([kmgt]?)(?:i?b)?\s*$"  # compiled when first used
 
 
 def parse_size(text: str) -> int:
@@ -67,7 +67,7 @@ def parse_size(text: str) -> int:
 
     Suffixes K/M/G/T are powers of 1024. Raises ValueError for anything else or for zero.
     """
-    match = _SIZE_RE.match(text)
+    match = re.match(_SIZE, text, re.IGNORECASE)  # (re caches the compiled pattern)
     if match is None:
         raise ValueError(
             f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 2G)"
