@@ -1,7 +1,8 @@
 """The control store: all control state (task/lineage, function, object tables, event log).
 
 ``ControlStore`` is the interface (``_interface``, with ``ClusterControlStore``: what the
-cluster's daemons share too); ``InProcessControlStore`` (``_local``) is the single-host
+cluster's daemons share too; loaded on first use), ``TaskRecord`` a row of its task table
+(``_task_record``); ``InProcessControlStore`` (``_local``) is the single-host
 implementation used when ``DPOOL_ADDRESS`` is unset. A Redis-sharded implementation of the
 same interface backs the cluster (``_redis``, ``_redis_batch``, ``_keys``; its pub/sub:
 ``_redis_pubsub``; its reads for people -- event log, task output, object table:

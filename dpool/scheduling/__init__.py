@@ -1,14 +1,17 @@
 """The local scheduler: one per host (a driver's embedded runtime, or a node daemon).
 
 - ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
-  built from ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (what
+  built from ``_workers`` (dispatch, worker processes, deaths; forked by ``_forkproc``
+  under the ``fork`` start method), ``_handlers`` (what
   workers and attached drivers send), ``_group_calls`` (cancel, close, wait for,
   terminate a group), ``_resdispatch`` (tasks with resource requests)
   and ``_objtable`` (the object table, with ``_lineage``: values whose spill file was
   lost are made again), over the state ``_core`` declares.
 - ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and
   what the scheduler calls on them (``DriverService``, ``SpillService``,
-  ``LeaseService``), and the lock rule (``_locked`` names expect the lock held).
+  ``LeaseService``), and the lock rule (``_locked`` names expect the lock held). Its
+  names load from this package on first use: they are ``typing.Protocol`` classes, and
+  the embedded runtime does not import ``typing``.
 - ``_records``: tasks, objects, worker handles, groups; ``_policy``: how many tasks a
   worker may hold (``BatchPolicy``).
 - ``_resources``: resource requests and a runtime's ledger; ``_detect``: CPUs, GPUs
