@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import pickle
+import threading
 
 from dpool.errors import ProtocolError
 from dpool.protocol import _messages as m
@@ -41,9 +42,11 @@ class _Items(dict):
     first encoded (``_messages_cluster`` loads on first use)."""
 
     def __missing__(self, cls: type) -> Callable[[object], tuple]:
-        if not _add_cluster_messages() or cls not in self:
+        _add_cluster_messages()
+        getter = self.get(cls)
+        if getter is None:
             raise KeyError(cls)
-        return self[cls]  # type: ignore[no-any-return]
+        return getter  # type: ignore[no-any-return]
 
 
 _BY_CODE: dict[int, type] = {}
@@ -59,13 +62,15 @@ def _add(classes: Iterable[type]) -> None:
         _ITEM[cls] = _item_getter(cls)
 
 
-def _add_cluster_messages() -> bool:
-    """Register the cluster's messages; False if they already were."""
+_adding = threading.Lock()  # (the IO thread may decode the first one as another encodes)
+
+
+def _add_cluster_messages() -> None:
+    """Register the cluster's messages, once."""
     cluster = m.CLUSTER_MESSAGES
-    if cluster[0].CODE in _BY_CODE:  # type: ignore[attr-defined]
-        return False
-    _add(cluster)
-    return True
+    with _adding:
+        if cluster[0].CODE not in _BY_CODE:  # type: ignore[attr-defined]
+            _add(cluster)
 
 
 _add(m.EMBEDDED_MESSAGES)
