@@ -14,6 +14,7 @@ Two modes:
 
 from __future__ import annotations
 
+import mmap
 import socket
 import struct
 import threading
@@ -39,8 +40,10 @@ class Channel:
         self.sock = sock
         self._buf = bytearray()
         # recv_into a buffer kept for the channel's life: sock.recv(256 KiB) would
-        # allocate (and with glibc, mmap and fault in) 256 KiB per call.
-        self._chunk = memoryview(bytearray(_RECV_CHUNK))
+        # allocate (and with glibc, mmap and fault in) 256 KiB per call. An anonymous
+        # private mapping, not a bytearray (which zero-fills, so every channel cost 256 KiB
+        # of resident memory): its pages become resident only as reads reach them.
+        self._chunk = memoryview(mmap.mmap(-1, _RECV_CHUNK, flags=mmap.MAP_PRIVATE))
         self._out = bytearray()
         self._send_lock = threading.Lock()
         # Held by whoever reads (and handles what it read) when two threads may: the
