@@ -165,6 +165,16 @@ def _chunks_left(ar: Any) -> int | None:
     return left if isinstance(left, int) else None
 
 
+def _chunks_total(ar: Any) -> int | None:
+    """All chunks of a ``MapResult``, also those done already (its ``_value`` list and
+    ``_chunksize``, as the stdlib's has them); else what ``_chunks_left`` says."""
+    size = getattr(ar, "_chunksize", None)
+    value = getattr(ar, "_value", None)
+    if isinstance(size, int) and size > 0 and isinstance(value, list):
+        return len(value) // size + bool(len(value) % size)
+    return _chunks_left(ar)
+
+
 def _wait_async(ar: Any, bar: Any, total: int, chunks: int, poll: float) -> Any:
     """Block until ``ar`` is ready, the bar following its chunks; return ``ar``."""
     shown = 0
@@ -204,7 +214,8 @@ def progress(x: Iterable[T] | Any, total: int | None = None, desc: str = "", *,
     tqdm draws the bar when it is installed, else one plain line on ``file`` (stderr).
     """
     if _is_async_result(x):
-        chunks = _chunks_left(x) or 1
+        # (all of them: some may be done before the bar starts, and the bar shows them)
+        chunks = _chunks_total(x) or 1
         n = chunks if total is None else total
         return _wait_async(x, make_bar(n, desc, file), n, chunks, poll)
     if not isinstance(x, Iterable):

@@ -95,6 +95,17 @@ def test_async_results_are_returned_once_ready(bar_kind):
             else ("1/1" in out.getvalue())
 
 
+def test_a_map_result_counts_the_chunks_done_before_the_bar_started(bar_kind):
+    """The bar's total is every chunk of the map, not those left when it starts (it said
+    9/9 when a chunk finished before ``progress`` was called)."""
+    with Pool(2) as pool:
+        ar = pool.map_async(slow_square, range(40), chunksize=4)
+        ar.wait(30)  # all ten done before the bar starts
+        out = io.StringIO()
+        assert dpool.progress(ar, file=out) is ar
+        assert "10/10" in out.getvalue() and "/9" not in out.getvalue()
+
+
 def test_the_bar_drawn_is_the_one_asked_for(bar_kind):
     bar = _progress.make_bar(3, "x", io.StringIO())
     assert isinstance(bar, _bar_of(bar_kind))
