@@ -22,9 +22,9 @@ import logging
 import socket
 import threading
 import time
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Optional
 
+from dpool import errors
 from dpool.errors import Error, ProtocolError
 from dpool.objects import _values
 from dpool.protocol import (
@@ -196,7 +196,7 @@ class DriverLeases:
         oid, fn_id, payload, fut = task
         if g.broken is not None:
             try:
-                fut.set_exception(BrokenProcessPool(g.broken))
+                fut.set_exception(errors.broken_pool(g.broken))
             except Exception:  # noqa: BLE001 - cancelled meanwhile
                 pass
             return
