@@ -106,8 +106,7 @@ _OPS: Any = ()
 
 # LOAD_GLOBAL, STORE_GLOBAL, DELETE_GLOBAL, EXTENDED_ARG: the same numbers in 3.10-3.12
 # (tests/objects check them against ``opcode.opmap``), which saves importing ``opcode``
-_KNOWN_OPCODES = {(3, 10): (116, 97, 98, 144), (3, 11): (116, 97, 98, 144),
-                  (3, 12): (116, 97, 98, 144)}
+_KNOWN_OPCODES = dict.fromkeys([(3, 10), (3, 11), (3, 12)], (116, 97, 98, 144))
 
 
 def _global_opcodes() -> Any:
