@@ -1,6 +1,6 @@
 """What ``dpool.Pool`` runs on: one executor, one result-handler thread, the pool's state.
 
-    Pool.apply_async / map_async ──submit──▶ ProcessPoolExecutor (own worker group)
+    Pool.apply_async / map_async ──submit──▶ ExecutorCore (own worker group)
     IMapIterator feeder thread ───submit──▶        │ futures complete on any thread
                                                    ▼
                      done-callback: queue.put((job, index, kind, future))
@@ -24,24 +24,24 @@ It is never held while calling the executor or user code.
 from __future__ import annotations
 
 import atexit
-import concurrent.futures as _cf
 import itertools
-import logging
 import queue
 import threading
 import weakref
 from collections import OrderedDict
 from functools import partial
 
+from dpool import _log
+from dpool._executor_core import ExecutorCore, _ChunkRunner
 from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
-from dpool.executor import ProcessPoolExecutor, _ChunkRunner
+from dpool._task_future import TaskFuture, cancelled_error
 from dpool.objects import _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Optional
 
-log = logging.getLogger("dpool.pool")
+log = _log.getLogger("dpool.pool")
 
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"  # the stdlib's state names
 
@@ -110,7 +110,7 @@ class _MapChunk:
 class PoolCore:
     """The executor, the state and the threads of one ``Pool`` (see the module docstring)."""
 
-    def __init__(self, executor: ProcessPoolExecutor, processes: int) -> None:
+    def __init__(self, executor: ExecutorCore, processes: int) -> None:
         self.executor = executor
         self.processes = processes
         self.max_inflight = max(_INFLIGHT_PER_PROCESS * processes, _MIN_INFLIGHT)
@@ -255,20 +255,20 @@ class PoolCore:
             self.executor.shutdown(wait=False)
 
     # -- outcomes ------------------------------------------------------------------------
-    def _on_done(self, job: Any, index: int, kind: int, fut: _cf.Future) -> None:
+    def _on_done(self, job: Any, index: int, kind: int, fut: TaskFuture) -> None:
         self._queue.put((job, index, kind, fut, None))
 
-    def _apply_direct(self, job: Any, index: int, kind: int, fut: _cf.Future) -> None:
+    def _apply_direct(self, job: Any, index: int, kind: int, fut: TaskFuture) -> None:
         if self._apply_outcome(job, index, kind, fut, None):
             self._queue.put(None)  # the handler may be waiting to stop: let it look
 
-    def _apply_outcome(self, job: Any, index: int, kind: int, fut: Optional[_cf.Future],
+    def _apply_outcome(self, job: Any, index: int, kind: int, fut: Optional[TaskFuture],
                        exc: Optional[BaseException]) -> bool:
         """Deliver one task's outcome to its job; True if the handler should stop now."""
         value: Any = None
         if fut is not None:
             if fut.cancelled():
-                exc = _cf.CancelledError()
+                exc = cancelled_error()()
             else:
                 exc = fut.exception()
                 if exc is not None and exc.__cause__ is not None and (

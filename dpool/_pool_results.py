@@ -17,12 +17,13 @@ work submitted to the pool has run.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import types
 from collections import deque
 from multiprocessing import TimeoutError as _MpTimeoutError
+
+from dpool import _log
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ APPLY, SINGLE, CHUNK, BATCH = 0, 1, 2, 3
 
 __all__ = ["ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
 
-log = logging.getLogger("dpool.pool")
+log = _log.getLogger("dpool.pool")
 
 
 def _call_user(fn: Callable[[Any], object], arg: Any, what: str) -> None:

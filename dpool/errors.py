@@ -8,12 +8,10 @@ keeps working after the import swap.
 
 from __future__ import annotations
 
-from concurrent.futures import CancelledError as _StdCancelledError
-from concurrent.futures import TimeoutError as _StdTimeoutError
-
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know the name)
 if TYPE_CHECKING:
     from dpool._errors_broken import DeserializationError, NodeLostError, WorkerCrashedError
+    from dpool._errors_futures import CancelledError, TimeoutError
 
 __all__ = [
     "Error",
@@ -99,14 +97,6 @@ class ControlStoreError(Error):
     """
 
 
-class CancelledError(Error, _StdCancelledError):
-    """The future was cancelled (also a ``concurrent.futures.CancelledError``)."""
-
-
-class TimeoutError(Error, _StdTimeoutError):  # noqa: A001 - mirrors the stdlib name
-    """A wait ran past its timeout (also the builtin/``concurrent.futures`` ``TimeoutError``)."""
-
-
 class ResourceError(Error, ValueError):
     """A task asks for resources that no node can ever give it: more CPUs than its
     executor's ``max_workers`` or its node has, more GPUs, memory or of a custom resource
@@ -147,8 +137,8 @@ def stdlib_broken_pool() -> type:
 
     That module cannot be imported once the interpreter is exiting (it registers a
     threading exit hook, refused after threading's shutdown). Then, when nothing imported
-    it earlier -- so no code can be holding the class -- its base, the
-    ``concurrent.futures.BrokenExecutor`` already loaded, stands in for it."""
+    it earlier -- so no code can be holding the class -- its base,
+    ``concurrent.futures.BrokenExecutor``, stands in for it."""
     global _broken_pool_class
     if _broken_pool_class is None:
         try:
@@ -156,22 +146,26 @@ def stdlib_broken_pool() -> type:
 
             _broken_pool_class = BrokenProcessPool
         except RuntimeError:  # "can't register atexit after shutdown"
-            from concurrent.futures import BrokenExecutor
+            from concurrent.futures import BrokenExecutor  # (imports at exit: no hook)
 
             _broken_pool_class = BrokenExecutor
     return _broken_pool_class
 
 
-# The errors that are also ``BrokenProcessPool`` load with it, when first looked up: see
-# ``dpool._errors_broken``.
+# The errors that are also ``BrokenProcessPool`` load with it, when first looked up (see
+# ``dpool._errors_broken``); those that are also ``concurrent.futures``' with that
+# package (``dpool._errors_futures``).
 _BROKEN = frozenset(("WorkerCrashedError", "DeserializationError", "NodeLostError"))
+_FUTURES = frozenset(("CancelledError", "TimeoutError"))
 
 
 def __getattr__(name: str) -> type:
     if name in _BROKEN:
-        from dpool import _errors_broken
-
-        cls = getattr(_errors_broken, name)
-        globals()[name] = cls  # looked up once
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from dpool import _errors_broken as defined
+    elif name in _FUTURES:
+        from dpool import _errors_futures as defined  # type: ignore[no-redef]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = getattr(defined, name)
+    globals()[name] = cls  # looked up once
+    return cls

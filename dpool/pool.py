@@ -2,8 +2,9 @@
 
     from dpool import Pool   # instead of: from multiprocessing import Pool
 
-A Pool is one ``dpool.ProcessPoolExecutor`` (its own group of worker processes) plus the
-stdlib's result objects and callbacks (``dpool._pool_core``, ``dpool._pool_results``).
+A Pool is one executor (``dpool._executor_core.ExecutorCore``: ``ProcessPoolExecutor``
+without ``concurrent.futures``; its own group of worker processes) plus the stdlib's
+result objects and callbacks (``dpool._pool_core``, ``dpool._pool_results``).
 Arguments and results travel the runtime's way -- cloudpickle, so lambdas and closures
 work, and large buffers through the shared-memory object store where the runtime has one.
 
@@ -19,6 +20,7 @@ import os
 import types
 import warnings
 
+from dpool._executor_core import ExecutorCore
 from dpool._pool_core import CLOSE, RUN, TERMINATE, PoolCore
 from dpool._pool_results import (
     APPLY,
@@ -28,7 +30,6 @@ from dpool._pool_results import (
     IMapUnorderedIterator,
     MapResult,
 )
-from dpool.executor import ProcessPoolExecutor
 from dpool.runtime import _current
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -100,11 +101,11 @@ class Pool:
         self._processes = processes  # the stdlib's attribute; some programs read it
         # (the context given, else the default: an executor would pick spawn for
         # maxtasksperchild, as the stdlib's does; multiprocessing.Pool does not)
-        executor = ProcessPoolExecutor(processes, mp_context=context or mp.get_context(),
-                                       initializer=initializer,
-                                       initargs=tuple(initargs),
-                                       max_tasks_per_child=maxtasksperchild,
-                                       resources=resources, max_attempts=max_attempts)
+        executor = ExecutorCore(processes, mp_context=context or mp.get_context(),
+                                initializer=initializer,
+                                initargs=tuple(initargs),
+                                max_tasks_per_child=maxtasksperchild,
+                                resources=resources, max_attempts=max_attempts)
         self._ctx = executor._mp_context
         self._core = PoolCore(executor, processes)
 

@@ -6,15 +6,16 @@ import`` in it is checked -- at module level, inside functions and under
 bottom (a module may import its own layer and the layers below it):
 
     entry points   cli/, worker/, testing/, __main__, _run, dashboard/
-    public API     dpool/__init__, executor, pool, _pool_core, _pool_results, _resources_api
+    public API     dpool/__init__, executor, _executor_core, pool, _pool_core, _pool_results,
+                   _resources_api
     runtime/       this process's client (embedded, attached, TCP cluster driver)
     node/, global_scheduler/   the daemons
     scheduling/    the local scheduler
     transfer/      moving segments between nodes and TCP drivers
     objects/, control/         the store; the control store
     protocol/      messages, codec, channel, auth, IO loop, dial + handshake, workdir archives
-    futures.py     a leaf of types
-    errors.py
+    futures.py     a leaf of types (with _task_future, the future without concurrent.futures)
+    errors.py      (with the errors it loads on first use; _log, the lazy loggers)
 
 and besides:
 
@@ -41,7 +42,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dpool"
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("entry points", frozenset({"dpool.cli", "dpool.worker", "dpool.testing",
                                 "dpool.__main__", "dpool._run", "dpool.dashboard"})),
-    ("public API", frozenset({"dpool", "dpool.executor", "dpool.pool", "dpool._pool_core",
+    ("public API", frozenset({"dpool", "dpool.executor", "dpool._executor_core",
+                              "dpool.pool", "dpool._pool_core",
                               "dpool._pool_results", "dpool._resources_api",
                               "dpool._process_views", "dpool.integrations",
                               "dpool.observe"})),
@@ -51,8 +53,9 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("transfer", frozenset({"dpool.transfer"})),
     ("store", frozenset({"dpool.objects", "dpool.control"})),
     ("protocol", frozenset({"dpool.protocol"})),
-    ("futures", frozenset({"dpool.futures"})),
-    ("errors", frozenset({"dpool.errors", "dpool._errors_broken"})),
+    ("futures", frozenset({"dpool.futures", "dpool._task_future"})),
+    ("errors", frozenset({"dpool.errors", "dpool._errors_broken", "dpool._errors_futures",
+                          "dpool._log"})),
 ]
 
 # Pairs that must not import each other, in either direction, whatever the order says.
@@ -206,5 +209,7 @@ def test_nothing_but_an_entry_point_imports_the_worker_or_the_cli():
 
 
 def test_futures_is_a_leaf_of_types():
-    deps = sorted({imp.target for imp in all_imports() if imp.module == "dpool.futures"})
-    assert set(deps) <= {"dpool.errors"}, f"dpool.futures imports {deps}"
+    deps = sorted({imp.target for imp in all_imports()
+                   if imp.module in ("dpool.futures", "dpool._task_future")})
+    assert set(deps) <= {"dpool.errors", "dpool._task_future", "dpool._log"}, \
+        f"dpool.futures imports {deps}"

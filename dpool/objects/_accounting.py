@@ -42,18 +42,18 @@ runtime calls it under its own lock.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from dpool import _log
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment
 
 __all__ = ["ObjectStore", "default_capacity", "parse_size", "ENV_CAPACITY"]
 
-logger = logging.getLogger("dpool.objects")
+logger = _log.getLogger("dpool.objects")
 
 ENV_CAPACITY = "DPOOL_OBJECT_STORE_MEMORY"
 _MEMORY_FRACTION = 0.30

@@ -34,9 +34,9 @@ Called under the scheduler's lock.
 
 from __future__ import annotations
 
-import logging
 import os
 
+from dpool import _log
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _recycle, _segment, _values
 from dpool.objects._accounting import ObjectStore, default_capacity
@@ -45,7 +45,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
-log = logging.getLogger("dpool.objects")
+log = _log.getLogger("dpool.objects")
 
 
 class HostStore:

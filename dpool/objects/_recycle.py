@@ -36,16 +36,16 @@ from __future__ import annotations
 
 import fcntl
 import itertools
-import logging
 import os
 import threading
 import time
 
+from dpool import _log
 from dpool.objects._mapping import LARGE, SHM_DIR
 
 __all__ = ["SegmentPool", "claim", "pool_dir", "pool_ttl", "release"]
 
-log = logging.getLogger("dpool.objects")
+log = _log.getLogger("dpool.objects")
 
 _DEFAULT_TTL_S = 0.5
 LINGER_S_PER_GIB = 4.0

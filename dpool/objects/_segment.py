@@ -32,11 +32,11 @@ Linux-specific bits (``/dev/shm``, ``posix_fallocate``) are used where available
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import struct
 import time
 
+from dpool import _log
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _forkguard, _mapping, _recycle, _writemaps
 from dpool.objects._serialization import Serialized, deserialize
@@ -60,7 +60,7 @@ __all__ = [
     "shm_total_bytes",
 ]
 
-logger = logging.getLogger("dpool.objects")
+logger = _log.getLogger("dpool.objects")
 
 SHM_DIR = "/dev/shm"
 """Where Linux exposes POSIX shared memory as files (used for free space and reaping)."""

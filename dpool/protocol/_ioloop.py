@@ -23,20 +23,20 @@ which costs an attribute read while the loop ticks anyway (``idle`` is False).
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import selectors
 import threading
 import time
 
+from dpool import _log
 from dpool.protocol import ChannelClosed
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 _TICK_S = 0.05
 _IDLE_TICK_S = 1.0  # the longest sleep of a loop whose tick has nothing to look at

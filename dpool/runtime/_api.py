@@ -10,7 +10,8 @@ import concurrent.futures as _cf
 import time
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from dpool.futures import Future, ObjectRef
+from dpool._task_future import ObjectRef, TaskFuture
+from dpool.futures import Future
 from dpool.runtime._current import client
 
 __all__ = ["wait", "get", "put"]
@@ -18,8 +19,9 @@ __all__ = ["wait", "get", "put"]
 Waitable = Union[Future, ObjectRef, _cf.Future]
 
 
-def _as_future(x: Any) -> _cf.Future:
-    if isinstance(x, _cf.Future):
+def _as_future(x: Any) -> Any:
+    """A future (a dpool one, another executor's: ``_cf.wait`` takes both) for ``x``."""
+    if isinstance(x, (TaskFuture, _cf.Future)):
         return x
     if isinstance(x, ObjectRef):
         return client().future_for(x)
@@ -70,7 +72,7 @@ def get(refs: Union[Waitable, Iterable[Waitable]], timeout: Optional[float] = No
     Raises the task's exception, or ``TimeoutError`` after ``timeout`` seconds (measured
     from the call, for the whole list).
     """
-    single = isinstance(refs, (ObjectRef, _cf.Future))
+    single = isinstance(refs, (ObjectRef, TaskFuture, _cf.Future))
     items = [refs] if single else list(refs)  # type: ignore[arg-type]
     fs = [_as_future(x) for x in items]
     deadline = None if timeout is None else time.monotonic() + timeout

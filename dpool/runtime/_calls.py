@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dpool.futures import Future, ObjectRef, collect_refs
+from dpool._task_future import ObjectRef, TaskFuture, collect_refs
 from dpool.objects import _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Optional, TypeVar
+
+    F = TypeVar("F", bound=TaskFuture)
 
     from dpool.runtime._client import Client
 
@@ -26,13 +28,13 @@ def dependency_ids(args: tuple, kwargs: dict) -> Optional[tuple]:
     for a in args:
         if type(a) in _PLAIN:
             continue
-        if isinstance(a, Future):
+        if isinstance(a, TaskFuture):
             deps = (deps or ()) + (a._oid,)
         elif isinstance(a, ObjectRef):
             deps = (deps or ()) + (a.id,)
     if kwargs:
         for a in kwargs.values():
-            if isinstance(a, Future):
+            if isinstance(a, TaskFuture):
                 deps = (deps or ()) + (a._oid,)
             elif isinstance(a, ObjectRef):
                 deps = (deps or ()) + (a.id,)
@@ -49,13 +51,13 @@ def serialize_args(client: Client, args: tuple, kwargs: dict) -> Optional[bytes]
         raise
 
 
-def failed_future(future: Future, exc: BaseException) -> Future:
+def failed_future(future: F, exc: BaseException) -> F:
     future.set_exception(exc)
     return future
 
 
 def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict,
-                    fut: Future) -> tuple[Any, ...]:
+                    fut: TaskFuture) -> tuple[Any, ...]:
     """(fn_id, payload, dep_ids) or raises what serializing raised. Handles pickled inside
     the arguments are kept on ``fut`` until the task ends (``pinned_payload``)."""
     fn_id = client.functions.fn_id(fn)
@@ -69,7 +71,7 @@ def submit_prepared(client: Client, fn: Any, args: tuple, kwargs: dict,
     return fn_id, payload, dependency_ids(args, kwargs)
 
 
-def pinned_payload(fut: Future, args: tuple, kwargs: dict,
+def pinned_payload(fut: TaskFuture, args: tuple, kwargs: dict,
                    serialize: Callable[..., Optional[bytes]], *how: Any) -> Optional[bytes]:
     """``serialize(*how)``, the arguments' payload; the handles of objects it pickled
     *inside* the arguments (``[ref, future]``) are kept alive on the task's future until

@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from dpool.futures import Future, ObjectRef
+from dpool._task_future import ObjectRef, TaskFuture
+from dpool.futures import Future
 from dpool.protocol import _messages as m
 from dpool.runtime._functions import FunctionTable
 
@@ -33,7 +34,7 @@ class ChannelClient:
         self.owner_pid = owner_pid  # the store's owner: it names every segment written
         self._ids = itertools.count(first_id)
         self.functions = FunctionTable(self.new_id, self._register_function)
-        self._futures: dict[int, Future] = {}  # object id -> future awaiting its value
+        self._futures: dict[int, TaskFuture] = {}  # object id -> future awaiting its value
         self._releases: deque = deque()  # object ids whose handles were dropped
 
     def new_id(self) -> int:
@@ -45,7 +46,7 @@ class ChannelClient:
     def _register_function(self, fn_id: int, name: str, payload: bytes) -> None:
         self._send([m.RegisterFunction(fn_id, payload)])
 
-    def future_for(self, ref: ObjectRef) -> Future:
+    def future_for(self, ref: ObjectRef) -> TaskFuture:
         pending = self._futures.get(ref.id)
         if pending is not None:
             return pending  # a task's future (or a get already in flight)
@@ -70,7 +71,7 @@ class ChannelClient:
             rel.append(self._releases.popleft())
         return [m.Release(tuple(rel))]
 
-    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+    def lead(self, future: TaskFuture, timeout: Optional[float]) -> Optional[float]:
         return timeout  # results come from the reader thread
 
     def blocking(self, fn: Callable[..., T], *args: Any) -> T:

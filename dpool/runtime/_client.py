@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
-from dpool.futures import FutureClient
+from dpool._task_future import FutureClient
 
 if TYPE_CHECKING:
-    from dpool.futures import Future, ObjectRef
+    from dpool._task_future import ObjectRef, TaskFuture
     from dpool.runtime._functions import FunctionTable
 
 T = TypeVar("T")
@@ -43,20 +43,23 @@ class Client(FutureClient, Protocol):
         """A fresh object id (a task's result, a put value, a function)."""
 
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any = None) -> Future:
+               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
         """Run ``fn(*args, **kwargs)`` in ``group`` (a driver's ``Group``; inside a task,
-        the id of the group running it), asking ``req`` (a resource request) if given."""
+        the id of the group running it), asking ``req`` (a resource request) if not None.
+        The future is a ``future_type`` (``dpool.futures.Future`` for an executor, the
+        plain ``TaskFuture`` for a ``Pool``), except where the client needs its own kind
+        (a cluster driver's, which also cancels on the node: always a ``Future``)."""
 
     def put(self, value: Any) -> ObjectRef:
         """Store ``value`` once; the ref holds it alive."""
 
-    def future_for(self, ref: ObjectRef) -> Future:
+    def future_for(self, ref: ObjectRef) -> TaskFuture:
         """A future that gets ``ref``'s value."""
 
     def release(self, object_id: int) -> None:
         """Drop one handle of the object (from ``__del__``: takes no lock)."""
 
-    def lead(self, future: Future, timeout: Optional[float]) -> Optional[float]:
+    def lead(self, future: TaskFuture, timeout: Optional[float]) -> Optional[float]:
         """Wait a while for ``future`` by reading its result on this thread (where the
         runtime can); what is left of ``timeout``."""
 

@@ -31,7 +31,6 @@ those, as the stdlib does.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import socket
 import sys
@@ -40,13 +39,15 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
+from dpool import _log
+from dpool._task_future import ObjectRef, TaskFuture
 from dpool.errors import (
     DeserializationError,
     Error,
     NodeLostError,
     SerializationError,
 )
-from dpool.futures import Future, ObjectRef
+from dpool.futures import Future
 from dpool.objects import _mapping, _payload, _values
 from dpool.protocol import (
     PROTOCOL_VERSION,
@@ -69,7 +70,7 @@ from dpool.runtime._tcp_objects import TcpValues
 from dpool.scheduling import _resources
 from dpool.transfer import _pull
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 CONNECT_TIMEOUT = 10.0
 _FLUSH_S = 0.02
@@ -331,7 +332,7 @@ class ClusterRuntime(ChannelClient):
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
-               kwargs: dict, req: Any = None) -> Future:
+               kwargs: dict, req: Any, future_type: Any) -> Future:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
         try:
@@ -396,7 +397,7 @@ class ClusterRuntime(ChannelClient):
                 except Exception:  # noqa: BLE001 - cancelled meanwhile
                     pass
 
-    def lead(self, fut: Future, timeout: Any) -> Any:
+    def lead(self, fut: TaskFuture, timeout: Any) -> Any:
         """Read a leased worker's result on the waiting thread (``_lease``)."""
         if self.leases is None:
             return timeout
@@ -424,7 +425,7 @@ class ClusterRuntime(ChannelClient):
             self._send([m.PutObject(oid, payload)], (self.mover.puts, oid, kept))
         return ObjectRef(oid, self)
 
-    def future_for(self, ref: ObjectRef) -> Future:
+    def future_for(self, ref: ObjectRef) -> TaskFuture:
         if self.mover is not None and ref.id in self.mover.lost:
             fut = Future()
             fut.set_exception(self.mover.lost_error(ref.id))
@@ -514,7 +515,7 @@ class ClusterRuntime(ChannelClient):
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
 
     @staticmethod
-    def complete(fut: Future, ok: bool, payload: bytes) -> None:
+    def complete(fut: TaskFuture, ok: bool, payload: bytes) -> None:
         """Set a future from a task's outcome (any thread)."""
         try:
             if ok:

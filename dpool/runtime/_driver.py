@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import logging
 import os
 import time
 import weakref
 
+from dpool import _log
+from dpool._task_future import ObjectRef, TaskFuture
 from dpool.control import InProcessControlStore
-from dpool.futures import Future, ObjectRef
 from dpool.objects import _payload, _segment
 from dpool.runtime import _calls
 from dpool.runtime._argcache import ArgumentCache
 from dpool.runtime._functions import FunctionTable
 from dpool.scheduling import GroupConfig, LocalScheduler
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 _REAP_EVERY_S = 1.0  # new executors look for dead drivers' segments at most this often
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional, TypeVar
+
 
     T = TypeVar("T")
 
@@ -109,9 +110,9 @@ class DriverRuntime:
 
     # -- the task API --------------------------------------------------------------------------
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any = None) -> Future:
+               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
         oid = next(self._ids)
-        fut = Future(oid, self)
+        fut = future_type(oid, self)
         try:
             if args or kwargs:
                 args, kwargs = self.arg_cache.substitute(args, kwargs)
@@ -122,7 +123,7 @@ class DriverRuntime:
         self.scheduler.submit(group, oid, fn_id, payload, deps, fut, req)
         return fut
 
-    def lead(self, future: Future, timeout: Any) -> Any:
+    def lead(self, future: TaskFuture, timeout: Any) -> Any:
         """Wait a while for ``future`` by reading its worker's socket on this thread
         (see ``LocalScheduler.lead``); returns what is left of ``timeout``."""
         return self.scheduler.lead(future, timeout)
@@ -140,7 +141,9 @@ class DriverRuntime:
         self.scheduler.put(oid, payload)
         return ObjectRef(oid, self), payload
 
-    def future_for(self, ref: ObjectRef) -> Future:
+    def future_for(self, ref: ObjectRef) -> TaskFuture:
+        from dpool.futures import Future  # (dpool.get/wait: concurrent.futures is loaded)
+
         fut = Future()
 
         def deliver(ok: bool, payload: bytes) -> None:

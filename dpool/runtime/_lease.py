@@ -18,13 +18,12 @@ worker's task always gets).
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
 from typing import Any, Optional
 
-from dpool import errors
+from dpool import _log, errors
 from dpool.errors import Error, ProtocolError
 from dpool.objects import _values
 from dpool.protocol import (
@@ -38,7 +37,7 @@ from dpool.protocol import (
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import IOLoop
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 _READY_S = 30.0  # a lent worker starts (and runs its initializer) within this
 _RETRY_S = 1.0  # after a refusal, ask again no sooner

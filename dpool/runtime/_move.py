@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import threading
 import time
 from typing import Any, Optional
 
+from dpool import _log
+from dpool._task_future import ObjectRef, TaskFuture
 from dpool.errors import Error, NodeLostError, ObjectLostError
-from dpool.futures import Future, ObjectRef
+from dpool.futures import Future
 from dpool.protocol import ChannelClosed, _workdir, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._dial import parse_hostport
@@ -55,7 +56,7 @@ from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._rebuild import rebuilds
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 MOVE_TIMEOUT_S = 20.0  # to find a live node and attach to it
 STATUS_EVERY_S = 5.0  # how often the driver asks its node for the node table
@@ -288,7 +289,7 @@ class Mover:
         for a in (*rec.args, *rec.kwargs.values()):
             if isinstance(a, ObjectRef) and a.id in self.lost:
                 return self.lost_error(a.id)
-            if isinstance(a, Future) and a.done() and not a.cancelled():
+            if isinstance(a, TaskFuture) and a.done() and not a.cancelled():
                 exc = a.exception()
                 if exc is not None:  # as the node would have failed it
                     return exc
@@ -322,7 +323,7 @@ class Mover:
 
 
 def _held(a: Any) -> Any:
-    if isinstance(a, Future) and a.done() and not a.cancelled() and a.exception() is None:
+    if isinstance(a, TaskFuture) and a.done() and not a.cancelled() and a.exception() is None:
         return a.result()
     return a
 

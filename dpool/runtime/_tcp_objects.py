@@ -35,11 +35,11 @@ the task run again on the new node (``Mover.lost_result``).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from typing import Any, Optional
 
+from dpool import _log
 from dpool.errors import DeserializationError, NodeLostError
 from dpool.futures import Future
 from dpool.objects import _inline
@@ -47,7 +47,7 @@ from dpool.objects._serialization import Serialized
 from dpool.protocol import _messages as m
 from dpool.transfer import _pull, _push
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 _FETCHERS = 4  # results pulled at once (each in up to 4 ranges: ``transfer._ranges.split``)
 _LINGER_S = 2.0  # an idle fetch thread waits this long for the next result, then ends

@@ -19,13 +19,13 @@ to run GPU code paths on a laptop or in tests: they are named after the entries 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any, Mapping, Optional
 
+from dpool import _log
 from dpool.scheduling._resources import Ledger
 
-log = logging.getLogger("dpool.runtime")
+log = _log.getLogger("dpool.runtime")
 
 
 def cpus() -> int:

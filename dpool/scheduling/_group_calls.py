@@ -6,10 +6,10 @@ the IO thread), wait until its workers are gone, terminate it. A part of
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 
+from dpool import _log
 from dpool.protocol import _messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task
@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 
 class GroupCalls(SchedulerCore):

@@ -11,9 +11,7 @@ whole read (one frame per worker, not one per result).
 
 from __future__ import annotations
 
-import logging
-
-from dpool import errors
+from dpool import _log, errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
@@ -22,7 +20,7 @@ from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task, WorkerHandle
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 
 class WorkerMessages(SchedulerCore):

@@ -51,8 +51,7 @@ Lock rule: every method here expects the scheduler's lock held.
 
 from __future__ import annotations
 
-import logging
-
+from dpool import _log
 from dpool.errors import ObjectLostError
 from dpool.objects import _payload, _values
 from dpool.scheduling._core import SchedulerCore
@@ -62,7 +61,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Optional
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 # The attribute ``dpool.no_rebuild`` sets on a function (``runtime._rebuild._MARK``;
 # tests/runtime/test_lineage_rebuild.py checks that the two agree through the public API).

@@ -18,9 +18,6 @@ lineage and the reader waits for it as for any pending object, or gets
 
 from __future__ import annotations
 
-import contextlib
-from concurrent.futures import InvalidStateError
-
 from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _mapping, _payload, _writemaps
@@ -92,8 +89,13 @@ class ObjectTable(Lineage):
                 return
             future.set_result(value)
 
-        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+        try:
             self.subscribe(future._oid, got)
+        except Exception as exc:
+            from concurrent.futures import InvalidStateError  # (loaded: it was raised)
+
+            if not isinstance(exc, InvalidStateError):  # else cancelled meanwhile
+                raise
 
     def collect_releases(self) -> None:
         """Apply the handle releases queued by ``release`` now rather than at the next

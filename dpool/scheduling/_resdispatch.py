@@ -30,11 +30,11 @@ Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import deque
 
+from dpool import _log
 from dpool.errors import PlacementError, ResourceError
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from dpool.scheduling._bundle_ledger import BundleLedger
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 _now = time.time
 

@@ -49,14 +49,13 @@ shared state, declared for the type checker). On a node daemon the node's servic
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import ValuesView
 
-from dpool import errors
+from dpool import _log, errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
@@ -80,7 +79,7 @@ if TYPE_CHECKING:
     from dpool.control import ControlStore
     from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 
 @record

@@ -20,14 +20,13 @@ Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
 import sys
 import time
 
-from dpool import errors
+from dpool import _log, errors
 from dpool.errors import Error
 from dpool.objects import _payload, _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
@@ -41,7 +40,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Optional
 
-log = logging.getLogger("dpool.scheduling")
+log = _log.getLogger("dpool.scheduling")
 
 _now = time.time
 

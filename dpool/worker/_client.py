@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 
-from dpool.futures import Future, ObjectRef
+from dpool._task_future import ObjectRef, TaskFuture
 from dpool.objects import _mapping, _payload
 from dpool.protocol import ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -30,6 +30,7 @@ from dpool.runtime._channel_client import ChannelClient
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional, TypeVar
+
 
     T = TypeVar("T")
 
@@ -76,10 +77,10 @@ class WorkerClient(ChannelClient):
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any = None) -> Future:
+               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
         self._ensure_receiver()
         oid = self.new_id()
-        fut = Future(oid, self)
+        fut = future_type(oid, self)
         try:
             fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)
         except Exception as exc:  # noqa: BLE001
@@ -98,7 +99,7 @@ class WorkerClient(ChannelClient):
         self._send([m.PutObject(oid, _payload.dumps_value(value, oid, self.owner_pid))])
         return ObjectRef(oid, self)
 
-    def future_for(self, ref: ObjectRef) -> Future:
+    def future_for(self, ref: ObjectRef) -> TaskFuture:
         self._ensure_receiver()  # the value arrives while the task waits
         return super().future_for(ref)
 

@@ -19,13 +19,12 @@ a reliable signal).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
 from collections import deque
 
-from dpool import errors
+from dpool import _log, errors
 from dpool.objects import _mapping, _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -36,7 +35,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
-log = logging.getLogger("dpool.worker")
+log = _log.getLogger("dpool.worker")
 
 _FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
 _FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this

@@ -14,14 +14,14 @@ removed by its own, since writing stops before a worker cleans up.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 
+from dpool import _log
 from dpool.objects import _segment
 
-log = logging.getLogger("dpool.worker")
+log = _log.getLogger("dpool.worker")
 
 _POLL_S = 0.25
 _LOST_WAIT_S = 1.0  # after EOF: how long to wait for a dying driver to be gone

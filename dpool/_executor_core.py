@@ -1,0 +1,447 @@
+"""The executor itself, without ``concurrent.futures``: ``ExecutorCore``.
+
+``dpool.ProcessPoolExecutor`` (``dpool.executor``) is this class plus
+``concurrent.futures.Executor`` as a base, and returns ``dpool.futures.Future``s;
+``dpool.Pool`` runs on this class alone, with the plain ``TaskFuture`` (see
+``dpool._task_future``), so a ``multiprocessing.Pool`` program that swaps its import
+loads neither ``concurrent.futures`` nor the ``logging`` it brings.
+
+Every call goes through the runtime's client (``dpool.runtime._client``): the executor is
+a *view* onto the driver's runtime -- one worker group with its own ``max_workers``,
+initializer and limits -- so futures from one executor can be arguments to tasks of
+another. Inside a task, ``get_executor()`` is a view onto the group running the task,
+through the worker's client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import threading
+import time
+import weakref
+
+from dpool import errors
+from dpool._process_views import ProcessViews, WorkerProcess  # noqa: F401 - documented here
+from dpool._task_future import TaskFuture
+from dpool.objects import _payload
+from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
+from dpool.scheduling import GroupConfig, _resources
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional
+
+    from dpool.runtime._client import Client, Driver
+
+__all__ = ["ExecutorCore", "ResourceOptions"]
+
+
+class _ChunkRunner:
+    """Runs ``fn`` over one chunk of ``map`` arguments in a worker (one task per chunk)."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, chunk: list) -> list:
+        fn = self.fn
+        return [fn(*args) for args in chunk]
+
+    def __reduce__(self) -> tuple:
+        return (_ChunkRunner, (self.fn,))
+
+    @property
+    def __dpool_resources__(self) -> Any:  # the wrapped function's @dpool.resources
+        return getattr(self.fn, "__dpool_resources__", None)
+
+
+def _chunks(iterable: Iterable[tuple], size: int) -> Iterator[list]:
+    it = iter(iterable)
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _chain_from_lists(lists: Iterator[list]) -> Iterator[Any]:
+    """The items of each list in turn, popping each so that none stays referenced here."""
+    for chunk in lists:
+        chunk.reverse()
+        while chunk:
+            yield chunk.pop()
+
+
+def _result_or_cancel(fut: TaskFuture, timeout: Optional[float] = None) -> Any:
+    """``fut``'s result (for ``map``, whose futures nobody else sees), and forget it.
+
+    The future lets go of the result as well: the runtime may still hold the future for
+    a moment after completing it, and the result must be freed as soon as the consumer
+    drops it (bpo-14406).
+    """
+    try:
+        try:
+            value = fut.result(timeout)
+            fut._result = None  # type: ignore[attr-defined]
+            return value
+        finally:
+            fut.cancel()
+    finally:
+        del fut  # break the reference cycle through the traceback (as the stdlib does)
+
+
+class ExecutorCore:
+    """``dpool.ProcessPoolExecutor`` without ``concurrent.futures.Executor`` as a base;
+    its futures are of its ``_future_type`` (see the module docstring)."""
+
+    _future_type: type[TaskFuture] = TaskFuture  # the executor's: dpool.futures.Future
+
+
+    def __init__(
+        self,
+        max_workers: Optional[int] = None,
+        mp_context: Any = None,
+        initializer: Optional[Callable[..., Any]] = None,
+        initargs: tuple = (),
+        *,
+        max_tasks_per_child: Optional[int] = None,
+        max_attempts: int = 3,
+        object_store_memory: Optional[int] = None,
+        working_dir: Optional[str] = None,
+        resources: Optional[Mapping[str, float]] = None,
+        runtime_resources: Optional[Mapping[str, float]] = None,
+        scheduling: Any = None,
+    ) -> None:
+        if max_workers is None:
+            max_workers = _current.cluster_cpus()
+        elif max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if max_tasks_per_child is not None:
+            if not isinstance(max_tasks_per_child, int):
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        self._max_workers = max_workers
+        if mp_context is None:  # as the stdlib: a worker that retires is replaced by a
+            # fresh interpreter, so max_tasks_per_child gets the spawn start method
+            mp_context = mp.get_context("spawn" if max_tasks_per_child is not None else None)
+        self._mp_context = mp_context
+        init_payload = inherited = None
+        if initializer is not None:
+            init_payload, inherited = _payload.dumps_initializer(initializer, tuple(initargs))
+        if object_store_memory is not None and (
+                not isinstance(object_store_memory, int) or object_store_memory <= 0):
+            raise ValueError(
+                f"object_store_memory must be a positive number of bytes, got "
+                f"{object_store_memory!r}")
+        self._spec = _resources.spec(resources=resources) if resources is not None else None
+        if scheduling is not None:
+            self._spec = _resources.with_strategy(self._spec, scheduling)
+        self._req = _resources.build(self._spec)
+        offer = None
+        if runtime_resources is not None:
+            offer = _resources.spec(resources=runtime_resources)
+        driver = _current.driver()
+        self._runtime: Client = driver  # where tasks go
+        self._driver: Optional[Driver] = driver  # where the group is (None in a task)
+        if object_store_memory is not None:
+            driver.set_store_capacity(object_store_memory)
+        if offer is not None:
+            driver.set_resource_offer(offer)
+        self._group: Any = driver.add_group(
+            GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
+                        max_attempts, working_dir, inherited),
+            self,
+        )
+        self._shutdown_thread = False
+        self._shutdown_lock = threading.Lock()
+        self._process_views = ProcessViews()
+        self._n_stdlib = 0  # how many workers the stdlib would have started (_processes)
+        # An executor dropped without shutdown() stops its workers once they are idle,
+        # as the stdlib's does (its manager thread watches a weakref to the executor).
+        self._finalizer = weakref.finalize(self, driver.close_group_soon, self._group)
+        self._finalizer.atexit = False
+
+    @classmethod
+    def _worker_view(cls, client: Client, group_id: int) -> Any:
+        """An executor inside a task: submits to the group that runs the task."""
+        self = cls.__new__(cls)
+        self._max_workers = 0
+        self._mp_context = None
+        self._runtime = client
+        self._driver = None
+        self._group = group_id
+        self._shutdown_thread = False
+        self._shutdown_lock = threading.Lock()
+        self._process_views = ProcessViews()
+        self._n_stdlib = 0
+        self._spec = None
+        self._req = None
+        return self
+
+    # -- the stdlib's private attributes that programs read (compatibility shims) ----------
+    @property
+    def _processes(self) -> Optional[dict[Any, Any]]:
+        """``{pid: process}`` of the worker processes, as the stdlib's attribute.
+
+        As many entries as the stdlib would have processes by now: all ``max_workers``
+        from the first submit with the ``fork`` start method, else one more for each
+        submit that finds no idle worker, up to ``max_workers``. Workers dpool has not
+        started yet (it starts them on demand) are ``NotStartedProcess`` entries. ``None``
+        once ``shutdown()`` has been called (as in the stdlib). A snapshot: it does not
+        change as workers come and go. See compat/DIFFERENCES.md, "Private attributes".
+        """
+        if self._shutdown_thread:
+            return None
+        if self._driver is None:  # a task's view
+            return {}
+        return self._worker_processes(self._n_stdlib)
+
+    def _count_as_stdlib(self) -> None:
+        """A submit, counted as the stdlib counts its processes (until ``max_workers``):
+        it starts them all at the first submit under ``fork``, else one whenever a submit
+        finds no worker idle."""
+        if self._driver is None:
+            return
+        if self._mp_context.get_start_method() == "fork":
+            self._n_stdlib = self._max_workers
+        elif not any(w.alive and not w.inflight for w in list(self._group.workers)):
+            self._n_stdlib += 1
+
+    def _worker_processes(self, wanted: int = 0) -> dict[Any, Any]:
+        """``{pid: process}`` of the group's worker processes (also after shutdown), and
+        ``NotStartedProcess`` entries up to ``wanted``."""
+        if self._driver is None:  # a task's view
+            return {}
+        return self._process_views.read(self._group.workers, wanted)
+
+    @property
+    def _broken(self) -> Any:
+        """False, or why the executor cannot run tasks (a string), as the stdlib's."""
+        if self._driver is None:
+            return False
+        return self._group.broken or False
+
+    # -- the concurrent.futures API ------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
+        """Schedule ``fn(*args, **kwargs)`` to run in a worker process; returns a future
+        of its outcome."""
+        group = self._group
+        if self._driver is not None and group.broken is not None:
+            raise errors.broken_pool(group.broken)
+        if self._shutdown_thread:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if self._n_stdlib < self._max_workers:
+            self._count_as_stdlib()
+        if self._req is None and not _resources.decorated:  # the default: no request
+            return self._runtime.submit(group, fn, args, kwargs, None, self._future_type)
+        return self._runtime.submit(group, fn, args, kwargs, self._request(fn),
+                                    self._future_type)
+
+    def _request(self, fn: Any, extra: Optional[dict] = None) -> Optional[_resources.Request]:
+        """What a call of ``fn`` needs: this executor's, refined by the function's
+        ``@dpool.resources``, refined by ``options()`` (``extra``)."""
+        fs = _resources.of_function(fn) if _resources.decorated else None
+        if fs is None and extra is None:
+            return self._req
+        return _resources.build(self._spec, fs, extra)
+
+    def _submit_request(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                        req: Optional[_resources.Request]) -> TaskFuture:
+        group = self._group
+        if self._driver is not None and group.broken is not None:
+            raise errors.broken_pool(group.broken)
+        if self._shutdown_thread:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if self._n_stdlib < self._max_workers:
+            self._count_as_stdlib()
+        return self._runtime.submit(group, fn, args, kwargs, req, self._future_type)
+
+    def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
+                memory: Optional[int] = None,
+                resources: Optional[Mapping[str, float]] = None,
+                scheduling: Any = None, placement_group: Any = None,
+                bundle: Optional[int] = None) -> "ResourceOptions":
+        """A view of this executor whose ``submit`` and ``map`` ask for these resources
+        (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
+        ones, ``{"TPU": 1}``) and this placement (``scheduling="spread"``,
+        ``dpool.NodeAffinity(node, soft=...)``, ``"default"``), or run in bundle
+        ``bundle`` of ``placement_group`` (a ``dpool.PlacementGroup``; ``bundle=None``:
+        any of its bundles), taking what they ask from what the bundle reserved; a
+        submit waits until the group is ready. What is not given comes
+        from the function's ``@dpool.resources``, then from the executor's
+        ``resources=``/``scheduling=``. The view shares the executor: its workers, its
+        ``max_workers`` (the CPU budget) and its shutdown."""
+        return ResourceOptions(self, _options_spec(num_cpus, num_gpus, memory, resources,
+                                                   scheduling, placement_group, bundle),
+                               placement_group)
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
+        """Like the builtin ``map``, run in the pool; results are yielded in order.
+
+        All calls are submitted at once; ``timeout`` counts from this call, and a result
+        not ready by then raises ``TimeoutError`` (the remaining calls are cancelled).
+        ``chunksize`` > 1 sends that many calls per task.
+        """
+        if self._req is None and not _resources.decorated:
+            return self._map(fn, iterables, timeout, chunksize, None, False)
+        return self._map(fn, iterables, timeout, chunksize, self._request(fn), True)
+
+    def _map(self, fn: Callable[..., Any], iterables: tuple, timeout: Optional[float],
+             chunksize: int, req: Optional[_resources.Request],
+             with_req: bool) -> Iterator[Any]:
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        end_time = None if timeout is None else timeout + time.monotonic()
+        if chunksize == 1:
+            if with_req:
+                fs = [self._submit_request(fn, args, {}, req)
+                      for args in zip(*iterables, strict=False)]
+            else:
+                fs = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
+        else:
+            runner = _ChunkRunner(fn)
+            rows = zip(*iterables, strict=False)  # shortest iterable wins, as in the stdlib
+            if with_req:
+                fs = [self._submit_request(runner, (chunk,), {}, req)
+                      for chunk in _chunks(rows, chunksize)]
+            else:
+                fs = [self.submit(runner, chunk) for chunk in _chunks(rows, chunksize)]
+
+        def result_iterator() -> Iterator[Any]:
+            # Holds no reference to a result once it is yielded (bpo-14406): neither in a
+            # local variable nor through its future, so a consumer that drops each result
+            # frees it at once.
+            try:
+                fs.reverse()
+                while fs:
+                    if end_time is None:
+                        yield _result_or_cancel(fs.pop())
+                    else:
+                        yield _result_or_cancel(fs.pop(), end_time - time.monotonic())
+            finally:
+                for future in fs:
+                    future.cancel()
+
+        if chunksize == 1:
+            return result_iterator()
+        return _chain_from_lists(result_iterator())
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
+        self.shutdown(wait=True)
+        return False
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work; with ``wait``, return once every worker has exited.
+
+        ``cancel_futures=True`` cancels the calls not yet started. Tasks already running
+        finish either way (as in the stdlib).
+        """
+        with self._shutdown_lock:
+            first = not self._shutdown_thread
+            self._shutdown_thread = True
+        driver = self._driver
+        if driver is None:
+            return  # inside a task: the group belongs to the driver's executor
+        if cancel_futures:
+            driver.cancel_queued(self._group)
+        if first:
+            driver.close_group(self._group)
+        if wait and not driver.is_io_thread():
+            # (from a done-callback, which runs on the runtime's IO thread, waiting for
+            # the workers to exit would wait on ourselves: they stop once idle instead)
+            driver.wait_group_exited(self._group)
+
+    def _estimate(self, fn: Callable[..., Any], default: Any = ...) -> Any:
+        """Measured run time of one call of ``fn`` (``default`` if never measured)."""
+        fn_id = self._runtime.functions.fn_id(fn)
+        assert self._driver is not None, "a task's view has no measurements"
+        return self._driver.estimate(fn_id, default)
+
+    def _terminate(self, reason: str = "the pool was terminated") -> None:
+        """Kill the workers now; unfinished futures fail with ``BrokenProcessPool``."""
+        with self._shutdown_lock:
+            self._shutdown_thread = True
+        if self._driver is not None:
+            self._driver.terminate_group(self._group, reason)
+
+
+def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
+                  scheduling: Any, pg: Any = None, bundle: Any = None) -> dict:
+    s = _resources.spec(num_cpus, num_gpus, memory, resources)
+    if pg is not None or bundle is not None:
+        if scheduling is not None:
+            raise ValueError("options() takes scheduling= or placement_group=, not both "
+                             "(a task in a placement group runs where its bundle is)")
+        return _resources.in_bundle(s, _bundle_strategy(pg, bundle))
+    return s if scheduling is None else _resources.with_strategy(s, scheduling)
+
+
+def _bundle_strategy(pg: Any, bundle: Any) -> Any:
+    from dpool.runtime._placement_groups import PlacementGroup
+    from dpool.scheduling._placement_policy import InBundle
+
+    if not isinstance(pg, PlacementGroup):
+        raise TypeError(f"placement_group must be a dpool.PlacementGroup (from "
+                        f"dpool.placement_group(...)), got {type(pg).__name__} {pg!r}")
+    if bundle is None:
+        bundle = -1
+    if isinstance(bundle, bool) or not isinstance(bundle, int):
+        raise TypeError(f"bundle must be an int (the bundle's index) or None, got {bundle!r}")
+    if not -1 <= bundle < pg.bundle_count:
+        raise ValueError(f"bundle={bundle}: placement group {pg.id:#x} has bundles 0.."
+                         f"{pg.bundle_count - 1} (None or -1: any of them)")
+    return InBundle(pg.id, bundle)
+
+
+class ResourceOptions:
+    """``executor.options(...)``: the executor's ``submit`` and ``map`` with a resource
+    request and placement strategy (see ``ProcessPoolExecutor.options``). Chain
+    ``options()`` to refine it."""
+
+    __slots__ = ("_executor", "_pg", "_spec")
+
+    def __init__(self, executor: ExecutorCore, spec: dict, pg: Any = None) -> None:
+        self._executor = executor
+        self._spec = spec
+        self._pg = pg  # the placement group its tasks run in (None: none)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
+        """``executor.submit(fn, *args, **kwargs)`` with this view's resource request."""
+        ex = self._executor
+        if self._pg is not None:
+            self._pg._usable()  # (waits until it is ready; raises if it never will be)
+        return ex._submit_request(fn, args, kwargs, ex._request(fn, self._spec))
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
+            timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
+        """``executor.map(...)`` with this view's resource request for every call."""
+        ex = self._executor
+        if self._pg is not None:
+            self._pg._usable(timeout)
+        return ex._map(fn, iterables, timeout, chunksize, ex._request(fn, self._spec), True)
+
+    def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
+                memory: Optional[int] = None,
+                resources: Optional[Mapping[str, float]] = None,
+                scheduling: Any = None, placement_group: Any = None,
+                bundle: Optional[int] = None) -> "ResourceOptions":
+        spec = {**self._spec, **_options_spec(num_cpus, num_gpus, memory, resources,
+                                              scheduling, placement_group, bundle)}
+        pg = placement_group if placement_group is not None or bundle is not None else (
+            None if scheduling is not None else self._pg)
+        return ResourceOptions(self._executor, spec, pg)
+
+    def __repr__(self) -> str:
+        return f"<ResourceOptions {_resources.build(self._spec) or '{CPU: 1}'} of " \
+               f"{self._executor!r}>"
