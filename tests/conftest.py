@@ -100,7 +100,7 @@ def no_leaks():
 def restore_store_capacity():
     """``object_store_memory=`` sets the process-wide store's cap (the last value given
     applies, as documented): give the next test the cap this one started with."""
-    from dpool.objects._accounting import default_capacity
+    from dpool.objects._hoststore import default_capacity
     from dpool.runtime import _current
 
     runtime = _current._driver

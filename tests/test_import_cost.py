@@ -49,6 +49,10 @@ DENIED = (
     "dpool.protocol._messages_cluster",
     # placement groups' bundles (the first one held loads it)
     "dpool.scheduling._bundle_ledger",
+    # the shared-memory store's machinery: writing, mapping, recycling segments, and its
+    # accounting (the first stored value loads them; ``_owners`` names and reaps)
+    "dpool.objects._segment", "dpool.objects._mapping", "dpool.objects._writemaps",
+    "dpool.objects._recycle", "dpool.objects._accounting", "dpool.objects._forkguard",
 )
 # ``multiprocessing.Pool``'s programs load neither; nor does ``dpool.Pool`` (its futures
 # are ``TaskFuture``s, its loggers load ``logging`` when a record is due: ``dpool._log``)

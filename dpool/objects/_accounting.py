@@ -42,73 +42,16 @@ runtime calls it under its own lock.
 
 from __future__ import annotations
 
-import os
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from dpool import _log
 from dpool.errors import ObjectStoreFullError
-from dpool.objects import _segment
+from dpool.objects import _owners
 
-__all__ = ["ObjectStore", "default_capacity", "parse_size", "ENV_CAPACITY"]
+__all__ = ["ObjectStore"]
 
 logger = _log.getLogger("dpool.objects")
-
-ENV_CAPACITY = "DPOOL_OBJECT_STORE_MEMORY"
-_MEMORY_FRACTION = 0.30
-_SHM_FRACTION = 0.90
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = r"^\s*([0-9][0-9_]*)\s*([kmgt]?)(?:i?b)?\s*$"  # compiled when first used
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte count: ``"1073741824"``, ``"1_000_000"``, ``"512M"``, ``"2GiB"``, ``"4g"``.
-
-    Suffixes K/M/G/T are powers of 1024. Raises ValueError for anything else or for zero.
-    """
-    match = re.match(_SIZE, text, re.IGNORECASE)  # (re caches the compiled pattern)
-    if match is None:
-        raise ValueError(
-            f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 2G)"
-        )
-    number = int(match.group(1).replace("_", ""))
-    value = number * _UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise ValueError(f"{text!r}: the size must be positive")
-    return value
-
-
-def default_capacity() -> int:
-    """The object store's capacity in bytes.
-
-    ``$DPOOL_OBJECT_STORE_MEMORY`` when set and not empty (bytes, or with a K/M/G/T suffix;
-    a bad value raises ValueError naming the variable), else the smaller of 30% of the
-    machine's memory and 90% of the size of ``/dev/shm``.
-    """
-    raw = os.environ.get(ENV_CAPACITY, "")
-    if raw.strip():
-        try:
-            return parse_size(raw)
-        except ValueError as exc:
-            raise ValueError(f"bad ${ENV_CAPACITY}: {exc}") from None
-    capacity = int(_memory_total() * _MEMORY_FRACTION)
-    shm_total = _segment.shm_total_bytes()
-    if shm_total is not None:
-        capacity = min(capacity, int(shm_total * _SHM_FRACTION))
-    return capacity
-
-
-def _memory_total() -> int:
-    """The machine's RAM in bytes, as ``psutil.virtual_memory().total`` says (without
-    importing psutil, a good part of a short program's start-up: bench/NOTES.md)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no such sysconf names here
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-
 
 class _Entry:
     __slots__ = ("name", "size")
@@ -155,7 +98,7 @@ class ObjectStore:
 
     def segment_name(self, object_id: int) -> str:
         """The name under which this store's owner writes object ``object_id``."""
-        return _segment.segment_name(self._owner_pid, object_id)
+        return _owners.segment_name(self._owner_pid, object_id)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -197,7 +140,7 @@ class ObjectStore:
         try:
             self.reserve(size)
         except ObjectStoreFullError:
-            _segment.unlink(name)
+            _owners.unlink(name)
             raise
         self._entries[object_id] = _Entry(name, size)
         self._used += size
@@ -210,6 +153,8 @@ class ObjectStore:
         room, or at once when ``size`` exceeds the whole capacity.
         """
         if size > self._capacity:
+            from dpool.objects._hoststore import ENV_CAPACITY
+
             raise ObjectStoreFullError(
                 f"object of {size} bytes is larger than the object store's capacity of "
                 f"{self._capacity} bytes (set ${ENV_CAPACITY} to raise it)"
@@ -249,13 +194,13 @@ class ObjectStore:
             return False
         self._used -= entry.size
         if not (freed and self._on_free is not None and self._on_free(entry.name, entry.size)):
-            _segment.unlink(entry.name)
+            _owners.unlink(entry.name)
         return True
 
     def clear(self) -> None:
         """Unlink every stored segment and forget all objects and counts (shutdown)."""
         for entry in self._entries.values():
-            _segment.unlink(entry.name)
+            _owners.unlink(entry.name)
         self._entries.clear()
         self._refs.clear()
         self._pins.clear()

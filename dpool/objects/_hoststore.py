@@ -35,26 +35,91 @@ Called under the scheduler's lock.
 from __future__ import annotations
 
 import os
+import re
 
 from dpool import _log
 from dpool.errors import ObjectLostError, ObjectStoreFullError
-from dpool.objects import _mapping, _recycle, _segment, _values
-from dpool.objects._accounting import ObjectStore, default_capacity
+from dpool.objects import _owners, _values
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
+    from dpool.objects._accounting import ObjectStore
+    from dpool.objects._recycle import SegmentPool
+
+__all__ = ["HostStore", "default_capacity", "parse_size", "ENV_CAPACITY"]
+
 log = _log.getLogger("dpool.objects")
+
+ENV_CAPACITY = "DPOOL_OBJECT_STORE_MEMORY"
+_MEMORY_FRACTION = 0.30
+_SHM_FRACTION = 0.90
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = r"^\s*([0-9][0-9_]*)\s*([kmgt]?)(?:i?b)?\s*$"  # compiled when first used
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count: ``"1073741824"``, ``"1_000_000"``, ``"512M"``, ``"2GiB"``, ``"4g"``.
+
+    Suffixes K/M/G/T are powers of 1024. Raises ValueError for anything else or for zero.
+    """
+    match = re.match(_SIZE, text, re.IGNORECASE)  # (re caches the compiled pattern)
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a size in bytes (examples: 1073741824, 512M, 2G)"
+        )
+    number = int(match.group(1).replace("_", ""))
+    value = number * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: the size must be positive")
+    return value
+
+
+def default_capacity() -> int:
+    """The object store's capacity in bytes.
+
+    ``$DPOOL_OBJECT_STORE_MEMORY`` when set and not empty (bytes, or with a K/M/G/T suffix;
+    a bad value raises ValueError naming the variable), else the smaller of 30% of the
+    machine's memory and 90% of the size of ``/dev/shm``.
+    """
+    raw = os.environ.get(ENV_CAPACITY, "")
+    if raw.strip():
+        try:
+            return parse_size(raw)
+        except ValueError as exc:
+            raise ValueError(f"bad ${ENV_CAPACITY}: {exc}") from None
+    capacity = int(_memory_total() * _MEMORY_FRACTION)
+    shm_total = _owners.shm_total_bytes()
+    if shm_total is not None:
+        capacity = min(capacity, int(shm_total * _SHM_FRACTION))
+    return capacity
+
+
+def _memory_total() -> int:
+    """The machine's RAM in bytes, as ``psutil.virtual_memory().total`` says (without
+    importing psutil, a good part of a short program's start-up: bench/NOTES.md)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no such sysconf names here
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
 
 
 class HostStore:
+    """The host's store (see the module docstring). Its accounting (``ObjectStore``) and
+    its pool of freed pages (``SegmentPool``) are made, with the shared-memory machinery
+    they load, when the first stored value needs them: a program whose values all travel
+    inline never loads it."""
+
     def __init__(self, owner_pid: int, capacity: Optional[int] = None) -> None:
         self.owner_pid = owner_pid
-        self.store = ObjectStore(capacity or default_capacity(), owner_pid,
-                                 on_evict=self._spill, on_free=self._free)
-        _values.set_capacity_limit(self.store.capacity)
-        self.pool = _recycle.SegmentPool(owner_pid, self._pool_budget(self.store.capacity))
+        self._capacity = capacity or default_capacity()
+        _values.set_capacity_limit(self._capacity)
+        self._store: Optional[ObjectStore] = None
+        self._pool: Optional[SegmentPool] = None
         self.forgotten: list[str] = []  # large segments freed since the scheduler looked
         self._prune = False  # a segment outside the store was unlinked since it looked
         self._spill_dir: Optional[str] = None
@@ -62,21 +127,45 @@ class HostStore:
         self.on_freed: Optional[Callable[[str], None]] = None  # told each freed segment
 
     @property
+    def store(self) -> ObjectStore:
+        """The accounting, made with the first stored value."""
+        store = self._store
+        if store is None:
+            from dpool.objects._accounting import ObjectStore
+
+            store = self._store = ObjectStore(self._capacity, self.owner_pid,
+                                              on_evict=self._spill, on_free=self._free)
+        return store
+
+    @property
+    def pool(self) -> SegmentPool:
+        """The pool of freed segments' pages, made with the first stored value."""
+        pool = self._pool
+        if pool is None:
+            from dpool.objects._recycle import SegmentPool
+
+            pool = self._pool = SegmentPool(self.owner_pid, self._pool_budget(self._capacity))
+        return pool
+
+    @property
     def capacity(self) -> int:
-        return self.store.capacity
+        return self._capacity
 
     def set_capacity(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")
-        self.store._capacity = capacity  # noqa: SLF001 - the store's own field, resized here
+        self._capacity = capacity
+        if self._store is not None:
+            self._store._capacity = capacity  # noqa: SLF001 - its own field, resized here
         _values.set_capacity_limit(capacity)
-        self.pool.max_bytes = self._pool_budget(capacity)
+        if self._pool is not None:
+            self._pool.max_bytes = self._pool_budget(capacity)
 
     @staticmethod
     def _pool_budget(capacity: int) -> int:
         """Freed pages kept for reuse: a quarter of the store, within what /dev/shm has
         beyond the store (writers give pooled pages back first when space runs out)."""
-        total = _segment.shm_total_bytes()
+        total = _owners.shm_total_bytes()
         spare = capacity // 4 if total is None else max(0, total - capacity)
         return min(capacity // 4, spare)
 
@@ -114,24 +203,29 @@ class HostStore:
     @property
     def has_news(self) -> bool:
         """Frees, spills or pool expiry that readers' cached mappings should hear of."""
-        return bool(self.forgotten) or self.pool.gave_back or self._prune
+        pool = self._pool
+        return bool(self.forgotten) or (pool is not None and pool.gave_back) or self._prune
 
     @property
     def expiring(self) -> bool:
         """Freed pages wait in the pool to expire (news to come: the scheduler looks)."""
-        return self.pool.pending
+        return self._pool is not None and self._pool.pending
 
     def take_news(self) -> tuple[str, ...]:
         """The large segments freed or spilled since last asked (may be empty: then
         only the pool gave pages back), clearing the news."""
         names, self.forgotten = tuple(self.forgotten), []
-        self.pool.gave_back = self._prune = False
+        if self._pool is not None:
+            self._pool.gave_back = False
+        self._prune = False
         return names
 
     def _free(self, name: str, size: int) -> bool:
         """A stored object was freed: recycle its segment's pages if it is large."""
         if self.on_freed is not None:
             self.on_freed(name)  # (a node tells the nodes that copied it: node._spill)
+        from dpool.objects import _mapping  # (loaded: a stored value was freed)
+
         if size >= _mapping.LARGE:
             _mapping.forget([name])  # this process's cached mapping; workers are told
             self.forgotten.append(name)
@@ -140,14 +234,14 @@ class HostStore:
     def discard(self, payload: Optional[bytes]) -> None:
         """Unlink a stored value that was never adopted (a result nobody will read)."""
         info = _values.stored(payload)
-        if info is not None and not self.store.contains(info[0]):
+        if info is not None and (self._store is None or not self._store.contains(info[0])):
             self.unlink_unadopted(info[1])
 
     def unlink_unadopted(self, name: str) -> None:
         """Unlink a segment the store never held (e.g. a dead worker's half-written
         result). Its pages may be recycled ones that readers still keep mapped for
         reuse: tell them to prune."""
-        if _segment.unlink(name):
+        if _owners.unlink(name):
             self._prune = True
 
     def pin(self, payload: Optional[bytes]) -> None:
@@ -160,8 +254,8 @@ class HostStore:
 
     def unpin(self, payload: Optional[bytes]) -> None:
         info = _values.stored(payload)
-        if info is not None and self.store.pincount(info[0]):
-            self.store.unpin(info[0])
+        if info is not None and self._store is not None and self._store.pincount(info[0]):
+            self._store.unpin(info[0])
 
     def restore(self, oid: int) -> None:
         """Bring a spilled object back into shared memory (no-op if it is not spilled).
@@ -186,14 +280,14 @@ class HostStore:
                 _remove(path)
                 raise _lost(oid, path, f"{on_disk} of its {size} bytes are left")
             self.store.reserve(size)  # may evict (spill) others; raises when it cannot
-            target = _segment.SHM_DIR + name
+            target = _owners.SHM_DIR + name
             import shutil  # spilling is rare: its imports load on first use
 
             try:
                 with open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
             except OSError as exc:  # /dev/shm is full: the file stays, nothing is lost
-                _segment.unlink(name)
+                _owners.unlink(name)
                 raise ObjectStoreFullError(
                     f"cannot bring object {oid:#x} ({size} bytes) back from disk into "
                     f"shared memory: {exc}") from exc
@@ -215,15 +309,19 @@ class HostStore:
         if self._spill_dir is None:
             self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
         path = os.path.join(self._spill_dir, name.lstrip("/"))
-        shutil.copyfile(_segment.SHM_DIR + name, path)
+        shutil.copyfile(_owners.SHM_DIR + name, path)
+        from dpool.objects import _mapping
+
         _mapping.forget([name])  # this process's cached mapping; workers are told
         self.forgotten.append(name)
         self._spilled[oid] = (path, name, self.store.size(oid))
         log.debug("spilled object %d (%d bytes) to %s", oid, self.store.size(oid), path)
 
     def clear(self) -> None:
-        self.store.clear()
-        self.pool.purge(everything=True)
+        if self._store is not None:
+            self._store.clear()
+        if self._pool is not None:
+            self._pool.purge(everything=True)
         self._spilled.clear()
         if self._spill_dir is not None:
             import shutil

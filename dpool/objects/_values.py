@@ -19,7 +19,6 @@ import pickle
 import struct
 
 from dpool.errors import ObjectStoreFullError
-from dpool.objects import _segment
 from dpool.objects._serialization import Serialized, deserialize, serialize
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -70,6 +69,8 @@ def encode(obj: Any, object_id: int, owner_pid: int) -> tuple[bytes, int]:
         raise ObjectStoreFullError(
             f"object of {total} bytes is larger than the object store's capacity of "
             f"{_limit} bytes (raise object_store_memory= or $DPOOL_OBJECT_STORE_MEMORY)")
+    from dpool.objects import _segment  # (the store's machinery: loaded by its first value)
+
     name = _segment.segment_name(owner_pid, object_id)
     size = _segment.write_object(name, ser)
     return _STORED_HEAD.pack(TAG_STORED, object_id, size) + name.encode(), size
@@ -91,6 +92,8 @@ def decode(payload: bytes) -> Any:
         except Exception:
             return deserialize(payload)  # re-raises as SerializationError, cause chained
     if tag == TAG_STORED:
+        from dpool.objects import _segment
+
         return _segment.read_object(payload[_STORED_HEAD.size:].decode())
     if tag == TAG_INLINE:
         # writable, as a task's arguments are

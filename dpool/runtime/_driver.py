@@ -16,7 +16,7 @@ import weakref
 from dpool import _log
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.control import InProcessControlStore
-from dpool.objects import _payload, _segment
+from dpool.objects import _owners, _payload
 from dpool.runtime import _calls
 from dpool.runtime._argcache import ArgumentCache
 from dpool.runtime._functions import FunctionTable
@@ -41,7 +41,7 @@ class DriverRuntime:
 
     def __init__(self) -> None:
         self.pid = self.owner_pid = os.getpid()
-        _segment.reap_orphans()  # segments of drivers that died without cleaning up
+        _owners.reap_orphans()  # segments of drivers that died without cleaning up
         self._reaped_at = time.monotonic()
         self.control = InProcessControlStore()
         self.scheduler = LocalScheduler(self.control)
@@ -61,7 +61,7 @@ class DriverRuntime:
         now = time.monotonic()
         if now - self._reaped_at >= _REAP_EVERY_S:  # a long-running driver reaps too
             self._reaped_at = now
-            _segment.reap_orphans()
+            _owners.reap_orphans()
         self._executors.add(executor)
         return self.scheduler.add_group(cfg)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
-from dpool.objects import _mapping, _payload, _writemaps
+from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, WorkerHandle
@@ -191,6 +191,8 @@ class ObjectTable(Lineage):
     def _forget_mappings_locked(self) -> None:
         """Large segments were freed or spilled, or pooled pages given back: workers (and
         this process) unmap cached mappings nobody can use any more."""
+        from dpool.objects import _mapping, _writemaps  # (the store's: news came from it)
+
         names = self.store.take_news()
         _mapping.prune()
         _writemaps.prune()  # (kept write mappings of those: the timer would, within 1 s)

@@ -28,7 +28,7 @@ import time
 
 from dpool import _log, errors
 from dpool.errors import Error
-from dpool.objects import _payload, _segment
+from dpool.objects import _owners, _payload
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._startup import WorkerConfig, start_worker
@@ -284,7 +284,7 @@ class WorkerPool(SchedulerCore):
                     self._release_res_locked(t, w)
                 # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
-                    _segment.segment_name(self.store.owner_pid, t.task_id))
+                    _owners.segment_name(self.store.owner_pid, t.task_id))
             lost = held
             if was_alive and not w.hello and g.broken is None:
                 self._died_starting_locked(w, held, exitcode)

@@ -25,7 +25,7 @@ import time
 from collections import deque
 
 from dpool import _log, errors
-from dpool.objects import _mapping, _payload
+from dpool.objects import _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
 from dpool.protocol._startup import WorkerConfig
@@ -41,6 +41,14 @@ _FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
 _FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this
 _FLUSH_COUNT = 256
 
+
+
+def _forget(names: tuple) -> None:
+    """Unmap this process's cached mappings of ``names`` (freed segments). A worker that
+    never read a stored value has none, and need not load the mapping cache to say so."""
+    mapping = sys.modules.get("dpool.objects._mapping")
+    if mapping is not None:
+        mapping.forget(names)
 
 class _Worker:
     def __init__(self, chan: Channel, cfg: WorkerConfig) -> None:
@@ -68,7 +76,7 @@ class _Worker:
         elif code == m.RegisterFunction.CODE:
             self.fn_payloads[msg.fn_id] = msg.payload
         elif code == m.Forget.CODE:
-            _mapping.forget(msg.names)
+            _forget(msg.names)
         elif code == m.Shutdown.CODE:
             self.flush()
             raise SystemExit(0)

@@ -4,7 +4,7 @@ A watchdog thread polls the parent pid (or, when the worker's parent is not the 
 a forkserver start -- the driver's own process): when the driver has died (SIGKILL sends no
 ``Shutdown``, and EOF on the socket may never come, as a forked sibling may hold its other
 end open), the worker exits, even in the middle of a long task. Before exiting it removes
-the dead driver's shared-memory segments and recycling pool (``_segment.reap_owner``),
+the dead driver's shared-memory segments and recycling pool (``_owners.reap_owner``),
 so that ``/dev/shm`` is clean within a poll interval even if no dpool program starts
 again. The main loop's EOF path (:func:`connection_lost`) does the same without waiting
 for the next poll. Every worker of the dead driver does this; each name is unlinked by
@@ -19,7 +19,7 @@ import threading
 import time
 
 from dpool import _log
-from dpool.objects import _segment
+from dpool.objects import _owners
 
 log = _log.getLogger("dpool.worker")
 
@@ -35,7 +35,7 @@ _child = True  # the driver is this process's parent (fork, spawn; not forkserve
 def start(parent_pid: int) -> None:
     """In a new worker: remember the driver (pid and start time), watch it."""
     global _owner, _child
-    _owner = (parent_pid, _segment.owner_started(parent_pid))
+    _owner = (parent_pid, _owners.owner_started(parent_pid))
     _child = os.getppid() == parent_pid
     threading.Thread(target=_watch, daemon=True, name="dpool-parent-watch").start()
 
@@ -50,7 +50,7 @@ def driver_alive() -> bool:
     if _child:
         return os.getppid() == pid
     try:
-        state = _segment.process_state(pid)
+        state = _owners.process_state(pid)
     except OSError:
         return False
     return state is not None and not state[0] and (started is None or state[1] == started)
@@ -81,6 +81,6 @@ def clean_up() -> None:
     if _owner is None:
         return
     try:
-        _segment.reap_owner(*_owner, exiting=True)
+        _owners.reap_owner(*_owner, exiting=True)
     except Exception:  # exiting anyway; the next runtime start reaps
         log.debug("cleaning up after dead driver %d failed", _owner[0], exc_info=True)

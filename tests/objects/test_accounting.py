@@ -18,8 +18,9 @@ except ImportError:  # running from a checkout without an installed dpool
 
 from dpool.errors import ObjectStoreFullError
 from dpool.objects import _segment as seg
+from dpool.objects._accounting import ObjectStore
+from dpool.objects._hoststore import ENV_CAPACITY, default_capacity, parse_size
 from dpool.objects._serialization import serialize
-from dpool.objects._accounting import ENV_CAPACITY, ObjectStore, default_capacity, parse_size
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")
 

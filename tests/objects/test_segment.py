@@ -84,7 +84,7 @@ def anon_rss() -> int:
 # ----------------------------------------------------------------------- naming
 def test_segment_name_format() -> None:
     assert seg.segment_name(1234, 255) == "/dpool_1234_ff"
-    assert seg._owner_of(seg.segment_name(99, 2**64 - 1)) == 99
+    assert seg.owner_of(seg.segment_name(99, 2**64 - 1)) == 99
     with pytest.raises(ValueError):
         seg.segment_name(0, 1)
     with pytest.raises(ValueError):
@@ -268,7 +268,7 @@ def test_reap_orphans_unlinks_only_dead_owners() -> None:
 def test_only_dpool_segment_names_have_an_owner() -> None:
     """``dpool_<pid>_<id>`` (ASCII digits, then ASCII letters and digits) names its owner;
     anything else, 0 (the reaper leaves it alone)."""
-    from dpool.objects._segment import _owner_of
+    from dpool.objects._owners import owner_of as _owner_of
 
     assert _owner_of(seg.segment_name(4321, 0xBEEF)) == 4321
     assert _owner_of("dpool_12_ab") == _owner_of("/dpool_12_ab") == 12
