@@ -76,14 +76,20 @@ _LAZY = {
 
 def __getattr__(name: str) -> object:
     import importlib
-    import importlib.util
 
     module = _LAZY.get(name)
     if module is None:
-        # a submodule that ``import dpool`` used to load as a side effect (``dpool.pool``)
-        if name.startswith("__") or importlib.util.find_spec(f"dpool.{name}") is None:
+        # a submodule that ``import dpool`` used to load as a side effect (``dpool.pool``),
+        # or one named by ``from dpool import _log`` before it is loaded: imported at once
+        # (looking for it first, with ``find_spec``, searched the package twice)
+        if name.startswith("__"):
             raise AttributeError(f"module 'dpool' has no attribute {name!r}")
-        return importlib.import_module(f"dpool.{name}")
+        try:
+            return importlib.import_module(f"dpool.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"dpool.{name}":  # the submodule exists; what it imports not
+                raise
+            raise AttributeError(f"module 'dpool' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

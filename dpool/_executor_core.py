@@ -22,7 +22,6 @@ import time
 import weakref
 
 from dpool import errors
-from dpool._process_views import ProcessViews, WorkerProcess  # noqa: F401 - documented here
 from dpool._task_future import TaskFuture
 from dpool.objects import _payload
 from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
@@ -161,7 +160,7 @@ class ExecutorCore:
         )
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._process_views = ProcessViews()
+        self._process_views: Any = None  # ``_process_views.ProcessViews``, when first read
         self._n_stdlib = 0  # how many workers the stdlib would have started (_processes)
         # An executor dropped without shutdown() stops its workers once they are idle,
         # as the stdlib's does (its manager thread watches a weakref to the executor).
@@ -179,7 +178,7 @@ class ExecutorCore:
         self._group = group_id
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
-        self._process_views = ProcessViews()
+        self._process_views = None
         self._n_stdlib = 0
         self._spec = None
         self._req = None
@@ -219,7 +218,12 @@ class ExecutorCore:
         ``NotStartedProcess`` entries up to ``wanted``."""
         if self._driver is None:  # a task's view
             return {}
-        return self._process_views.read(self._group.workers, wanted)
+        views = self._process_views
+        if views is None:
+            from dpool._process_views import ProcessViews
+
+            views = self._process_views = ProcessViews()
+        return views.read(self._group.workers, wanted)
 
     @property
     def _broken(self) -> Any:

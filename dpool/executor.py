@@ -13,7 +13,6 @@ import concurrent.futures as _cf
 import threading
 
 from dpool._executor_core import ExecutorCore, ResourceOptions
-from dpool._process_views import WorkerProcess  # noqa: F401 - documented here
 from dpool.futures import Future
 from dpool.runtime import _current
 
@@ -84,3 +83,11 @@ def get_executor() -> ProcessPoolExecutor:
                 _default._runtime is not _current.driver():
             _default = ProcessPoolExecutor()
         return _default
+
+
+def __getattr__(name: str) -> object:
+    if name == "WorkerProcess":  # what ``_processes`` holds (documented here), on first use
+        from dpool._process_views import WorkerProcess
+
+        return WorkerProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

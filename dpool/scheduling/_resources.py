@@ -20,9 +20,9 @@ Pure bookkeeping, no processes, no locks: the scheduler calls it with its lock h
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Mapping
+from operator import itemgetter
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -31,9 +31,27 @@ if TYPE_CHECKING:
 GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest request)
 
 
-# (collections' named tuples, not typing.NamedTuple: the runtime does not import typing)
-class Request(collections.namedtuple("Request", "cpus gpus memory custom strategy",
-                                     defaults=(1, 0.0, 0, (), None))):
+class _Fields(tuple):
+    """A named tuple's behaviour for the two below, without ``collections.namedtuple``,
+    whose class factory (~0.4 M instructions a class) every program paid at import for
+    classes only a resource request uses: fields by name, ``_replace``, the repr, and
+    pickling by value as ``cls(*fields)``."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def _replace(self, **changes: Any) -> Any:
+        return type(self)(**{**dict(zip(self._fields, self, strict=True)), **changes})
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={v!r}" for n, v in zip(self._fields, self, strict=True))
+        return f"{type(self).__name__}({shown})"
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+
+class Request(_Fields):
     """A task's needs. Travels on the wire as a plain tuple (``tuple(req)``).
 
     - ``cpus`` (int, 1), ``gpus`` (float, 0.0), ``memory`` (int bytes, 0);
@@ -45,6 +63,17 @@ class Request(collections.namedtuple("Request", "cpus gpus memory custom strateg
     """
 
     __slots__ = ()
+    _fields = ("cpus", "gpus", "memory", "custom", "strategy")
+
+    def __new__(cls, cpus: int = 1, gpus: float = 0.0, memory: int = 0, custom: tuple = (),
+                strategy: Any = None) -> Request:
+        return tuple.__new__(cls, (cpus, gpus, memory, custom, strategy))
+
+    cpus = property(itemgetter(0))
+    gpus = property(itemgetter(1))
+    memory = property(itemgetter(2))
+    custom = property(itemgetter(3))
+    strategy = property(itemgetter(4))
 
     def as_dict(self) -> dict:
         """``{"CPU": .., "GPU": .., "memory": .., name: ..}`` without zero entries but CPU."""
@@ -207,11 +236,19 @@ def of_function(fn: Any) -> Optional[dict]:
 
 
 # -- what a runtime or node has ------------------------------------------------------------
-class Allocation(collections.namedtuple("Allocation", "request gpu_ids gpu_units")):
+class Allocation(_Fields):
     """What a ``Request`` took: ``gpu_ids``, device indexes (into ``Ledger.gpu_names``),
     and ``gpu_units``, the units taken from each of them."""
 
     __slots__ = ()
+    _fields = ("request", "gpu_ids", "gpu_units")
+
+    def __new__(cls, request: Request, gpu_ids: tuple, gpu_units: Any) -> Allocation:
+        return tuple.__new__(cls, (request, gpu_ids, gpu_units))
+
+    request = property(itemgetter(0))
+    gpu_ids = property(itemgetter(1))
+    gpu_units = property(itemgetter(2))
 
 
 class Ledger:
