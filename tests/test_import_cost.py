@@ -53,6 +53,9 @@ DENIED = (
     # accounting (the first stored value loads them; ``_owners`` names and reaps)
     "dpool.objects._segment", "dpool.objects._mapping", "dpool.objects._writemaps",
     "dpool.objects._recycle", "dpool.objects._accounting", "dpool.objects._forkguard",
+    # an extension module (loading its shared library: ~1.6 M instructions) that only the
+    # store's mappings use (a channel's read buffer is a bytearray)
+    "mmap",
 )
 # ``multiprocessing.Pool``'s programs load neither; nor does ``dpool.Pool`` (its futures
 # are ``TaskFuture``s, its loggers load ``logging`` when a record is due: ``dpool._log``)

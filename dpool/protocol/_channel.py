@@ -1,8 +1,11 @@
 """Framing: length-prefixed frames over a connected stream socket.
 
 Each frame is an 8-byte big-endian length followed by the body (see ``_codec``). Reads
-pull as much as the kernel has (up to ``_RECV_CHUNK``) and hand back every complete frame,
-so a burst of small frames costs one system call, not one per frame.
+pull as much as the kernel has (up to the channel's read buffer) and hand back every
+complete frame, so a burst of small frames costs one system call, not one per frame. The
+read buffer starts at ``_FIRST_CHUNK`` and doubles, up to ``_RECV_CHUNK``, each time a
+read fills it (more was waiting): a busy channel soon reads 256 KiB at a time, a quiet
+one holds 16 KiB.
 
 Two modes:
 - blocking (workers): ``recv_frames()`` waits for at least one frame; ``send`` blocks.
@@ -14,7 +17,6 @@ Two modes:
 
 from __future__ import annotations
 
-import mmap
 import socket
 import struct
 import threading
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 _HEADER = struct.Struct("!Q")
 _HLEN = _HEADER.size
 _RECV_CHUNK = 1 << 18
+_FIRST_CHUNK = 1 << 14
 
 
 class ChannelClosed(ConnectionError):
@@ -39,11 +42,12 @@ class Channel:
     def __init__(self, sock: socket.socket, *, blocking: bool = True) -> None:
         self.sock = sock
         self._buf = bytearray()
-        # recv_into a buffer kept for the channel's life: sock.recv(256 KiB) would
-        # allocate (and with glibc, mmap and fault in) 256 KiB per call. An anonymous
-        # private mapping, not a bytearray (which zero-fills, so every channel cost 256 KiB
-        # of resident memory): its pages become resident only as reads reach them.
-        self._chunk = memoryview(mmap.mmap(-1, _RECV_CHUNK, flags=mmap.MAP_PRIVATE))
+        # recv_into a buffer kept for the channel's life (sock.recv(256 KiB) would
+        # allocate, and with glibc mmap and fault in, 256 KiB per call), grown as reads
+        # fill it: a bytearray is zero-filled, all resident, so every channel holding
+        # 256 KiB from the start cost that much memory (an anonymous mapping, resident only
+        # as reads reach it, needed ``mmap``: ~1.6 M instructions to load in every program)
+        self._chunk = memoryview(bytearray(_FIRST_CHUNK))
         self._out = bytearray()
         self._send_lock = threading.Lock()
         # Held by whoever reads (and handles what it read) when two threads may: the
@@ -129,7 +133,10 @@ class Channel:
             raise ChannelClosed(str(exc)) from exc
         if not n:
             raise ChannelClosed("peer closed the connection")
-        self._buf += self._chunk[:n]
+        chunk = self._chunk
+        self._buf += chunk[:n]
+        if n == len(chunk) and n < _RECV_CHUNK:  # filled: more is waiting, read more at once
+            self._chunk = memoryview(bytearray(min(2 * n, _RECV_CHUNK)))
         return True
 
     def recv_ready(self) -> list[bytes]:

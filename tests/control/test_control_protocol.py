@@ -80,6 +80,31 @@ def test_channel_reassembles_frames_split_across_reads():
     tx.close(), rx.close()
 
 
+def test_the_read_buffer_starts_small_and_grows_while_reads_fill_it():
+    """A quiet channel holds 16 KiB to read into; one whose reads fill it reads twice as
+    much next time, up to 256 KiB. Frames of every size come through whole meanwhile."""
+    from dpool.protocol import _channel
+
+    a, b = socket.socketpair()
+    tx, rx = Channel(a), Channel(b)
+    assert len(rx._chunk) == _channel._FIRST_CHUNK == 16384
+    tx.send(b"x" * (100_000 - 8))  # one 100 kB frame, all queued in the socket already
+    assert rx.recv_frames(timeout=5) == [b"x" * (100_000 - 8)]
+    # reads of 16 KiB and 32 KiB filled the buffer (each doubled it), the rest did not
+    assert len(rx._chunk) == 65536
+    small = [bytes([i]) * i for i in range(1, 200)]
+    big = bytes(range(256)) * 4096  # 1 MiB: more than the socket holds
+    sender = threading.Thread(target=lambda: [tx.send(x) for x in (*small, big, *small)])
+    sender.start()
+    frames = []
+    while len(frames) < 2 * len(small) + 1:
+        frames += rx.recv_frames(timeout=5)
+    sender.join(5)
+    assert frames == [*small, big, *small]
+    assert len(rx._chunk) <= _channel._RECV_CHUNK
+    tx.close(), rx.close()
+
+
 def test_lineage_and_events_are_recorded():
     with ProcessPoolExecutor(1) as ex:
         f = ex.submit(inc, 1)
