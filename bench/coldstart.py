@@ -8,7 +8,10 @@ down (issue 21, item 1)::
 
 Every run is a fresh ``python script.py`` (the same interpreter as this script's, so the
 same site-packages), in pairs that alternate which side goes first; the figures are
-medians over the pairs, with dpool/stdlib ratios:
+medians over the pairs, and each ratio is the median of the pairs' own dpool/stdlib
+ratios (the two runs of a pair are adjacent in time, so a machine whose speed drifts
+during the run -- a shared 2-CPU VM's moves by 10-20 % within a minute here -- skews a
+ratio of the two sides' medians, not the pairs' ratios):
 
 - wall: ``time.perf_counter`` around starting the process and waiting for it;
 - CPU: user + system time from ``resource.getrusage(RUSAGE_CHILDREN)`` deltas -- the
@@ -135,6 +138,12 @@ def _medians(samples: list) -> tuple[float, float, float]:
     return tuple(statistics.median(s[k] for s in samples) for k in range(3))  # type: ignore
 
 
+def _pair_ratios(mine: list, theirs: list) -> tuple[float, float, float]:
+    """Median over the pairs of (this pair's dpool figure / its stdlib figure)."""
+    return tuple(statistics.median(a[k] / b[k] for a, b in zip(mine, theirs, strict=True))
+                 for k in range(3))  # type: ignore
+
+
 def report(results: dict, which: str, pairs: int) -> str:
     lines = [
         "| program | dpool wall | stdlib wall | ratio | dpool CPU | stdlib CPU | ratio "
@@ -144,13 +153,15 @@ def report(results: dict, which: str, pairs: int) -> str:
     for case, samples in results.items():
         dw, dc, dm = _medians(samples["dpool"])
         sw, sc, sm = _medians(samples["stdlib"])
+        rw, rc, rm = _pair_ratios(samples["dpool"], samples["stdlib"])
         lines.append(
-            f"| {case} | {dw * 1e3:.1f} ms | {sw * 1e3:.1f} ms | {dw / sw:.2f}x "
-            f"| {dc * 1e3:.1f} ms | {sc * 1e3:.1f} ms | {dc / sc:.2f}x "
-            f"| {dm / 2**20:.1f} MiB | {sm / 2**20:.1f} MiB | {dm / sm:.2f}x |")
+            f"| {case} | {dw * 1e3:.1f} ms | {sw * 1e3:.1f} ms | {rw:.2f}x "
+            f"| {dc * 1e3:.1f} ms | {sc * 1e3:.1f} ms | {rc:.2f}x "
+            f"| {dm / 2**20:.1f} MiB | {sm / 2**20:.1f} MiB | {rm:.2f}x |")
     load = os.getloadavg()
     lines.append("")
-    lines.append(f"{pairs} alternating pairs per program, medians; dpool from `{which}`; "
+    lines.append(f"{pairs} alternating pairs per program, medians (ratios: medians of the "
+                 f"pairs' ratios); dpool from `{which}`; "
                  f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
                  f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}.")
     return "\n".join(lines)
