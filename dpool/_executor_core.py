@@ -97,7 +97,6 @@ class ExecutorCore:
 
     _future_type: type[TaskFuture] = TaskFuture  # the executor's: dpool.futures.Future
 
-
     def __init__(
         self,
         max_workers: Optional[int] = None,

@@ -62,6 +62,8 @@ from dpool.objects._hoststore import HostStore
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
+from dpool.protocol._startup import preload_worker
+from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
@@ -149,6 +151,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
     # ================================================================ public (any thread)
 
     def add_group(self, cfg: GroupConfig) -> Group:
+        if _forkproc.uses_light_fork(cfg.mp_context):  # (outside the lock: an import)
+            preload_worker()  # its workers will be forked: their code is loaded here once
         with self.lock:
             g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)

@@ -35,8 +35,10 @@ _child = True  # the driver is this process's parent (fork, spawn; not forkserve
 def start(parent_pid: int) -> None:
     """In a new worker: remember the driver (pid and start time), watch it."""
     global _owner, _child
-    _owner = (parent_pid, _owners.owner_started(parent_pid))
     _child = os.getppid() == parent_pid
+    # a child of the driver sees it die by being reparented; only another's needs to tell
+    # the driver from a later process given the same pid, by its start time
+    _owner = (parent_pid, None if _child else _owners.owner_started(parent_pid))
     threading.Thread(target=_watch, daemon=True, name="dpool-parent-watch").start()
 
 
