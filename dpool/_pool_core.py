@@ -151,8 +151,13 @@ class PoolCore:
         if getattr(job, "_callback", None) is None and \
                 getattr(job, "_error_callback", None) is None:
             # No user callback to order: apply the outcome right where the future
-            # completes, saving a thread hop per task (apply round trip, imap).
-            fut.add_done_callback(partial(self._apply_direct, job, index, kind))
+            # completes, saving a thread hop per task (apply round trip, imap) -- on the
+            # thread waiting for it, when that one reads the result itself (``lead``).
+            apply = partial(self._apply_direct, job, index, kind)
+            apply.any_thread = True  # type: ignore[attr-defined]  # (completes_anywhere)
+            fut.add_done_callback(apply)
+            if kind == APPLY:
+                job._fut = fut  # its get() or wait() may lead
         else:
             fut.add_done_callback(partial(self._on_done, job, index, kind))
         return True

@@ -109,6 +109,7 @@ class ApplyResult(Generic[T]):
         self._error_callback = error_callback
         self._success: Optional[bool] = None
         self._value: Any = None
+        self._fut: Any = None  # the task's future, while a waiting thread may lead it
 
     def ready(self) -> bool:
         """Whether the call has completed (successfully or not)."""
@@ -122,6 +123,13 @@ class ApplyResult(Generic[T]):
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Wait until the result is ready or ``timeout`` seconds have passed."""
+        fut = self._fut
+        if fut is not None and not self._event.is_set():
+            client = fut._client
+            if client is not None and not client.gives_back_slot:
+                # read the result on this thread a while (``lead``): the outcome is then
+                # applied here, without waking this thread from another
+                timeout = client.lead(fut, timeout)
         self._event.wait(timeout)
 
     def get(self, timeout: Optional[float] = None) -> T:
@@ -144,7 +152,7 @@ class ApplyResult(Generic[T]):
             elif not ok and self._error_callback is not None:
                 _call_user(self._error_callback, value, "error_callback")
         self._event.set()
-        self._pool = None
+        self._pool = self._fut = None
 
 
 AsyncResult = ApplyResult

@@ -24,7 +24,7 @@ import types
 
 from dpool import _log
 
-__all__ = ["TaskFuture", "ObjectRef", "collect_refs"]
+__all__ = ["TaskFuture", "ObjectRef", "collect_refs", "completes_anywhere"]
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:  # (the client protocol is for type checkers only)
@@ -60,6 +60,16 @@ _SHOWN = {PENDING: "pending", RUNNING: "running", CANCELLED: "cancelled",
 
 # the stdlib's own logger for a failing done-callback
 _cb_log = _log.getLogger("concurrent.futures")
+
+
+def completes_anywhere(future: Any) -> bool:
+    """Whether ``future`` may be completed on any thread -- a thread waiting for it
+    included (the runtime's "leading" read, which saves a hop between threads): it has no
+    done-callbacks, or only ones marked ``any_thread`` (``Pool``'s own, which run no user
+    code and take no lock a waiting thread could hold). Anything else is completed on
+    the runtime's IO thread, where callbacks always run."""
+    callbacks = getattr(future, "_done_callbacks", None)
+    return callbacks is not None and all(getattr(cb, "any_thread", False) for cb in callbacks)
 
 
 def cancelled_error() -> type:

@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import ValuesView
 
 from dpool import _log, errors
+from dpool._task_future import completes_anywhere
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
@@ -198,10 +199,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         futures have done-callbacks go to the IO thread, which runs the callbacks as
         before. Returns what is left of ``timeout`` for the ordinary wait that follows.
         """
-        if future.done() or future._done_callbacks or self.io.is_io_thread() \
+        if future.done() or not completes_anywhere(future) or self.io.is_io_thread() \
                 or not self._leading.acquire(blocking=False):
-            # (a future with callbacks is completed by the IO thread; the IO thread, in
-            # a done-callback, must not stop serving the other sockets)
+            # (a future with callbacks is completed by the IO thread -- but for a Pool's
+            # own; the IO thread, in a done-callback, must not stop serving the others)
             return timeout
         try:
             return self._lead(future, timeout)
@@ -236,16 +237,16 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         return None
 
     def _deliver_leading(self, out: list) -> None:
-        """``deliver`` on a leader: futures with done-callbacks (and object callbacks)
-        are completed by the IO thread, so callbacks run there as they always do."""
+        """``deliver`` on a leader: futures with done-callbacks (but a Pool's own) and
+        object callbacks are completed by the IO thread, so callbacks run there as they
+        always do."""
         here = []
         there = []
         for item in out:
-            target = item[0]
-            if getattr(target, "_done_callbacks", True):
-                there.append(item)
-            else:
+            if completes_anywhere(item[0]):
                 here.append(item)
+            else:
+                there.append(item)
         self.deliver(here)
         if there:
             self.io.call_soon(lambda: self.deliver(there))

@@ -96,3 +96,45 @@ def test_worker_death_while_the_waiter_reads(tmp_path):
         ex.submit(noop).result()
         assert ex.submit(die_once, str(tmp_path / "m")).result(timeout=30) == "second attempt"
         assert ex.submit(noop, 7).result() == 7
+
+
+def test_pool_apply_results_are_read_by_the_waiting_thread():
+    """``Pool.apply`` (no callback) leads as ``result()`` does: the outcome is applied on
+    the calling thread, with no hop from the IO thread."""
+    from dpool import Pool
+    from dpool.runtime import _current
+
+    with Pool(2) as pool:
+        for _ in range(20):
+            pool.apply(noop)
+        sched = _current.driver().scheduler
+        led = []
+        orig = sched._deliver_leading
+
+        def spy(out):
+            led.append(threading.current_thread().name)
+            return orig(out)
+
+        sched._deliver_leading = spy
+        try:
+            assert [pool.apply(noop, (i,)) for i in range(50)] == list(range(50))
+        finally:
+            del sched._deliver_leading
+        assert "MainThread" in led, "no result was delivered by the thread waiting for it"
+
+
+def test_pool_callbacks_still_run_on_the_pools_result_thread():
+    """With a callback, the result is not led: callbacks run, in order, on the pool's
+    one result thread, as the stdlib's do."""
+    from dpool import Pool
+
+    with Pool(2) as pool:
+        pool.apply(noop)
+        names = []
+        for i in range(20):
+            r = pool.apply_async(noop, (i,),
+                                 callback=lambda _v: names.append(threading.current_thread().name))
+            assert r.get(10) == i
+        pool.close()
+        pool.join()
+        assert names == ["dpool-pool-results"] * 20
