@@ -82,9 +82,17 @@ def test_executor_initargs_of_every_kind(Executor, method):
 
 def test_lock_and_queue_with_the_default_context(Executor, Pool):
     lock, queue = multiprocessing.Lock(), multiprocessing.Queue()
-    with Pool(2, initializer=keep_lock_queue, initargs=(lock, queue)) as p:
+    p = Pool(2, initializer=keep_lock_queue, initargs=(lock, queue))
+    try:
         assert sorted(p.map(with_lock, range(6))) == list(range(6))
-        got = [queue.get(timeout=OK_S) for _ in range(6)]  # (before the pool terminates)
+        got = [queue.get(timeout=OK_S) for _ in range(6)]
+    finally:
+        # close() and join(), not terminate() (what leaving a ``with`` does): a worker
+        # killed right after its put -- its queue's feeder thread still holding the
+        # queue's write lock -- leaves that lock taken for good, and the executor's
+        # workers below would block in their puts (seen once: a hang, both impls can)
+        p.close()
+        p.join()
     with Executor(2, initializer=keep_lock_queue, initargs=(lock, queue)) as ex:
         assert sorted(ex.map(with_lock, range(6, 12))) == list(range(6, 12))
         got += [queue.get(timeout=OK_S) for _ in range(6)]
