@@ -1,10 +1,8 @@
 """``dpool.ProcessPoolExecutor``: the ``concurrent.futures`` surface, nothing more.
 
-Every call goes through the runtime's client (``dpool.runtime._client``): the executor is
-a *view* onto the driver's runtime -- one worker group with its own ``max_workers``,
-initializer and limits -- so futures from one executor can be arguments to tasks of
-another. Inside a task, ``get_executor()`` is a view onto the group running the task,
-through the worker's client.
+The executor itself is ``dpool._executor_core.ExecutorCore`` (how it reaches the runtime
+is told there); this module adds ``concurrent.futures.Executor`` as a base, the futures
+that are ``concurrent.futures.Future`` instances, and ``get_executor()``.
 """
 
 from __future__ import annotations

@@ -26,5 +26,5 @@ class Future(TaskFuture, _cf.Future):
 
     Every method is ``TaskFuture``'s (first in the MRO); ``concurrent.futures.Future`` is
     a base so that ``isinstance`` says so, and its ``__init__`` is never called (the
-    attributes it would set, ``TaskFuture.__init__`` sets: see tests/test_futures.py).
+    attributes it would set, ``TaskFuture.__init__`` sets: see tests/runtime/test_task_future.py).
     """
