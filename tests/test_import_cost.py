@@ -197,6 +197,46 @@ def test_a_record_without_factories_inits_as_a_dataclass(slots):
     assert repr(empty()) == "Empty()"
 
 
+@pytest.mark.parametrize("slots", [True, False])
+def test_a_record_with_init_false_keeps_its_own_init(slots):
+    @record(slots=slots, init=False)
+    class Cfg:
+        a: int
+        b: list = field(default_factory=list)
+
+        def __init__(self, a: int) -> None:
+            self.a = a
+            self.b = [a]
+
+    x = Cfg(3)
+    assert (x.a, x.b) == (3, [3]) and repr(x).endswith("Cfg(a=3, b=[3])")
+    assert x == Cfg(3) and x != Cfg(4) and Cfg.__match_args__ == ("a", "b")
+    assert hasattr(x, "__dict__") != slots
+    with pytest.raises(TypeError):
+        Cfg(1, [])  # its own signature, not the fields'
+
+
+@pytest.mark.parametrize("make", [
+    lambda: __import__("dpool.scheduling._records", fromlist=["Group"]).Group(
+        1, 2, None, None, None, 3),
+    lambda: __import__("dpool.protocol._startup", fromlist=["WorkerConfig"]).WorkerConfig(
+        1, 2, 3),
+], ids=["Group", "WorkerConfig"])
+def test_a_hand_written_record_init_gives_each_field_its_declared_default(make):
+    """``Group`` and ``WorkerConfig`` write their own ``__init__`` (``init=False``): a field
+    added to the class but not to it would be missing, or keep another default."""
+    from dpool.protocol import _record
+
+    x = make()
+    names, defaults, factories = _record._SPECS[type(x)]
+    given = 6 if type(x).__name__ == "Group" else 3
+    for n in names[given:]:
+        expected = factories[n]() if n in factories else defaults[n]
+        assert getattr(x, n) == expected and type(getattr(x, n)) is type(expected), n
+    if factories:
+        assert all(getattr(x, n) is not getattr(make(), n) for n in factories)  # fresh
+
+
 def test_the_wire_messages_pickle_and_compare_as_before():
     from dpool.protocol import _messages as m
 

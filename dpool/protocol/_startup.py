@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from typing import Optional
 
 
-@record(slots=True)
+@record(slots=True, init=False)  # (its own ``__init__``, below: no compiling at run time)
 class WorkerConfig:
     worker_id: int
     group_id: int
@@ -26,6 +26,24 @@ class WorkerConfig:
     id_base: int = 0  # first id of the worker's own (cluster-unique on a node); 0: per host
     env: Optional[dict] = None  # set before anything else runs (CUDA_VISIBLE_DEVICES)
     gpu_ids: tuple = ()  # the GPUs it is bound to, as CUDA_VISIBLE_DEVICES names them
+
+    def __init__(self, worker_id: int, group_id: int, parent_pid: int,
+                 initializer: Optional[bytes] = None, max_tasks: Optional[int] = None,
+                 cwd: str = "", sys_path: Optional[list] = None,
+                 store_capacity: Optional[int] = None, capture_output: bool = False,
+                 id_base: int = 0, env: Optional[dict] = None, gpu_ids: tuple = ()) -> None:
+        self.worker_id = worker_id
+        self.group_id = group_id
+        self.parent_pid = parent_pid
+        self.initializer = initializer
+        self.max_tasks = max_tasks
+        self.cwd = cwd
+        self.sys_path = [] if sys_path is None else sys_path
+        self.store_capacity = store_capacity
+        self.capture_output = capture_output
+        self.id_base = id_base
+        self.env = env
+        self.gpu_ids = gpu_ids
 
 
 WORKER_ENTRY = "dpool.worker._main"

@@ -94,7 +94,7 @@ class WorkerHandle:
         self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
 
 
-@record
+@record(init=False)  # (its own ``__init__``, below: no compiling at run time)
 class Group:
     """The workers of one executor (or Pool): its own size, initializer and limits."""
 
@@ -126,3 +126,30 @@ class Group:
     # workers that died by themselves before saying Hello since one last did
     # (``_workers._died_starting_locked``: at a limit the group breaks)
     start_failures: int = 0
+
+    def __init__(self, group_id: int, max_workers: int, mp_context: Any,
+                 initializer: Optional[bytes], max_tasks: Optional[int],
+                 max_attempts: int) -> None:
+        self.group_id = group_id
+        self.max_workers = max_workers
+        self.mp_context = mp_context
+        self.initializer = initializer
+        self.max_tasks = max_tasks
+        self.max_attempts = max_attempts
+        self.workers = []
+        self.queue = deque()
+        self.outstanding = 0
+        self.n_blocked = 0
+        self.closed = False
+        self.broken = None
+        self.on_idle = []
+        self.cwd = None
+        self.sys_path = None
+        self.owner = None
+        self.workdir = ()
+        self.inherited = None
+        self.rq = {}
+        self.extra = 0
+        self.n_fenced = 0
+        self.starved = False
+        self.start_failures = 0
