@@ -43,7 +43,6 @@ import threading
 import time
 import types
 import weakref
-import zlib
 
 from dpool.objects._byvalue import NeedsCloudpickle, function_state
 
@@ -131,10 +130,17 @@ def _lookup(ns: dict, qualname: str) -> Any:
     return obj
 
 
+_DIGEST_MOD = (1 << 61) - 1  # a prime: the bytecode read as a number, modulo it
+
+
 def _signature(obj: Any) -> tuple:
+    """What tells the receiver's function of the same name apart from another: its first
+    line and a digest of its bytecode, equal in every process (``hash`` of bytes is
+    salted per interpreter; ``zlib.crc32`` costs an extension module's load)."""
     if type(obj) is types.FunctionType:
         code = obj.__code__
-        return ("f", code.co_firstlineno, zlib.crc32(code.co_code))
+        return ("f", code.co_firstlineno, len(code.co_code),
+                int.from_bytes(code.co_code, "little") % _DIGEST_MOD)
     return ("c",)
 
 
