@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import queue
 import threading
 import weakref
 from collections import OrderedDict
 from functools import partial
+
+try:  # the C queue itself: the ``queue`` module (and ``heapq``) is not needed for it
+    from _queue import SimpleQueue
+except ImportError:  # pragma: no cover - an interpreter without the accelerator
+    from queue import SimpleQueue  # type: ignore[assignment]
 
 from dpool import _log
 from dpool._executor_core import ExecutorCore, _ChunkRunner
@@ -123,7 +127,7 @@ class PoolCore:
         self._pending = 0  # outcomes submitted and not yet applied by the handler
         self._feeders: set[IMapIterator] = set()
         self._stop_requested = False
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: SimpleQueue = SimpleQueue()
         self._runners: OrderedDict[tuple[int, Any], Any] = OrderedDict()
         self._runners_lock = threading.Lock()
         self._handler = threading.Thread(target=self._handle_results,

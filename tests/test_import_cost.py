@@ -58,8 +58,13 @@ DENIED = (
     "mmap",
 )
 # ``multiprocessing.Pool``'s programs load neither; nor does ``dpool.Pool`` (its futures
-# are ``TaskFuture``s, its loggers load ``logging`` when a record is due: ``dpool._log``)
-POOL_DENIED = ("concurrent", "logging", "string")
+# are ``TaskFuture``s, its loggers load ``logging`` when a record is due: ``dpool._log``);
+# nor what ``multiprocessing.Pool`` loads and ``dpool.Pool`` does without: ``traceback``
+# (and ``linecache``, ``tokenize``, ``textwrap``: a task's error is formatted when one
+# fails), ``queue`` (the C ``SimpleQueue`` is ``_queue``'s), ``zlib`` (``_mainref``'s
+# function digests are arithmetic)
+POOL_DENIED = ("concurrent", "logging", "string", "traceback", "linecache", "tokenize",
+               "textwrap", "queue", "heapq", "zlib")
 PRELOADED = {"dpool.worker", "dpool.worker._main", "dpool.worker._watchdog"}
 
 

@@ -15,7 +15,6 @@ where their code failed on the other side.
 from __future__ import annotations
 
 import pickle
-import traceback
 
 from dpool import errors
 from dpool.errors import SerializationError
@@ -139,6 +138,9 @@ def _inherited_only(exc: Optional[BaseException], initargs: tuple) -> bool:
 
 
 def format_remote(exc: BaseException) -> str:
+    import traceback  # (here: with linecache, tokenize and textwrap it is ~10 M
+    # instructions that a program whose tasks never fail does not spend)
+
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return f'\n"""\n{tb}"""'
 
