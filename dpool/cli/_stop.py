@@ -1,6 +1,6 @@
 """Stop everything ``dpool start`` started on this host: the node (and its workers), the
-global schedulers and Redis shards (replicas, Sentinels) of a head; then remove the store segments and the
-record, so nothing is left behind."""
+global schedulers and Redis shards (replicas, Sentinels) of a head; then remove the store
+segments and the record, so nothing is left behind."""
 
 from __future__ import annotations
 
