@@ -56,6 +56,8 @@ DENIED = (
     # an extension module (loading its shared library: ~1.6 M instructions) that only the
     # store's mappings use (a channel's read buffer is a bytearray)
     "mmap",
+    # the cache of large array arguments (made once numpy is loaded) and ``no_rebuild``
+    "dpool.runtime._argcache", "dpool.runtime._rebuild",
 )
 # ``multiprocessing.Pool``'s programs load neither; nor does ``dpool.Pool`` (its futures
 # are ``TaskFuture``s, its loggers load ``logging`` when a record is due: ``dpool._log``);

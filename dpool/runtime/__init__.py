@@ -29,6 +29,17 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
   once.
 """
 
-from dpool.runtime._rebuild import no_rebuild
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.runtime._rebuild import no_rebuild
 
 __all__ = ["no_rebuild"]
+
+
+def __getattr__(name: str) -> object:
+    """``no_rebuild`` loads on first use: the runtime's own modules import this package."""
+    if name == "no_rebuild":
+        from dpool.runtime._rebuild import no_rebuild
+
+        return no_rebuild
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import sys
+import threading
 import time
 import weakref
 
@@ -18,7 +20,6 @@ from dpool._task_future import ObjectRef, TaskFuture
 from dpool.control import InProcessControlStore
 from dpool.objects import _owners, _payload
 from dpool.runtime import _calls
-from dpool.runtime._argcache import ArgumentCache
 from dpool.runtime._functions import FunctionTable
 from dpool.scheduling import GroupConfig, LocalScheduler
 
@@ -47,7 +48,8 @@ class DriverRuntime:
         self.scheduler = LocalScheduler(self.control)
         self._ids = itertools.count(1)
         self.functions = FunctionTable(self.new_id, self.scheduler.register_function)
-        self.arg_cache = ArgumentCache(self._put)
+        self._arg_cache: Any = None  # ``_argcache.ArgumentCache``, once numpy is loaded
+        self._arg_cache_lock = threading.Lock()
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closed = False
         self._groups: Any = None  # placement groups (``_pgroups.LocalGroups``), on first use
@@ -114,14 +116,26 @@ class DriverRuntime:
         oid = next(self._ids)
         fut = future_type(oid, self)
         try:
-            if args or kwargs:
-                args, kwargs = self.arg_cache.substitute(args, kwargs)
+            if (args or kwargs) and "numpy" in sys.modules:  # (only arrays are cached)
+                args, kwargs = self._arguments().substitute(args, kwargs)
             fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)
         except Exception as exc:  # noqa: BLE001 - reported on the future, as the stdlib does
             fut._client = None
             return _calls.failed_future(fut, exc)
         self.scheduler.submit(group, oid, fn_id, payload, deps, fut, req)
         return fut
+
+    def _arguments(self) -> Any:
+        """The cache of large array arguments (``_argcache``), made when first needed."""
+        cache = self._arg_cache
+        if cache is None:
+            from dpool.runtime._argcache import ArgumentCache
+
+            with self._arg_cache_lock:
+                if self._arg_cache is None:
+                    self._arg_cache = ArgumentCache(self._put)
+                cache = self._arg_cache
+        return cache
 
     def lead(self, future: TaskFuture, timeout: Any) -> Any:
         """Wait a while for ``future`` by reading its worker's socket on this thread
@@ -175,6 +189,7 @@ class DriverRuntime:
                 ex.shutdown(wait=True)
             except Exception:  # noqa: BLE001 - keep closing the others
                 log.exception("dpool: error shutting down %r at exit", ex)
-        self.arg_cache.clear()
+        if self._arg_cache is not None:
+            self._arg_cache.clear()
         self.scheduler.shutdown()
         self.control.flush()
