@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - an interpreter without the accelerator
 from dpool import _log
 from dpool._executor_core import ExecutorCore, _ChunkRunner
 from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
-from dpool._task_future import TaskFuture, cancelled_error
+from dpool._task_future import TaskFuture, TracebackText, cancelled_error
 from dpool.objects import _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -279,10 +279,9 @@ class PoolCore:
             if fut.cancelled():
                 exc = cancelled_error()()
             else:
-                exc = fut.exception()
-                if exc is not None and exc.__cause__ is not None and (
-                        type(exc.__cause__) is _payload.remote_traceback_type()):
-                    exc.__cause__ = _pool_traceback(str(exc.__cause__))  # str(): its .tb
+                exc = fut._exception  # (done: read as it came, with its traceback's text)
+                if exc is not None and type(exc.__cause__) is TracebackText:
+                    exc.__cause__ = _pool_traceback(exc.__cause__.tb)
                 if exc is None:
                     value = fut.result()
                     # The pool's own future: let go of the result, which the runtime

@@ -87,6 +87,65 @@ def _timeout_error() -> type:
     return FuturesTimeout
 
 
+class TracebackText(Exception):
+    """A failed task's traceback as it arrives: ``_payload.loads_error`` attaches it as
+    the exception's ``__cause__``, and the exception gets the stdlib's class in its place
+    (``stdlib_cause``) before code of the user's sees it: a future's ``result()`` and
+    ``exception()`` give the executor's (``concurrent.futures.process._RemoteTraceback``),
+    a ``Pool`` its own (``multiprocessing.pool.RemoteTraceback``). Each class loads with
+    the first failure that needs it: the executor's module brings most of
+    ``multiprocessing`` with it, which a ``Pool`` never needs."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+def stdlib_cause(exc: BaseException, cls: Optional[type] = None) -> BaseException:
+    """``exc`` with the stdlib's remote-traceback class (``cls``, else the executor's) as
+    its ``__cause__`` where ``loads_error`` attached the text; returns ``exc``."""
+    cause = exc.__cause__
+    if type(cause) is TracebackText:
+        if cls is None:
+            cls = remote_traceback_type()
+        exc.__cause__ = cls(cause.tb)
+    return exc
+
+
+def remote_traceback_type() -> type:
+    """The class of a failed executor task's ``__cause__``: the stdlib's own, as
+    ``concurrent.futures`` attaches (code and CPython's tests check
+    ``type(exc.__cause__)``); a ``Pool`` gives ``multiprocessing.pool.RemoteTraceback``.
+    Imported when first needed: its module, ``concurrent.futures.process``, brings most
+    of ``multiprocessing`` with it. (At interpreter exit, where that import fails,
+    ``_ExitRemoteTraceback`` stands in.)"""
+    global _remote_traceback
+    if _remote_traceback is None:
+        try:
+            from concurrent.futures.process import _RemoteTraceback
+
+            _remote_traceback = _RemoteTraceback
+        except RuntimeError:  # "can't register atexit after shutdown"
+            _remote_traceback = _ExitRemoteTraceback
+    return _remote_traceback
+
+
+class _ExitRemoteTraceback(Exception):
+    """The stdlib's ``_RemoteTraceback``, where it cannot be imported any more."""
+
+    def __init__(self, tb: str) -> None:
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+_remote_traceback: Optional[type] = None
+
+
 def _invalid_state(future: TaskFuture) -> Exception:
     from concurrent.futures import InvalidStateError
 
@@ -269,7 +328,7 @@ class TaskFuture:
                     if exc is None:
                         return self._result
                     try:
-                        raise exc
+                        raise stdlib_cause(exc)
                     finally:
                         exc = None  # no cycle through this frame's traceback
                 if state in (CANCELLED, CANCELLED_AND_NOTIFIED):
@@ -284,7 +343,8 @@ class TaskFuture:
                 self._condition.wait(timeout)
             state = self._state
             if state == FINISHED:
-                return self._exception
+                exc = self._exception
+                return exc if exc is None else stdlib_cause(exc)
             if state in (CANCELLED, CANCELLED_AND_NOTIFIED):
                 raise cancelled_error()()
             raise _timeout_error()()

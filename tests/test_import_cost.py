@@ -256,3 +256,27 @@ def test_the_wire_messages_pickle_and_compare_as_before():
             f"{n}={i!r}" for i, n in enumerate(names)) + ")"
     assert m.FetchSegment(6, "/x") == m.FetchSegment(6, "/x", 0, -1)
     assert m.SubmitTask(1, 2, None, None, 3).req is None
+
+
+def test_a_failed_pool_task_loads_no_concurrent_futures():
+    """A ``Pool``'s error gets ``multiprocessing.pool.RemoteTraceback`` as its cause, the
+    stdlib's, without the executor's class (``concurrent.futures.process``, and most of
+    ``multiprocessing`` with it) being loaded on the way."""
+    loaded = _loaded_after("""
+        import sys
+        from dpool import Pool
+
+        def bad(x):
+            raise ValueError(x)
+
+        if __name__ == "__main__":
+            with Pool(1) as p:
+                try:
+                    p.apply(bad, (1,))
+                except ValueError as exc:
+                    import multiprocessing.pool
+                    assert type(exc.__cause__) is multiprocessing.pool.RemoteTraceback
+                    assert 'ValueError: 1' in str(exc.__cause__)
+    """)
+    assert "multiprocessing.pool" in loaded
+    assert not [m for m in loaded if m == "concurrent" or m.startswith("concurrent.")]

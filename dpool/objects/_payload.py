@@ -17,6 +17,7 @@ from __future__ import annotations
 import pickle
 
 from dpool import errors
+from dpool._task_future import TracebackText
 from dpool.errors import SerializationError
 from dpool.objects import _serialization, _values
 
@@ -27,36 +28,6 @@ if TYPE_CHECKING:
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
 _dumps = pickle.dumps
 _cp_dumps = _serialization.dumps  # cloudpickle, main-namespace aware, buffers in-band
-
-
-def remote_traceback_type() -> type:
-    """The class of a failed task's ``__cause__``: the stdlib's own, as ``concurrent.futures``
-    attaches (code and CPython's tests check ``type(exc.__cause__)``); ``Pool`` swaps in
-    ``multiprocessing.pool.RemoteTraceback``. Imported when first needed: its module,
-    ``concurrent.futures.process``, brings most of ``multiprocessing`` with it. (At
-    interpreter exit, where that import fails, ``_ExitRemoteTraceback`` stands in.)"""
-    global _remote_traceback
-    if _remote_traceback is None:
-        try:
-            from concurrent.futures.process import _RemoteTraceback
-
-            _remote_traceback = _RemoteTraceback
-        except RuntimeError:  # "can't register atexit after shutdown"
-            _remote_traceback = _ExitRemoteTraceback
-    return _remote_traceback
-
-
-class _ExitRemoteTraceback(Exception):
-    """The stdlib's ``_RemoteTraceback``, where it cannot be imported any more."""
-
-    def __init__(self, tb: str) -> None:
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
-
-
-_remote_traceback: Optional[type] = None
 
 
 def dumps(obj: Any) -> bytes:
@@ -207,6 +178,6 @@ def loads_error(payload: bytes) -> BaseException:
         exc, tb = _values.decode(payload)
     except BaseException as unpickling_exc:  # noqa: BLE001 - SystemExit too (BrokenProcessPool)
         return errors.DeserializationError.wrap("the exception a task raised", unpickling_exc)
-    if tb:
-        exc.__cause__ = remote_traceback_type()(tb)
+    if tb:  # (the stdlib's class replaces it where the user gets the exception)
+        exc.__cause__ = TracebackText(tb)
     return exc

@@ -25,6 +25,7 @@ import time
 from collections import deque
 
 from dpool import _log, errors
+from dpool._task_future import stdlib_cause
 from dpool.objects import _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
@@ -197,7 +198,7 @@ def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
     values = {}
     for oid, ok, payload in deps:
         if not ok:
-            raise _payload.loads_error(payload)
+            raise stdlib_cause(_payload.loads_error(payload))
         values[oid] = payload
 
     def resolve(a: Any) -> Any:
