@@ -120,8 +120,8 @@ def remote_traceback_type() -> type:
     ``concurrent.futures`` attaches (code and CPython's tests check
     ``type(exc.__cause__)``); a ``Pool`` gives ``multiprocessing.pool.RemoteTraceback``.
     Imported when first needed: its module, ``concurrent.futures.process``, brings most
-    of ``multiprocessing`` with it. (At interpreter exit, where that import fails,
-    ``_ExitRemoteTraceback`` stands in.)"""
+    of ``multiprocessing`` with it. (At interpreter exit, where that import fails, the
+    text's own class, ``TracebackText``, stays.)"""
     global _remote_traceback
     if _remote_traceback is None:
         try:
@@ -129,18 +129,8 @@ def remote_traceback_type() -> type:
 
             _remote_traceback = _RemoteTraceback
         except RuntimeError:  # "can't register atexit after shutdown"
-            _remote_traceback = _ExitRemoteTraceback
+            _remote_traceback = TracebackText
     return _remote_traceback
-
-
-class _ExitRemoteTraceback(Exception):
-    """The stdlib's ``_RemoteTraceback``, where it cannot be imported any more."""
-
-    def __init__(self, tb: str) -> None:
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
 
 
 _remote_traceback: Optional[type] = None
