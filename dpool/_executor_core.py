@@ -235,17 +235,8 @@ class ExecutorCore:
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
         """Schedule ``fn(*args, **kwargs)`` to run in a worker process; returns a future
         of its outcome."""
-        group = self._group
-        if self._driver is not None and group.broken is not None:
-            raise errors.broken_pool(group.broken)
-        if self._shutdown_thread:
-            raise RuntimeError("cannot schedule new futures after shutdown")
-        if self._n_stdlib < self._max_workers:
-            self._count_as_stdlib()
-        if self._req is None and not _resources.decorated:  # the default: no request
-            return self._runtime.submit(group, fn, args, kwargs, None, self._future_type)
-        return self._runtime.submit(group, fn, args, kwargs, self._request(fn),
-                                    self._future_type)
+        req = None if self._req is None and not _resources.decorated else self._request(fn)
+        return self._submit_request(fn, args, kwargs, req)  # (None: the default, no request)
 
     def _request(self, fn: Any, extra: Optional[dict] = None) -> Optional[_resources.Request]:
         """What a call of ``fn`` needs: this executor's, refined by the function's
