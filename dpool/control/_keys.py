@@ -59,7 +59,8 @@ EVENTS = PREFIX + b"events"
 # -- pub/sub channels --------------------------------------------------------------------
 CH_OBJECT_READY = "dpool:ch:object-ready"
 CH_NODE_DEAD = "dpool:ch:node-dead"
-CHANNELS = (CH_OBJECT_READY, CH_NODE_DEAD)
+CH_SCHEDULER_UP = "dpool:ch:scheduler-up"  # a global scheduler registered (data: its id)
+CHANNELS = (CH_OBJECT_READY, CH_NODE_DEAD, CH_SCHEDULER_UP)
 
 # The load a node daemon reports in each heartbeat (``dpool:node:<id>`` field ``load``):
 # tasks queued, exponential average task time (s), idle CPUs, object store bytes used and
@@ -148,7 +149,7 @@ def wake_channel(tag: str) -> str:
 
 def channel_shards(channel: str, nshards: int) -> range:
     """The shards a channel's notices are published on (a subscriber listens on all)."""
-    if channel == CH_NODE_DEAD:
+    if channel in (CH_NODE_DEAD, CH_SCHEDULER_UP):
         return range(SINGLETON_SHARD, SINGLETON_SHARD + 1)
     if channel == CH_OBJECT_READY:
         return range(nshards)

@@ -27,6 +27,7 @@ from dpool.control import _keys as K
 log = logging.getLogger("dpool.control")
 
 DEAD_AFTER = 3.0  # seconds without a heartbeat before a node counts as dead
+BEAT_S = 1.0  # how often nodes and global schedulers heartbeat: DEAD_AFTER is 3 beats
 
 # HSET the heartbeat (the server's clock) plus ARGV's field/value pairs. ARGV[1] == '1':
 # (re-)register, clearing a dead mark; else a beat, refused (0) for a row that is gone
@@ -50,6 +51,18 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 return redis.call('HSETNX', KEYS[1], 'dead', '1')
 """
+
+READ_MARGIN_S = 0.05  # a read comes this long after a heartbeat could first have aged out
+
+
+def next_read_s(nodes: list[dict], dead_after: float = DEAD_AFTER) -> float:
+    """Seconds from a read of the node table (``nodes``: its rows) until the next read
+    could find a node dead that this one found alive: the least time any of them has left
+    before its heartbeat ages past ``dead_after``, plus ``READ_MARGIN_S``. ``dead_after``
+    when none is alive (a node that registers links to the global schedulers, and that
+    wakes their read)."""
+    left = [dead_after - n["age"] for n in nodes if n.get("alive")]
+    return max(0.0, min(left, default=dead_after)) + READ_MARGIN_S
 
 
 def _server_time(reply: Sequence[int]) -> float:
@@ -173,11 +186,14 @@ class Registry:
 
     # -- global scheduler registry (shard 0) ----------------------------------------------
     def register_global_scheduler(self, gs_id: str, address: str) -> None:
+        """Add (or re-add) a global scheduler and announce it (``CH_SCHEDULER_UP``): the
+        nodes link to it at once instead of at their next read of the registries."""
         s = K.SINGLETON_SHARD
         self._beat(s, K.gs_key(gs_id), "register_global_scheduler",
                    b"info", json.dumps({"address": address}), create=True)
-        with self._errors(s, "register_global_scheduler"):
-            self._clients[s].sadd(K.GLOBAL_SCHEDULERS, gs_id)
+        self._run(s, "register_global_scheduler",
+                  lambda p: (p.sadd(K.GLOBAL_SCHEDULERS, gs_id),
+                             p.publish(K.CH_SCHEDULER_UP, gs_id.encode())))
 
     def heartbeat_global_scheduler(self, gs_id: str) -> bool:
         """False: unknown (unregistered); register again."""

@@ -15,9 +15,9 @@ that per kind of write:
 
 - *Owners re-assert their rows.* A node's row (``dpool:node:<id>``) and its membership of
   the node set, and a global scheduler's row and membership, are checked on every
-  heartbeat (0.5 s): a heartbeat refused because the row is gone, or a read of the
-  registry that no longer lists the owner, registers it again. So after a failover every
-  live node is listed again within a heartbeat or two.
+  heartbeat (``BEAT_S``, 1 s) and read of the registry (every 2-4 s): a heartbeat
+  refused because the row is gone, or a read that no longer lists the owner, registers
+  it again. So after a failover every live node is listed again within seconds.
 - *Recent batched writes are re-sent.* Lineage (task rows), function rows, object sizes
   and locations and copies go through ``flush``; with replicas, each process keeps the
   commands it sent to each shard during the last ``REPLAY_WINDOW_S`` seconds (references

@@ -103,6 +103,8 @@ class GlobalScheduler:
             old[0].alive = False
             old[0].chan.close()  # the node linked again: its old link is dead
         self._io.add(h)
+        if self._watch is not None:
+            self._watch.heard(hello.address)
         log.info("node %s linked (%d CPUs)", hello.node_id, hello.num_cpus)
 
     def _on_closed(self, h: PeerHandle) -> None:
@@ -161,6 +163,8 @@ class GlobalScheduler:
                             load.pending = 0 if msg.received < 0 else \
                                 max(0, entry[0].tasks_out - msg.received)
                             self.groups.on_load(self._loads_locked())
+                    if self._watch is not None:
+                        self._watch.heard(h.address)
                 elif isinstance(msg, (m.PGReserve, m.PGRemove, m.BundleHeld)):
                     with self._lock:
                         self.groups.on_message(msg, self._loads_locked())

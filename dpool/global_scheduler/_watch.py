@@ -1,13 +1,19 @@
 """A global scheduler's watch over the nodes: its heartbeat, which nodes are alive, and
 declaring the dead ones dead.
 
-One thread, off the IO thread (a slow shard must never stall placement). Every
-``HEARTBEAT_S`` it reads both registries with its own heartbeat in the same pipeline
-(``cluster_view``: 3 round trips with 2 shards), keeps the set of node addresses alive
-in the node table (a node whose link is open but which stopped heartbeating gets
-nothing), and marks a node that stopped heartbeating dead, which publishes the notice on
-which every node retries what it sent there. The nodes read the tables less often: the
-global schedulers are the ones that notice a silent node first.
+One thread, off the IO thread (a slow shard must never stall placement). It heartbeats
+every ``BEAT_S`` and reads both registries (``cluster_view``: 3 round trips with 2
+shards, its own heartbeat in the same pipeline) when the read can tell something new:
+at the moment the stalest node alive in the last read would age past ``DEAD_AFTER``
+had it not beaten since (``next_read_s``), and at once when a node links that the last
+read did not show alive. So a node that goes silent is declared dead ``DEAD_AFTER``
+after its last heartbeat (plus ``READ_MARGIN_S``), without a read every beat: with nodes
+beating every second, one read every 2-3 s (an idle scheduler read the tables twice a
+second, most of its CPU: issue 21). It keeps the set of node addresses alive in the node
+table (a node whose link is open but which stopped heartbeating gets nothing), and marks
+a node that stopped heartbeating dead, which publishes the notice on which every node
+retries what it sent there. The nodes read the tables less often: the global schedulers
+are the ones that notice a silent node first.
 
 A node's link that closes is a reason to look at once instead of waiting for its
 heartbeat to age: the watch connects to the node's address, and a refused connection (the
@@ -28,10 +34,10 @@ from collections.abc import Callable
 from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
+from dpool.control._registry import BEAT_S, next_read_s
 
 log = logging.getLogger("dpool.global_scheduler")
 
-HEARTBEAT_S = 0.5
 PROBE_TIMEOUT_S = 1.0
 
 
@@ -43,8 +49,10 @@ class NodeWatch:
         self._register = register  # registers this scheduler again
         self.alive: Optional[set] = None  # node addresses alive in the node table
         self._stop = threading.Event()
-        self._wake = threading.Event()  # stop, or a suspect to probe
+        self._wake = threading.Event()  # stop, a suspect to probe, a node to look up
         self._suspects: dict[str, str] = {}  # node address -> node id
+        self._read_now = False  # a node was heard that the last read did not show alive
+        self._asked: dict[str, float] = {}  # node address -> when it last woke a read
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="dpool-gs-heartbeat")
@@ -64,10 +72,28 @@ class NodeWatch:
             self._suspects[address] = node_id
         self._wake.set()
 
+    def heard(self, address: str) -> None:
+        """A node linked or reported its load (any thread; on every report, so cheap):
+        when the last read did not show it alive (it joined, or registered again after
+        it was declared dead) read the node table now, or it would get no task until the
+        next read. At most once a beat per node (one alive on its link but not in the
+        table -- its heartbeats fail -- reports ten times a second while busy)."""
+        alive = self.alive
+        if alive is None or address in alive:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._asked.get(address, -BEAT_S) < BEAT_S:
+                return
+            self._asked[address] = now
+            self._read_now = True
+        self._wake.set()
+
     def _run(self) -> None:
-        next_beat = time.monotonic() + HEARTBEAT_S
+        now = time.monotonic()
+        next_beat = next_read = now  # (the first beat is a read)
         while True:
-            self._wake.wait(max(0.0, next_beat - time.monotonic()))
+            self._wake.wait(max(0.0, min(next_beat, next_read) - time.monotonic()))
             if self._stop.is_set():
                 return
             self._wake.clear()
@@ -75,23 +101,41 @@ class NodeWatch:
                 suspects, self._suspects = self._suspects, {}
             for address, node_id in suspects.items():
                 self._probe(node_id, address)
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + HEARTBEAT_S
+            now = time.monotonic()
+            if self._read_now or now >= next_read:
+                self._read_now = False
+                wait = self._read()
+                now = time.monotonic()  # (after the read: never before a verdict is due)
+                next_read, next_beat = now + wait, now + BEAT_S  # (the read carried a heartbeat)
+            elif now >= next_beat:
+                next_beat = now + BEAT_S
                 self._beat()
 
     def _beat(self) -> None:
+        try:
+            if not self._control.heartbeat_global_scheduler(self._gs_id):
+                self._register()  # a failover of the shard lost the row
+        except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
+            log.warning("control store unreachable: %s", exc)
+
+    def _read(self) -> float:
+        """Heartbeat and read the node table; seconds until the next read."""
         control = self._control
         try:
             view = control.cluster_view(gs_beat=self._gs_id)
             # re-assert the row and its listing if a failover of the shard lost them
             if not view.beat or all(g["gs_id"] != self._gs_id for g in view.global_schedulers):
                 self._register()
-            self.alive = {n.get("address") for n in view.nodes if n.get("alive")}
+            self.alive = alive = {n.get("address") for n in view.nodes if n.get("alive")}
+            with self._lock:
+                self._asked = {a: t for a, t in self._asked.items() if a not in alive}
             for n in view.nodes:
                 if not n.get("alive") and not n.get("dead"):
                     control.mark_node_dead(n["node_id"])  # (once: HSETNX)
         except Exception as exc:  # noqa: BLE001 - keep placing while Redis is away
             log.warning("control store unreachable: %s", exc)
+            return BEAT_S
+        return next_read_s(view.nodes)
 
     def _probe(self, node_id: str, address: str) -> None:
         host, _, port = address.rpartition(":")

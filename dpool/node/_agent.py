@@ -3,21 +3,25 @@
 A thread, off every task's path: every ``load_s`` while the node reads input, it pushes
 this node's load (queue, busy and total CPUs, average task time) to each linked global
 scheduler when it changed (and at least every ``_REFRESH_S``); idle, it sleeps until
-the next heartbeat or the first input (``IOLoop.on_input``); every ``beat_s`` it
-heartbeats the same load into the node table; every ``_READ_EVERY`` beats it reads the
-global schedulers and nodes registered there (``cluster_view``: a round trip for the
-listings and one per shard holding rows), links to schedulers it has not linked yet, and
-refreshes the cluster's CPU count that drivers see. A heartbeat refused (its row is
-gone) or a node table that does not list this node registers it again: after a
-control-store failover lost those writes, the node re-asserts them
-(``control._sentinel``). A control store that is briefly unreachable costs warnings, not
-tasks: the local path never waits on it.
+the next heartbeat or the first input (``IOLoop.on_input``); every ``beat_s``
+(``BEAT_S``) it heartbeats the same load into the node table; every ``_READ_S`` it
+reads the global schedulers and nodes registered there (``cluster_view``: a round trip
+for the listings and one per shard holding rows), links to schedulers it has not linked
+yet, and refreshes the cluster's CPU count that drivers see. A global scheduler that
+registers is announced (``CH_SCHEDULER_UP``), and the notice makes the agent read at
+once. A heartbeat refused (its row is gone, or marked dead) or a node table that does
+not list this node registers it again, and its next load report goes to every
+scheduler at once (so they count it alive again): after a control-store failover lost
+those writes, the node re-asserts them (``control._sentinel``). A control store that is
+briefly unreachable costs warnings, not tasks: the local path never waits on it.
 
 A node that stops heartbeating is declared dead by whoever notices first -- a global
-scheduler, which reads the node table every beat, or a node --: it marks it in the node
-table, which publishes a node-death notice. This node acts on the notice at once
-(``_on_death_notice``: the tasks it sent there are retried elsewhere) and on its own
-next poll of the node table, which catches notices pub/sub lost.
+scheduler, which reads the node table when a heartbeat could first have aged out, or a
+node --: it marks it in the node table, which publishes a node-death notice. This node
+acts on the notice at once (``_on_notice``: the tasks it sent there are retried
+elsewhere) and on its own next read of the node table, which catches notices pub/sub
+lost; with no global scheduler alive it reads when a heartbeat could first have aged out,
+as they do.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Optional
 
 from dpool.control import _keys as K
 from dpool.control._interface import ClusterControlStore, Subscription
+from dpool.control._registry import BEAT_S, next_read_s
 from dpool.protocol import _messages as m
 from dpool.scheduling import _resources
 
@@ -39,11 +44,11 @@ log = logging.getLogger("dpool.node")
 
 _REFRESH_S = 5.0  # a load report unchanged this long is sent again anyway (a safety net:
 # a report goes whenever the load changes, and to a scheduler linked since the last one)
-# heartbeats per read of the scheduler and node tables (after the first two): the global
-# schedulers read them every beat and declare silent nodes dead (a notice reaches this
-# node at once); this read finds new global schedulers, notices pub/sub lost and the
-# cluster's CPUs (read afresh for each attaching driver)
-_READ_EVERY = 4
+# how often the scheduler and node tables are read (after the first two beats): the
+# global schedulers declare silent nodes dead (a notice reaches this node at once) and
+# announce themselves; this read finds notices pub/sub lost, and the cluster's CPUs (read
+# afresh for each attaching driver anyway)
+_READ_S = 4.0
 
 
 def _pool_cpus(cpus: int) -> int:
@@ -56,7 +61,7 @@ def _pool_cpus(cpus: int) -> int:
 
 class ClusterAgent:
     def __init__(self, daemon: NodeDaemon, control: ClusterControlStore,
-                 load_s: float = 0.1, beat_s: float = 0.5) -> None:
+                 load_s: float = 0.1, beat_s: float = BEAT_S) -> None:
         self._d = daemon
         self._control = control
         self.load_s = load_s
@@ -66,6 +71,8 @@ class ClusterAgent:
         self._wake = threading.Event()  # stop, or input while asleep (``_on_input``)
         self._sleeping = False
         self._beats = 0
+        self._next_read = 0.0  # (monotonic) when the tables are read next
+        self._read_now = False  # a global scheduler was announced
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
@@ -77,7 +84,8 @@ class ClusterAgent:
     def start(self) -> None:
         self._beat()
         try:
-            self._notices = self._control.subscribe([K.CH_NODE_DEAD], self._on_death_notice)
+            self._notices = self._control.subscribe([K.CH_NODE_DEAD, K.CH_SCHEDULER_UP],
+                                                    self._on_notice)
         except Exception as exc:  # noqa: BLE001 - the poll of the node table still buries
             log.warning("no node-death notices (polling the node table only): %s", exc)
         self._thread.start()
@@ -89,7 +97,11 @@ class ClusterAgent:
             self._notices.stop()
         self._thread.join(timeout=5)
 
-    def _on_death_notice(self, channel: str, data: bytes) -> None:
+    def _on_notice(self, channel: str, data: bytes) -> None:
+        if channel == K.CH_SCHEDULER_UP:  # read the registries (and link to it) now
+            self._read_now = True
+            self._wake.set()
+            return
         node_id = K.parse_node_dead(data)
         self._bury_one({"node_id": node_id, "dead": True}, "its death was announced")
 
@@ -158,27 +170,40 @@ class ClusterAgent:
         self._beats += 1
         try:
             if not self._control.heartbeat(d.node_id, load):
-                self._control.register_node(d.node_id, d.node_info())
-            if self._beats % _READ_EVERY and self._beats > 2:
-                return  # the tables are read every _READ_EVERY beats (each read: a round
-                # trip per shard from a thread woken for it, most of an idle node's CPU)
+                self._register()
+            if time.monotonic() < self._next_read and self._beats > 2 \
+                    and not self._read_now:
+                return  # (each read: a round trip per shard from a thread woken for it,
+                # most of an idle node's CPU: issue 21)
+            self._read_now = False
             view = self._control.cluster_view()
             gss = [g for g in view.global_schedulers if g.get("alive")]
             all_nodes = view.nodes
             if all(n["node_id"] != d.node_id for n in all_nodes):
                 # the node set lost this node (a failover of its shard lost the write):
                 # the owner re-asserts its row (control._sentinel)
-                self._control.register_node(d.node_id, d.node_info())
+                self._register()
             nodes = [n for n in all_nodes if n.get("alive")]
         except Exception as exc:  # noqa: BLE001 - keep serving while Redis is away
             log.warning("control store unreachable: %s", exc)
             return
+        # with no global scheduler alive, nobody else notices a silent node
+        self._next_read = time.monotonic() + (_READ_S if gss else
+                                              min(_READ_S, next_read_s(all_nodes)))
         self.schedulers = [g["address"] for g in gss]
         self._bury([n for n in all_nodes if not n.get("alive")])
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
         self._set_cluster_cpus(nodes)
+
+    def _register(self) -> None:
+        """Register again (the row is gone or marked dead); the next load report goes to
+        every linked scheduler at once, which reads the node table on it."""
+        d = self._d
+        self._control.register_node(d.node_id, d.node_info())
+        self._pushed = {}
+        self._wake.set()
 
     def _set_cluster_cpus(self, alive: list) -> None:
         d = self._d
@@ -187,7 +212,7 @@ class ClusterAgent:
 
     def fresh_cluster_cpus(self) -> int:
         """The cluster's CPUs for a driver attaching now, read from the node table: a node
-        that joined since the agent's last read (up to ``_READ_EVERY`` beats ago) counts,
+        that joined since the agent's last read (up to ``_READ_S`` ago) counts,
         or ``ProcessPoolExecutor()`` would size its pool without it. The last value read
         when the control store does not answer."""
         try:
@@ -244,7 +269,7 @@ class ClusterAgent:
                 load = self._load()
                 self._push_load(load)
                 now = time.monotonic()
-                if now >= next_beat:
+                if now >= next_beat or self._read_now:
                     next_beat = now + self.beat_s
                     self._beat(load)
             except Exception:  # noqa: BLE001 - the agent must outlive one bad round

@@ -2,8 +2,9 @@
 
 ``cluster_view`` gives what ``global_schedulers()`` and ``nodes()`` give, in fewer round
 trips (an idle daemon's CPU was mostly these reads: issue 21), and carries a global
-scheduler's heartbeat. A real ``GlobalScheduler`` reads the view every beat and marks a
-node that stopped heartbeating dead, which publishes the notice every node acts on; a
+scheduler's heartbeat. A real ``GlobalScheduler`` reads the view when a heartbeat could
+first have aged out (and when a node it does not count alive links or reports) and marks
+a node that stopped heartbeating dead, which publishes the notice every node acts on; a
 node whose link closes and whose address refuses connections is declared dead at once,
 heartbeats or not (its peers here: fake nodes on real authenticated links)."""
 
@@ -160,3 +161,94 @@ def test_a_node_that_leaves_is_not_declared_dead(store):
     store.remove_node("leaving")
     assert not store.mark_node_dead("leaving")
     assert store.nodes() == []
+
+
+def test_the_next_read_comes_when_the_stalest_heartbeat_could_age_out():
+    """A global scheduler reads the node table when a verdict could first be due, not
+    every beat: the least time an alive node has left before ``DEAD_AFTER``."""
+    from dpool.control._registry import DEAD_AFTER, READ_MARGIN_S, next_read_s
+
+    rows = [{"age": 0.25, "alive": True}, {"age": 0.75, "alive": True},
+            {"age": 9.0, "alive": False}, {"age": 2.0, "alive": False, "dead": True}]
+    assert next_read_s(rows) == pytest.approx(DEAD_AFTER - 0.75 + READ_MARGIN_S)
+    assert next_read_s([]) == pytest.approx(DEAD_AFTER + READ_MARGIN_S)
+    assert next_read_s(rows[2:]) == pytest.approx(DEAD_AFTER + READ_MARGIN_S)
+    # a heartbeat already older than the limit (a late beat): read again at once
+    assert next_read_s([{"age": DEAD_AFTER + 1, "alive": True}]) == READ_MARGIN_S
+
+
+def test_a_node_heard_that_the_last_read_did_not_show_alive_wakes_a_read(store):
+    from dpool.control._registry import BEAT_S
+    from dpool.global_scheduler._watch import NodeWatch
+
+    watch = NodeWatch(store, "gs-w", lambda: None)  # (its thread not started)
+    watch.heard("127.0.0.5:7000")  # nothing read yet: every linked node counts
+    assert not watch._wake.is_set()
+    watch.alive = {"127.0.0.5:7000"}
+    watch.heard("127.0.0.5:7000")
+    assert not watch._wake.is_set()
+    watch.heard("127.0.0.6:7000")  # joined (or came back) since the last read
+    assert watch._wake.is_set() and watch._read_now
+    watch._wake.clear()
+    watch._read_now = False
+    watch.heard("127.0.0.6:7000")  # its next report, before a read: no second read
+    assert not watch._wake.is_set()
+    watch._asked["127.0.0.6:7000"] -= BEAT_S  # a beat later: it may ask again
+    watch.heard("127.0.0.6:7000")
+    assert watch._wake.is_set()
+
+
+def test_a_global_scheduler_that_registers_is_announced(store):
+    """Nodes link to a new global scheduler on its notice, not at their next read."""
+    got: list = []
+    heard = threading.Event()
+    sub = store.subscribe([K.CH_SCHEDULER_UP],
+                          lambda ch, data: (got.append((ch, data)), heard.set()))
+    try:
+        store.register_global_scheduler("gs-new", "127.0.0.1:9009")
+        assert heard.wait(10)
+        assert got == [(K.CH_SCHEDULER_UP, b"gs-new")]
+        assert [g["gs_id"] for g in store.global_schedulers()] == ["gs-new"]
+    finally:
+        sub.stop()
+
+
+def test_a_node_that_links_after_the_first_read_gets_tasks(store, shards):
+    """The scheduler's first read finds no node; one that registers and links later is
+    counted alive (its link wakes a read), and a node that then goes silent is dead."""
+    addresses, password, _ = shards
+    token = secrets.token_bytes(16)
+    lst = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{lst.getsockname()[1]}"
+    notices: list = []
+    sub = store.subscribe([K.CH_NODE_DEAD],
+                          lambda ch, data: notices.append(K.parse_node_dead(data)))
+    control = RedisControlStore(addresses, password)
+    gs = GlobalScheduler(token, "127.0.0.1", 0, control)
+    chan = None
+    try:
+        gs.serve()
+        assert gs._watch is not None
+        t0 = time.monotonic()
+        while gs._watch.alive is None and time.monotonic() - t0 < 20:
+            time.sleep(0.01)
+        assert gs._watch.alive == set()
+        store.register_node("late", {"address": address, "num_cpus": 1})
+        chan = dial(gs.address, token, peer_hello("late", address, 1))[0]
+        t0 = time.monotonic()
+        while address not in gs._watch.alive and time.monotonic() - t0 < 20:
+            time.sleep(0.01)
+        assert gs._watch.alive == {address}
+        with gs._lock:
+            assert [x.address for x in gs._loads_locked()] == [address]
+        t0 = time.monotonic()  # it never heartbeats again
+        while not notices and time.monotonic() - t0 < 20:
+            time.sleep(0.05)
+        assert notices == ["late"] and gs._watch.alive == set()
+    finally:
+        if chan is not None:
+            chan.close()
+        gs.close()
+        sub.stop()
+        control.close()
+        lst.close()
