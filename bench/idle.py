@@ -25,6 +25,9 @@ reacts (each figure a median where there are several):
   so each goes head -> global scheduler -> that node -> back;
 - *dead driver*: a driver attached to the node on 127.0.70.3 (unix socket) runs two
   tasks that never end; it is SIGKILLed: time until both workers running them exited;
+- *frozen node*: the node on 127.0.70.3 is SIGSTOPped (its links stay open; only its
+  heartbeats stop): time until the node table marks it dead; then SIGCONT: time until
+  it is no longer marked (it registers again);
 - *node death*: the node on 127.0.70.4 is SIGKILLed: time until the node table marks it
   dead (read from the Redis shards every 10 ms).
 
@@ -280,30 +283,50 @@ def measure_reactions(c: Cluster, pings: int) -> dict:
         time.sleep(0.005)
     r["dead_driver_workers_gone_ms"] = (time.monotonic() - t0) * 1e3
 
+    # a frozen node (NODE_B's daemon SIGSTOPped: its links stay open, only its
+    # heartbeats stop): when does the node table say it is dead? And once thawed, when is
+    # it alive there again (it registers again)?
+    frozen = c.records[NODE_B]["node"]
+    t0 = time.monotonic()
+    os.kill(frozen["pid"], signal.SIGSTOP)
+    try:
+        r["frozen_node_declared_dead_ms"] = _until_marked(c, frozen, True, t0)
+    finally:
+        t0 = time.monotonic()
+        os.kill(frozen["pid"], signal.SIGCONT)
+    r["thawed_node_alive_again_ms"] = _until_marked(c, frozen, False, t0)
+
     # node death: NODE_C's daemon SIGKILLed; when does the node table say so?
+    victim = c.records[NODE_C]["node"]
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    r["node_declared_dead_ms"] = _until_marked(c, victim, True, t0)
+    return r
+
+
+def _until_marked(c: Cluster, node: dict, dead: bool, t0: float) -> float | None:
+    """Milliseconds from ``t0`` until the node table's row of ``node`` is marked dead
+    (``dead``) or no longer is (read from the Redis shards every 10 ms; None: not in 60 s)."""
     import redis
 
-    victim = c.records[NODE_C]["node"]
     shards = [x["address"] for x in c.records[HEAD]["redis"]]
     clients = [redis.Redis(host=a.rsplit(":", 1)[0], port=int(a.rsplit(":", 1)[1]),
                            password=c.token) for a in shards]
-    keys = [k for cl in clients for k in cl.keys("*") if victim["address"].encode() in k]
-    t0 = time.monotonic()
-    os.kill(victim["pid"], signal.SIGKILL)
-    dead_at = None
-    while time.monotonic() - t0 < 60:
-        for cl in clients:
-            for k in keys:
+    keys = [(cl, k) for cl in clients for k in cl.keys("*")
+            if node["address"].encode() in k and cl.type(k) == b"hash"]
+    try:
+        while time.monotonic() - t0 < 60:
+            for cl, k in keys:
                 try:
-                    if cl.type(k) == b"hash" and cl.hexists(k, "dead"):
-                        dead_at = time.monotonic()
+                    if bool(cl.hexists(k, "dead")) == dead:
+                        return (time.monotonic() - t0) * 1e3
                 except redis.RedisError:
                     pass
-        if dead_at is not None:
-            break
-        time.sleep(0.01)
-    r["node_declared_dead_ms"] = None if dead_at is None else (dead_at - t0) * 1e3
-    return r
+            time.sleep(0.01)
+        return None
+    finally:
+        for cl in clients:
+            cl.close()
 
 
 def report(idle: dict, react: dict | None, which: str) -> str:
@@ -327,9 +350,17 @@ def report(idle: dict, react: dict | None, which: str) -> str:
                   f"| {react['spilled_work']['rtt_ms']:.2f} ms |",
                   f"| dead driver: SIGKILL to its busy workers gone "
                   f"| {react['dead_driver_workers_gone_ms']:.0f} ms |",
+                  f"| frozen node: SIGSTOP to marked dead in the node table "
+                  f"| {_ms(react.get('frozen_node_declared_dead_ms'))} |",
+                  f"| thawed node: SIGCONT to alive again in the node table "
+                  f"| {_ms(react.get('thawed_node_alive_again_ms'))} |",
                   f"| node death: SIGKILL to marked dead in the node table "
-                  f"| {react['node_declared_dead_ms']:.0f} ms |"]
+                  f"| {_ms(react['node_declared_dead_ms'])} |"]
     return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "not in 60 s" if v is None else f"{v:.0f} ms"
 
 
 def _dpool_path(given: str | None) -> str:
