@@ -31,7 +31,8 @@ key                        shard     contents
 =========================  ========  ==========================================================
 
 Channels: ``dpool:ch:object-ready`` is published on the object's shard (subscribers listen
-on every shard); ``dpool:ch:node-dead`` on shard 0. Payloads are encoded by the helpers
+on every shard); ``dpool:ch:node-dead`` and ``dpool:ch:scheduler-up`` (a global scheduler
+registered; the payload is its id) on shard 0. Payloads are encoded by the helpers
 below.
 
 A task's result object has the task's id, so ``dpool:task:<id>``, ``dpool:obj:<id>`` and

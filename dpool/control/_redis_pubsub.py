@@ -86,9 +86,9 @@ class PubSub:
 
     def subscribe(self, channels: Iterable[str], callback: Callback) -> Subscription:
         """Call ``callback(channel, data)`` from a listener thread for every notice on
-        ``channels`` (``_keys.CH_OBJECT_READY``, ``_keys.CH_NODE_DEAD``); decode ``data``
-        with ``_keys.parse_object_ready`` / ``parse_node_dead``. Returns a handle whose
-        ``stop()`` ends the listener (``close`` stops them all).
+        ``channels`` (``_keys.CHANNELS``); decode ``data`` with
+        ``_keys.parse_object_ready`` / ``parse_node_dead`` (a scheduler's: its id, UTF-8).
+        Returns a handle whose ``stop()`` ends the listener (``close`` stops them all).
 
         Pub/sub keeps nothing: notices published while a listener is reconnecting to a
         restarted shard are lost, so a consumer that must not miss a death also polls
