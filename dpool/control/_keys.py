@@ -32,8 +32,7 @@ key                        shard     contents
 
 Channels: ``dpool:ch:object-ready`` is published on the object's shard (subscribers listen
 on every shard); ``dpool:ch:node-dead`` and ``dpool:ch:scheduler-up`` (a global scheduler
-registered; the payload is its id) on shard 0. Payloads are encoded by the helpers
-below.
+registered) on shard 0. Payloads are encoded by the helpers below.
 
 A task's result object has the task's id, so ``dpool:task:<id>``, ``dpool:obj:<id>`` and
 ``dpool:loc:<id>`` always share a shard: dropping an object and its lineage is one
@@ -60,7 +59,7 @@ EVENTS = PREFIX + b"events"
 # -- pub/sub channels --------------------------------------------------------------------
 CH_OBJECT_READY = "dpool:ch:object-ready"
 CH_NODE_DEAD = "dpool:ch:node-dead"
-CH_SCHEDULER_UP = "dpool:ch:scheduler-up"  # a global scheduler registered (data: its id)
+CH_SCHEDULER_UP = "dpool:ch:scheduler-up"  # a global scheduler registered
 CHANNELS = (CH_OBJECT_READY, CH_NODE_DEAD, CH_SCHEDULER_UP)
 
 # The load a node daemon reports in each heartbeat (``dpool:node:<id>`` field ``load``):
@@ -206,4 +205,13 @@ def node_dead_message(node_id: str) -> bytes:
 
 
 def parse_node_dead(data: bytes) -> str:
+    return data.decode()
+
+
+def scheduler_up_message(address: str) -> bytes:
+    """A global scheduler registered: the address nodes link to."""
+    return address.encode()
+
+
+def parse_scheduler_up(data: bytes) -> str:
     return data.decode()

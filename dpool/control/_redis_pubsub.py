@@ -87,7 +87,7 @@ class PubSub:
     def subscribe(self, channels: Iterable[str], callback: Callback) -> Subscription:
         """Call ``callback(channel, data)`` from a listener thread for every notice on
         ``channels`` (``_keys.CHANNELS``); decode ``data`` with
-        ``_keys.parse_object_ready`` / ``parse_node_dead`` (a scheduler's: its id, UTF-8).
+        ``_keys.parse_object_ready`` / ``parse_node_dead`` / ``parse_scheduler_up``.
         Returns a handle whose ``stop()`` ends the listener (``close`` stops them all).
 
         Pub/sub keeps nothing: notices published while a listener is reconnecting to a

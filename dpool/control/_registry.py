@@ -193,7 +193,7 @@ class Registry:
                    b"info", json.dumps({"address": address}), create=True)
         self._run(s, "register_global_scheduler",
                   lambda p: (p.sadd(K.GLOBAL_SCHEDULERS, gs_id),
-                             p.publish(K.CH_SCHEDULER_UP, gs_id.encode())))
+                             p.publish(K.CH_SCHEDULER_UP, K.scheduler_up_message(address))))
 
     def heartbeat_global_scheduler(self, gs_id: str) -> bool:
         """False: unknown (unregistered); register again."""

@@ -1,7 +1,7 @@
 """The global scheduler: a stateless replica that places the tasks nodes spill.
 
     node A ──RemoteTask──▶ GlobalScheduler ──RemoteTask──▶ node B (least estimated wait)
-    nodes ───Load (every heartbeat)──▶ │           └──SpillRejected──▶ A (no other node)
+    nodes ──Load (when it changes)───▶ │           └──SpillRejected──▶ A (no other node)
 
 Every node links to every global scheduler (finding them in the control store) and
 pushes its load over the link; placement uses those reports, through the cluster's

@@ -27,6 +27,7 @@ anyway: they fetch objects from it.)
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -51,8 +52,9 @@ class NodeWatch:
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, a suspect to probe, a node to look up
         self._suspects: dict[str, str] = {}  # node address -> node id
-        self._read_now = False  # a node was heard that the last read did not show alive
-        self._asked: dict[str, float] = {}  # node address -> when it last woke a read
+        self._read_by = math.inf  # (monotonic) a read asked for by a node heard (``heard``)
+        self._asked: dict[str, float] = {}  # node address -> when it last asked for a read
+        self.reads = 0  # reads of the node table done
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="dpool-gs-heartbeat")
@@ -77,23 +79,27 @@ class NodeWatch:
         when the last read did not show it alive (it joined, or registered again after
         it was declared dead) read the node table now, or it would get no task until the
         next read. At most once a beat per node (one alive on its link but not in the
-        table -- its heartbeats fail -- reports ten times a second while busy)."""
+        table -- its heartbeats fail -- reports ten times a second while busy): a report
+        within the beat sets the read for the beat's end, not never (the one that follows
+        its registering again must count)."""
         alive = self.alive
         if alive is None or address in alive:
             return
         now = time.monotonic()
         with self._lock:
-            if now - self._asked.get(address, -BEAT_S) < BEAT_S:
-                return
-            self._asked[address] = now
-            self._read_now = True
+            asked = self._asked.get(address)
+            at = now if asked is None or now - asked >= BEAT_S else asked + BEAT_S
+            if at >= self._read_by:
+                return  # a read comes by then anyway
+            self._asked[address] = self._read_by = at
         self._wake.set()
 
     def _run(self) -> None:
         now = time.monotonic()
         next_beat = next_read = now  # (the first beat is a read)
         while True:
-            self._wake.wait(max(0.0, min(next_beat, next_read) - time.monotonic()))
+            self._wake.wait(max(0.0, min(next_beat, next_read, self._read_by)
+                                - time.monotonic()))
             if self._stop.is_set():
                 return
             self._wake.clear()
@@ -102,11 +108,15 @@ class NodeWatch:
             for address, node_id in suspects.items():
                 self._probe(node_id, address)
             now = time.monotonic()
-            if self._read_now or now >= next_read:
-                self._read_now = False
+            with self._lock:
+                asked = now >= self._read_by
+                if asked:
+                    self._read_by = math.inf
+            if asked or now >= next_read:
                 wait = self._read()
                 now = time.monotonic()  # (after the read: never before a verdict is due)
-                next_read, next_beat = now + wait, now + BEAT_S  # (the read carried a heartbeat)
+                next_read = now + wait
+                next_beat = now + BEAT_S  # (the read carried a heartbeat)
             elif now >= next_beat:
                 next_beat = now + BEAT_S
                 self._beat()
@@ -127,8 +137,11 @@ class NodeWatch:
             if not view.beat or all(g["gs_id"] != self._gs_id for g in view.global_schedulers):
                 self._register()
             self.alive = alive = {n.get("address") for n in view.nodes if n.get("alive")}
+            self.reads += 1
+            old = time.monotonic() - BEAT_S  # (an ask older than a beat limits nothing)
             with self._lock:
-                self._asked = {a: t for a, t in self._asked.items() if a not in alive}
+                self._asked = {a: t for a, t in self._asked.items()
+                               if a not in alive and t > old}
             for n in view.nodes:
                 if not n.get("alive") and not n.get("dead"):
                     control.mark_node_dead(n["node_id"])  # (once: HSETNX)

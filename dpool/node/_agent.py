@@ -8,8 +8,8 @@ the next heartbeat or the first input (``IOLoop.on_input``); every ``beat_s``
 reads the global schedulers and nodes registered there (``cluster_view``: a round trip
 for the listings and one per shard holding rows), links to schedulers it has not linked
 yet, and refreshes the cluster's CPU count that drivers see. A global scheduler that
-registers is announced (``CH_SCHEDULER_UP``), and the notice makes the agent read at
-once. A heartbeat refused (its row is gone, or marked dead) or a node table that does
+registers is announced (``CH_SCHEDULER_UP``, with its address): the node links to it on
+the notice. A heartbeat refused (its row is gone, or marked dead) or a node table that does
 not list this node registers it again, and its next load report goes to every
 scheduler at once (so they count it alive again): after a control-store failover lost
 those writes, the node re-asserts them (``control._sentinel``). A control store that is
@@ -20,8 +20,8 @@ scheduler, which reads the node table when a heartbeat could first have aged out
 node --: it marks it in the node table, which publishes a node-death notice. This node
 acts on the notice at once (``_on_notice``: the tasks it sent there are retried
 elsewhere) and on its own next read of the node table, which catches notices pub/sub
-lost; with no global scheduler alive it reads when a heartbeat could first have aged out,
-as they do.
+lost; with no global scheduler alive it reads at its first beat after a heartbeat could
+first have aged out.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class ClusterAgent:
         self._sleeping = False
         self._beats = 0
         self._next_read = 0.0  # (monotonic) when the tables are read next
-        self._read_now = False  # a global scheduler was announced
         self._thread = threading.Thread(target=self._run, name="dpool-node-agent",
                                         daemon=True)
         self._buried: set[str] = set()  # nodes declared dead (until they come back)
@@ -98,9 +97,12 @@ class ClusterAgent:
         self._thread.join(timeout=5)
 
     def _on_notice(self, channel: str, data: bytes) -> None:
-        if channel == K.CH_SCHEDULER_UP:  # read the registries (and link to it) now
-            self._read_now = True
-            self._wake.set()
+        if channel == K.CH_SCHEDULER_UP:  # link to it now (the next read lists it too)
+            address = K.parse_scheduler_up(data)
+            if address not in self.schedulers:
+                self.schedulers = [*self.schedulers, address]
+            if not self._d.links.connected(address):
+                self._d.links.connect_soon(address)
             return
         node_id = K.parse_node_dead(data)
         self._bury_one({"node_id": node_id, "dead": True}, "its death was announced")
@@ -171,11 +173,9 @@ class ClusterAgent:
         try:
             if not self._control.heartbeat(d.node_id, load):
                 self._register()
-            if time.monotonic() < self._next_read and self._beats > 2 \
-                    and not self._read_now:
+            if time.monotonic() < self._next_read and self._beats > 2:
                 return  # (each read: a round trip per shard from a thread woken for it,
                 # most of an idle node's CPU: issue 21)
-            self._read_now = False
             view = self._control.cluster_view()
             gss = [g for g in view.global_schedulers if g.get("alive")]
             all_nodes = view.nodes
@@ -269,7 +269,7 @@ class ClusterAgent:
                 load = self._load()
                 self._push_load(load)
                 now = time.monotonic()
-                if now >= next_beat or self._read_now:
+                if now >= next_beat:
                     next_beat = now + self.beat_s
                     self._beat(load)
             except Exception:  # noqa: BLE001 - the agent must outlive one bad round

@@ -37,7 +37,8 @@ class PeerWelcome(Slotted):
 
 
 class Load(Slotted):
-    """N->G the node's load, pushed every heartbeat: placement uses the freshest."""
+    """N->G the node's load, pushed when it changes (at least every 5 s, and at once to a
+    scheduler newly linked): placement uses the freshest."""
 
     CODE: ClassVar[int] = 27
     queued: int

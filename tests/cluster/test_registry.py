@@ -10,6 +10,7 @@ heartbeats or not (its peers here: fake nodes on real authenticated links)."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import socket
 import threading
@@ -104,8 +105,13 @@ def test_the_global_scheduler_declares_a_silent_node_dead(store, shards):
         assert notices == ["silent"]
         rows = {r["node_id"]: r for r in store.nodes()}
         assert rows["silent"]["dead"] and not rows["beating"]["dead"]
-        # a row marked once is not marked (nor announced) again
-        time.sleep(1.2)
+        # a row marked once is not marked (nor announced) again: two more reads
+        reads = gs._watch.reads
+        t0 = time.monotonic()
+        while gs._watch.reads < reads + 2 and time.monotonic() - t0 < 20:
+            assert store.heartbeat("beating", {})
+            time.sleep(0.2)
+        assert gs._watch.reads >= reads + 2
         assert notices == ["silent"]
         assert gs._watch is not None and gs._watch.alive == {"127.0.0.10:7000"}
     finally:
@@ -188,18 +194,20 @@ def test_a_node_heard_that_the_last_read_did_not_show_alive_wakes_a_read(store):
     watch.heard("127.0.0.5:7000")
     assert not watch._wake.is_set()
     watch.heard("127.0.0.6:7000")  # joined (or came back) since the last read
-    assert watch._wake.is_set() and watch._read_now
-    watch._wake.clear()
-    watch._read_now = False
-    watch.heard("127.0.0.6:7000")  # its next report, before a read: no second read
-    assert not watch._wake.is_set()
-    watch._asked["127.0.0.6:7000"] -= BEAT_S  # a beat later: it may ask again
-    watch.heard("127.0.0.6:7000")
     assert watch._wake.is_set()
+    asked = watch._read_by
+    assert asked <= time.monotonic()  # now
+    watch._wake.clear()
+    watch.heard("127.0.0.6:7000")  # its next report, the read not done yet: nothing more
+    assert not watch._wake.is_set() and watch._read_by == asked
+    watch._read_by = math.inf  # (the read is done; the node is still not alive in it)
+    watch.heard("127.0.0.6:7000")  # within the beat: a read at the beat's end, not never
+    assert watch._wake.is_set() and watch._read_by == asked + BEAT_S
 
 
 def test_a_global_scheduler_that_registers_is_announced(store):
-    """Nodes link to a new global scheduler on its notice, not at their next read."""
+    """Nodes link to a new global scheduler on its notice (its address), not at their
+    next read."""
     got: list = []
     heard = threading.Event()
     sub = store.subscribe([K.CH_SCHEDULER_UP],
@@ -207,7 +215,8 @@ def test_a_global_scheduler_that_registers_is_announced(store):
     try:
         store.register_global_scheduler("gs-new", "127.0.0.1:9009")
         assert heard.wait(10)
-        assert got == [(K.CH_SCHEDULER_UP, b"gs-new")]
+        assert got == [(K.CH_SCHEDULER_UP, K.scheduler_up_message("127.0.0.1:9009"))]
+        assert K.parse_scheduler_up(got[0][1]) == "127.0.0.1:9009"
         assert [g["gs_id"] for g in store.global_schedulers()] == ["gs-new"]
     finally:
         sub.stop()
