@@ -11,6 +11,12 @@ or ``PushSegment`` from a driver that uploads a large value) keeps its thread, w
 answers its requests until it closes or idles: a transfer never runs on the IO loop. A
 peer that fails the handshake is logged and dropped without anything it sent being
 unpickled; the accept loop keeps serving.
+
+A process forked from a daemon (a node's workers) closes its copies of the listening
+sockets (``os.register_at_fork``): a node SIGKILLed while its workers were still ending
+would otherwise go on accepting connections, and the global scheduler's probe of a node
+whose link closed (``global_scheduler._watch``) would take it for alive and leave the
+verdict to its heartbeats, seconds later.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import selectors
 import socket
 import threading
+import weakref
 from typing import Callable, Optional
 
 from dpool.errors import AuthenticationError, Error, ProtocolError
@@ -32,6 +39,20 @@ _ATTACH_TIMEOUT = 10.0
 _MAX_HANDSHAKES = 64  # connections being authenticated at once; more are shed
 _SEND_TIMEOUT = 30.0  # a reader that takes no bytes for this long is dropped
 FETCH_IDLE_S = 30.0  # an object-transfer connection with no request for this long closes
+
+
+_servers: weakref.WeakSet = weakref.WeakSet()  # this process's, to close after a fork
+
+
+def _close_listeners_in_child() -> None:
+    for server in list(_servers):
+        for sock in (server._tcp, server._unix):
+            if sock is not None:
+                sock.close()  # (the child's copy: the daemon's socket stays open)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_listeners_in_child)
 
 
 class NodeServer:
@@ -63,6 +84,7 @@ class NodeServer:
                 os.umask(old)
             self._unix.listen(128)
         self._stop_r, self._stop_w = os.pipe()
+        _servers.add(self)
         self._admitting = threading.BoundedSemaphore(_MAX_HANDSHAKES)
         self._thread = threading.Thread(target=self._accept_loop, name="dpool-node-accept",
                                         daemon=True)
