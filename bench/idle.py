@@ -28,6 +28,8 @@ reacts (each figure a median where there are several):
 - *frozen node*: the node on 127.0.70.3 is SIGSTOPped (its links stay open; only its
   heartbeats stop): time until the node table marks it dead; then SIGCONT: time until
   it is no longer marked (it registers again);
+- *a replaced global scheduler*: it is SIGKILLed, and 4 s later another is started with
+  the same command line: time from its listening socket to all three nodes linked to it;
 - *node death*: the node on 127.0.70.4 is SIGKILLed: time until the node table marks it
   dead (read from the Redis shards every 10 ms).
 
@@ -296,12 +298,46 @@ def measure_reactions(c: Cluster, pings: int) -> dict:
         os.kill(frozen["pid"], signal.SIGCONT)
     r["thawed_node_alive_again_ms"] = _until_marked(c, frozen, False, t0)
 
+    r["replaced_scheduler_linked_ms"] = _replace_scheduler(c)
+
     # node death: NODE_C's daemon SIGKILLed; when does the node table say so?
     victim = c.records[NODE_C]["node"]
     t0 = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL)
     r["node_declared_dead_ms"] = _until_marked(c, victim, True, t0)
     return r
+
+
+def _replace_scheduler(c: Cluster) -> float | None:
+    """SIGKILL the global scheduler, wait until every node has seen its links close, start
+    another with the same command line: milliseconds from its listening socket to all
+    three nodes linked to it (None: not in 30 s)."""
+    gs = psutil.Process(c.records[HEAD]["global_schedulers"][0]["pid"])
+    cmd, env, cwd = gs.cmdline(), gs.environ(), gs.cwd()
+    gs.kill()
+    gs.wait(10)
+    time.sleep(4)
+    i = cmd.index("--ready-fd")
+    del cmd[i:i + 2]  # (`dpool start` reads that pipe; nobody does here)
+    with open(os.path.join(c.tmp, "replaced-global-scheduler.log"), "ab") as log:
+        new = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=log)
+    c.records[HEAD]["global_schedulers"].append({"pid": new.pid})  # (stop() kills it)
+    p = psutil.Process(new.pid)
+    t0 = time.monotonic()
+    listening = None
+    while time.monotonic() - t0 < 30:
+        try:
+            conns = p.net_connections("tcp")
+        except psutil.Error:
+            conns = []
+        ports = {x.laddr.port for x in conns if x.status == psutil.CONN_LISTEN}
+        if ports and listening is None:
+            listening = time.monotonic()
+        if len([x for x in conns if x.status == psutil.CONN_ESTABLISHED
+                and x.laddr.port in ports]) >= 3:
+            return (time.monotonic() - listening) * 1e3
+        time.sleep(0.005)
+    return None
 
 
 def _until_marked(c: Cluster, node: dict, dead: bool, t0: float) -> float | None:
@@ -354,6 +390,9 @@ def report(idle: dict, react: dict | None, which: str) -> str:
                   f"| {_ms(react.get('frozen_node_declared_dead_ms'))} |",
                   f"| thawed node: SIGCONT to alive again in the node table "
                   f"| {_ms(react.get('thawed_node_alive_again_ms'))} |",
+                  f"| global scheduler SIGKILLed and another started: its socket "
+                  f"listening to 3 nodes linked "
+                  f"| {_ms(react.get('replaced_scheduler_linked_ms'))} |",
                   f"| node death: SIGKILL to marked dead in the node table "
                   f"| {_ms(react['node_declared_dead_ms'])} |"]
     return "\n".join(lines)
