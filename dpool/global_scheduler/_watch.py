@@ -18,8 +18,10 @@ are the ones that notice a silent node first.
 A node's link that closes is a reason to look at once instead of waiting for its
 heartbeat to age: the watch connects to the node's address, and a refused connection (the
 host answers, nothing listens: the daemon died) declares the node dead within
-milliseconds. A connection that is accepted (the link dropped, the node lives: it links
-again) or that times out (the host is unreachable: maybe a partition, maybe slow) leaves
+milliseconds. A connection that is accepted twice, ``PROBE_AGAIN_S`` apart (the link
+dropped, the node lives: it links again; the second try because a process being killed
+closes its sockets one by one, and its link may close a moment before its listener) or
+that times out (the host is unreachable: maybe a partition, maybe slow) leaves
 the verdict to the heartbeats. (A node's address must take connections from its peers
 anyway: they fetch objects from it.)
 """
@@ -40,6 +42,7 @@ from dpool.control._registry import BEAT_S, next_read_s
 log = logging.getLogger("dpool.global_scheduler")
 
 PROBE_TIMEOUT_S = 1.0
+PROBE_AGAIN_S = 0.2  # an accepted probe is tried again this much later
 
 
 class NodeWatch:
@@ -152,15 +155,22 @@ class NodeWatch:
 
     def _probe(self, node_id: str, address: str) -> None:
         host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
-            return  # something listens there: the heartbeats decide
-        except ConnectionRefusedError:
-            pass
-        except (OSError, ValueError) as exc:
-            log.info("node %s (%s) unlinked and did not answer a probe (%s): its "
-                     "heartbeats decide", node_id, address, exc)
-            return
+        for again in (False, True):
+            # (once more if accepted: a process being killed closes its sockets one by
+            # one, and its link may close a moment before its listener does)
+            if again and self._stop.wait(PROBE_AGAIN_S):
+                return
+            try:
+                socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+                continue  # something listens there
+            except ConnectionRefusedError:
+                break
+            except (OSError, ValueError) as exc:
+                log.info("node %s (%s) unlinked and did not answer a probe (%s): its "
+                         "heartbeats decide", node_id, address, exc)
+                return
+        else:
+            return  # it listens: the heartbeats decide
         try:
             if self._control.mark_node_dead(node_id):
                 log.warning("node %s (%s) unlinked and refuses connections: declared dead",

@@ -160,6 +160,39 @@ def test_a_node_whose_link_closes_and_whose_address_refuses_is_dead_at_once(stor
             lst.close()
 
 
+def test_a_node_whose_listener_closes_just_after_its_link_is_dead_at_once(store, shards):
+    """A process being killed closes its sockets one by one: its link may close a moment
+    before its listening socket, and a probe in between is accepted. The probe tries
+    again, so the node is still found dead by the probe, not seconds later by age (it
+    keeps heartbeating here: only the probe can find it)."""
+    addresses, password, _ = shards
+    token = secrets.token_bytes(16)
+    lst = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{lst.getsockname()[1]}"
+    store.register_node("dying", {"address": address, "num_cpus": 1})
+    notices: list = []
+    sub = store.subscribe([K.CH_NODE_DEAD],
+                          lambda ch, data: notices.append(K.parse_node_dead(data)))
+    control = RedisControlStore(addresses, password)
+    gs = GlobalScheduler(token, "127.0.0.1", 0, control)
+    try:
+        gs.serve()
+        chan = dial(gs.address, token, peer_hello("dying", address, 1))[0]
+        chan.close()  # the link first...
+        time.sleep(0.05)
+        lst.close()  # ...its listener a moment later (the first probe is likely between)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20 and not notices:
+            store.heartbeat("dying", {})  # (refused once it is marked)
+            time.sleep(0.05)
+        assert notices == ["dying"]
+    finally:
+        gs.close()
+        sub.stop()
+        control.close()
+        lst.close()
+
+
 def test_a_node_that_leaves_is_not_declared_dead(store):
     """A row removed (``dpool stop``: the node leaves the table before its links close)
     is not marked, and no notice goes out."""
