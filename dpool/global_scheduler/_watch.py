@@ -108,8 +108,8 @@ class NodeWatch:
             self._wake.clear()
             with self._lock:
                 suspects, self._suspects = self._suspects, {}
-            for address, node_id in suspects.items():
-                self._probe(node_id, address)
+            if suspects:
+                self._probe(suspects)
             now = time.monotonic()
             with self._lock:
                 asked = now >= self._read_by
@@ -153,27 +153,35 @@ class NodeWatch:
             return BEAT_S
         return next_read_s(view.nodes)
 
-    def _probe(self, node_id: str, address: str) -> None:
+    def _probe(self, suspects: dict[str, str]) -> None:
+        """Connect to each suspect's address (``{address: node id}``); a refused
+        connection declares it dead. The ones that accepted are tried once more,
+        ``PROBE_AGAIN_S`` later, all together: a process being killed closes its sockets
+        one by one, and its link may close a moment before its listener does."""
+        accepted = {a: n for a, n in suspects.items() if self._knock(n, a)}
+        if not accepted or self._stop.wait(PROBE_AGAIN_S):
+            return
+        for address, node_id in accepted.items():
+            self._knock(node_id, address)  # (accepted twice: the heartbeats decide)
+
+    def _knock(self, node_id: str, address: str) -> bool:
+        """One connection to a node's address: True if accepted; refused: declared dead
+        (False); no answer (the host unreachable, maybe a partition): False, the
+        heartbeats decide."""
         host, _, port = address.rpartition(":")
-        for again in (False, True):
-            # (once more if accepted: a process being killed closes its sockets one by
-            # one, and its link may close a moment before its listener does)
-            if again and self._stop.wait(PROBE_AGAIN_S):
-                return
-            try:
-                socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
-                continue  # something listens there
-            except ConnectionRefusedError:
-                break
-            except (OSError, ValueError) as exc:
-                log.info("node %s (%s) unlinked and did not answer a probe (%s): its "
-                         "heartbeats decide", node_id, address, exc)
-                return
-        else:
-            return  # it listens: the heartbeats decide
+        try:
+            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+            return True
+        except ConnectionRefusedError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.info("node %s (%s) unlinked and did not answer a probe (%s): its "
+                     "heartbeats decide", node_id, address, exc)
+            return False
         try:
             if self._control.mark_node_dead(node_id):
                 log.warning("node %s (%s) unlinked and refuses connections: declared dead",
                             node_id, address)
         except Exception as exc:  # noqa: BLE001 - the heartbeats still decide
             log.warning("could not declare node %s dead: %s", node_id, exc)
+        return False

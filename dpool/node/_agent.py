@@ -67,6 +67,9 @@ class ClusterAgent:
         self.load_s = load_s
         self.beat_s = beat_s
         self.schedulers: list[str] = []  # global schedulers alive in the node table
+        # announced (``CH_SCHEDULER_UP``) and not yet listed by a read: address -> when
+        self._announced: dict[str, float] = {}
+        self._schedulers_lock = threading.Lock()  # the agent thread and the notice listener
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop, or input while asleep (``_on_input``)
         self._sleeping = False
@@ -99,8 +102,10 @@ class ClusterAgent:
     def _on_notice(self, channel: str, data: bytes) -> None:
         if channel == K.CH_SCHEDULER_UP:  # link to it now (the next read lists it too)
             address = K.parse_scheduler_up(data)
-            if address not in self.schedulers:
-                self.schedulers = [*self.schedulers, address]
+            with self._schedulers_lock:
+                self._announced[address] = time.monotonic()
+                if address not in self.schedulers:
+                    self.schedulers = [*self.schedulers, address]
             if not self._d.links.connected(address):
                 self._d.links.connect_soon(address)
             return
@@ -190,12 +195,21 @@ class ClusterAgent:
         # with no global scheduler alive, nobody else notices a silent node
         self._next_read = time.monotonic() + (_READ_S if gss else
                                               min(_READ_S, next_read_s(all_nodes)))
-        self.schedulers = [g["address"] for g in gss]
+        self._set_schedulers([g["address"] for g in gss])
         self._bury([n for n in all_nodes if not n.get("alive")])
         for address in self.schedulers:
             if not d.links.connected(address):
                 d.links.connect_soon(address)
         self._set_cluster_cpus(nodes)
+
+    def _set_schedulers(self, listed: list[str]) -> None:
+        """The global schedulers a read found alive, and those announced since that the
+        read may have missed (for ``2 * _READ_S`` at most: one that died at once)."""
+        now = time.monotonic()
+        with self._schedulers_lock:
+            self._announced = {a: t for a, t in self._announced.items()
+                               if a not in listed and now - t < 2 * _READ_S}
+            self.schedulers = listed + list(self._announced)
 
     def _register(self) -> None:
         """Register again (the row is gone or marked dead); the next load report goes to

@@ -164,7 +164,8 @@ def test_a_node_whose_listener_closes_just_after_its_link_is_dead_at_once(store,
     """A process being killed closes its sockets one by one: its link may close a moment
     before its listening socket, and a probe in between is accepted. The probe tries
     again, so the node is still found dead by the probe, not seconds later by age (it
-    keeps heartbeating here: only the probe can find it)."""
+    keeps heartbeating here: only the probe can find it). Here the listener takes the
+    first probe and closes."""
     addresses, password, _ = shards
     token = secrets.token_bytes(16)
     lst = socket.create_server(("127.0.0.1", 0))
@@ -173,14 +174,26 @@ def test_a_node_whose_listener_closes_just_after_its_link_is_dead_at_once(store,
     notices: list = []
     sub = store.subscribe([K.CH_NODE_DEAD],
                           lambda ch, data: notices.append(K.parse_node_dead(data)))
+    knocked = threading.Event()
+
+    def accept_one_then_close() -> None:  # the first probe gets in; then no listener
+        try:
+            conn, _ = lst.accept()
+            conn.close()
+            knocked.set()
+        except OSError:
+            pass
+        finally:
+            lst.close()
+
     control = RedisControlStore(addresses, password)
     gs = GlobalScheduler(token, "127.0.0.1", 0, control)
     try:
         gs.serve()
+        threading.Thread(target=accept_one_then_close, daemon=True).start()
         chan = dial(gs.address, token, peer_hello("dying", address, 1))[0]
-        chan.close()  # the link first...
-        time.sleep(0.05)
-        lst.close()  # ...its listener a moment later (the first probe is likely between)
+        chan.close()  # the link first, its listener once the probe got in
+        assert knocked.wait(20)
         t0 = time.monotonic()
         while time.monotonic() - t0 < 20 and not notices:
             store.heartbeat("dying", {})  # (refused once it is marked)
