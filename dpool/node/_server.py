@@ -48,7 +48,10 @@ def _close_listeners_in_child() -> None:
     for server in list(_servers):
         for sock in (server._tcp, server._unix):
             if sock is not None:
-                sock.close()  # (the child's copy: the daemon's socket stays open)
+                try:
+                    sock.close()  # (the child's copy: the daemon's socket stays open)
+                except OSError:
+                    pass
 
 
 if hasattr(os, "register_at_fork"):
