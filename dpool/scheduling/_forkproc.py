@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _context: Any = _context_module  # (private names, which typeshed does not list)
 _process: Any = _process_module
 
-__all__ = ["AVAILABLE", "ForkedWorker", "uses_light_fork"]
+__all__ = ["AVAILABLE", "ForkedWorker", "disown", "uses_light_fork"]
 
 AVAILABLE = (
     hasattr(_context, "ForkProcess") and hasattr(_context, "_force_start_method")
@@ -50,6 +50,21 @@ def uses_light_fork(ctx: object) -> bool:
     """Whether workers of an executor with multiprocessing context ``ctx`` start here:
     the stock ``fork`` context (not a subclass that may start processes its own way)."""
     return AVAILABLE and type(ctx) is getattr(_context, "ForkContext", None)
+
+
+def disown(proc: Any) -> None:
+    """Take a started worker out of multiprocessing's list of this process's children.
+
+    The runtime reaps and stops its workers itself. Left in that list, they are joined by
+    ``multiprocessing.util``'s exit hook, which is registered when that module is first
+    imported -- by a spawn worker's start or by the program's own ``multiprocessing.Queue``,
+    after the runtime registered its own exit hook -- so it runs first and waits forever
+    for workers that end only when the runtime's hook stops them (issue 31: a program
+    hung at exit). It also keeps ``active_children()`` from reaping a worker's pid behind
+    the runtime's back (two waiters on one pid race)."""
+    children = getattr(_process, "_children", None)
+    if children is not None:
+        children.discard(proc)
 
 
 def _flush_std_streams() -> None:

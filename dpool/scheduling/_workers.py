@@ -224,6 +224,7 @@ class WorkerPool(SchedulerCore):
             raise
         finally:
             child_sock.close()
+        _forkproc.disown(proc)
         w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
         g.workers.append(w)
         if gpus is not None:
