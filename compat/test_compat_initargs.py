@@ -15,6 +15,7 @@ import os
 
 import pytest
 from compat_helpers import outcome
+from compat_tasks import square
 from compat_sync_tasks import (
     count,
     echo,
@@ -148,6 +149,7 @@ def test_worker_lists_count_as_the_stdlibs(Executor, Pool):
             ex.submit(sem.acquire)
         assert len(ex._processes) == expected, method
         procs = ex._processes
+        assert all(proc.is_alive() and proc.pid for proc in procs.values()), procs
         ex.shutdown()
         for proc in procs.values():
             proc.join()
@@ -155,10 +157,22 @@ def test_worker_lists_count_as_the_stdlibs(Executor, Pool):
     p = Pool(3)
     try:
         assert len(p._pool) == 3
+        assert all(proc.is_alive() and proc.pid for proc in p._pool), p._pool
         assert all(hasattr(proc, "join") and hasattr(proc, "is_alive") for proc in p._pool)
     finally:
         p.terminate()
         p.join()
+
+
+def test_worker_list_after_a_few_tasks_is_alive(Executor):
+    """Issue 31: after ``ProcessPoolExecutor(2)`` ran a few tasks, code checking its pool's
+    health (as CPython's tests do) saw one live process and one that was not."""
+    with Executor(2) as ex:
+        assert [ex.submit(square, i).result(OK_S) for i in range(3)] == [0, 1, 4]
+        procs = ex._processes
+        assert len(procs) == 2
+        assert all(proc.is_alive() and proc.exitcode is None for proc in procs.values())
+        assert set(procs) == {proc.pid for proc in procs.values()}
 
 
 def test_saturation(Executor):

@@ -188,17 +188,17 @@ class ExecutorCore:
     def _processes(self) -> Optional[dict[Any, Any]]:
         """``{pid: process}`` of the worker processes, as the stdlib's attribute.
 
-        As many entries as the stdlib would have processes by now: all ``max_workers``
-        from the first submit with the ``fork`` start method, else one more for each
-        submit that finds no idle worker, up to ``max_workers``. Workers dpool has not
-        started yet (it starts them on demand) are ``NotStartedProcess`` entries. ``None``
-        once ``shutdown()`` has been called (as in the stdlib). A snapshot: it does not
-        change as workers come and go. See compat/DIFFERENCES.md, "Private attributes".
+        As many as the stdlib would have by now: all ``max_workers`` from the first
+        submit with the ``fork`` start method, else one more for each submit that finds
+        no idle worker, up to ``max_workers``. dpool starts workers when work needs them,
+        so reading this starts those the stdlib would have started and dpool has not yet:
+        every entry is a running process. ``None`` once ``shutdown()`` has been called (as
+        in the stdlib). A snapshot: it does not change as workers come and go. In a
+        cluster, where the nodes run the workers, it is empty. See compat/DIFFERENCES.md,
+        "Private attributes".
         """
         if self._shutdown_thread:
             return None
-        if self._driver is None:  # a task's view
-            return {}
         return self._worker_processes(self._n_stdlib)
 
     def _count_as_stdlib(self) -> None:
@@ -213,16 +213,18 @@ class ExecutorCore:
             self._n_stdlib += 1
 
     def _worker_processes(self, wanted: int = 0) -> dict[Any, Any]:
-        """``{pid: process}`` of the group's worker processes (also after shutdown), and
-        ``NotStartedProcess`` entries up to ``wanted``."""
+        """``{pid: process}`` of the group's worker processes (also after shutdown),
+        having started first those of the ``wanted`` that do not run yet."""
         if self._driver is None:  # a task's view
             return {}
+        if wanted:
+            self._driver.start_workers(self._group, wanted)
         views = self._process_views
         if views is None:
             from dpool._process_views import ProcessViews
 
             views = self._process_views = ProcessViews()
-        return views.read(self._group.workers, wanted)
+        return views.read(self._group.workers)
 
     @property
     def _broken(self) -> Any:

@@ -1,24 +1,20 @@
 """The stdlib's worker lists, as programs read them: ``executor._processes``, ``pool._pool``.
 
 dpool starts workers on demand, but code (CPython's own tests among it) counts these lists
-right after submitting or after ``Pool(n)``, when the stdlib would already have started
-its processes. So a list shows the workers running now (``WorkerProcess``) and, up to the
-number the stdlib would have started by then, ``NotStartedProcess`` entries: a worker
-dpool will start when work needs it, which behaves like a ``multiprocessing.Process``
-before ``start()`` (no pid, not alive) and becomes the next real worker's view once one
-starts. See compat/DIFFERENCES.md, "Private attributes".
+right after submitting or after ``Pool(n)``, and checks that each process is alive, when
+the stdlib would already have started its processes. So the executor starts the workers
+the stdlib would have by then when a list is read (``Driver.start_workers``), and a list
+shows the workers running now, each a ``WorkerProcess``. See compat/DIFFERENCES.md,
+"Private attributes".
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from typing import Any, Optional, Union
-
-_numbers = itertools.count(1)
+    from typing import Any, Optional
 
 
 class WorkerProcess:
@@ -83,61 +79,17 @@ class WorkerProcess:
         return f"<WorkerProcess name={self.name!r} pid={self.pid} {status}>"
 
 
-class NotStartedProcess:
-    """A worker the stdlib would have started by now and dpool starts when work needs it.
-
-    Like a ``multiprocessing.Process`` before ``start()``: ``pid``/``ident``/``exitcode``
-    are None, ``is_alive()`` is False; ``terminate()``/``kill()`` do nothing (there is no
-    process) and ``join()`` returns at once (nothing to wait for). Its key in
-    ``executor._processes`` is the object itself (there is no pid; never a number, which
-    ``os.kill`` would take for a process group).
-    """
-
-    __slots__ = ("name",)
-    pid = ident = exitcode = None
-    daemon = True
-
-    def __init__(self) -> None:
-        self.name = f"dpool-worker-not-started-{next(_numbers)}"
-
-    @property
-    def sentinel(self) -> int:
-        raise ValueError("process not started")  # as multiprocessing says
-
-    def is_alive(self) -> bool:
-        return False
-
-    def terminate(self) -> None:
-        pass
-
-    def kill(self) -> None:
-        pass
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"<NotStartedProcess name={self.name!r} initial>"
-
-
-if TYPE_CHECKING:
-    View = Union[WorkerProcess, NotStartedProcess]
-
-
 class ProcessViews:
     """Keeps one executor's views stable from one read to the next."""
 
-    __slots__ = ("_views", "_pending")
+    __slots__ = ("_views",)
 
     def __init__(self) -> None:
         self._views: dict[int, WorkerProcess] = {}
-        self._pending: list[NotStartedProcess] = []
 
-    def read(self, workers: list, wanted: int) -> dict[Any, View]:
-        """``{pid: view}`` of ``workers`` (the group's handles), then ``NotStartedProcess``
-        entries up to ``wanted`` in all."""
+    def read(self, workers: list) -> dict[int, WorkerProcess]:
+        """``{pid: view}`` of ``workers`` (the group's handles) that have started."""
         views = self._views
-        out: dict[Any, View] = {}
         live: dict[int, WorkerProcess] = {}
         for w in list(workers):
             if w.process is None or w.pid is None:
@@ -147,12 +99,4 @@ class ProcessViews:
                 view = WorkerProcess(w.process, w.pid)
             live[w.pid] = view
         self._views = live
-        out.update(live)
-        missing = wanted - len(live)
-        pending = self._pending
-        del pending[max(0, missing):]  # started workers take the place of the first ones
-        while len(pending) < missing:
-            pending.append(NotStartedProcess())
-        for p in pending:
-            out[p] = p
-        return out
+        return dict(live)

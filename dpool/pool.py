@@ -144,8 +144,8 @@ class Pool:
 
         Each has ``pid``, ``is_alive()``, ``exitcode``, ``join()``, ``terminate()`` and
         ``kill()``; a worker killed through it has its task retried. It holds
-        ``processes`` entries, as the stdlib's: dpool starts workers on demand, and one
-        not started yet is a ``NotStartedProcess`` (like a ``Process`` before ``start()``).
+        ``processes`` running workers, as the stdlib's: dpool starts workers on demand,
+        so reading it starts those that do not run yet (while the pool is open).
         """
         if self._core is None:
             return []

@@ -77,6 +77,10 @@ class Driver(Client, Protocol):
         says); the executor is shut down when the driver closes. The calls below take the
         group this returned."""
 
+    def start_workers(self, group: Any, n: int) -> None:
+        """Have ``n`` of ``group``'s workers running on this host (at most its
+        ``max_workers``; on a cluster, where the nodes run them, nothing)."""
+
     def close_group_soon(self, group: Any) -> None:
         """Close ``group`` once it is idle (from a finalizer: takes no lock)."""
 

@@ -67,6 +67,9 @@ class DriverRuntime:
         self._executors.add(executor)
         return self.scheduler.add_group(cfg)
 
+    def start_workers(self, group: Any, n: int) -> None:
+        self.scheduler.start_workers(group, n)
+
     def close_group_soon(self, group: Any) -> None:
         self.scheduler.close_group_soon(group)
 

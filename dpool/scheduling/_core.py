@@ -82,6 +82,7 @@ class SchedulerCore:
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         raise NotImplementedError
     def busy_cpus_locked(self) -> int: raise NotImplementedError
+    def _try_spawn_locked(self, g: Group) -> bool: raise NotImplementedError
     def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
         raise NotImplementedError

@@ -47,6 +47,21 @@ class GroupCalls(SchedulerCore):
             out = self.take_out_locked()
         self.deliver(out)
 
+    def start_workers(self, group: Group, n: int) -> None:
+        """Start workers of ``group`` until ``n`` of them run (at most its ``max_workers``).
+
+        Workers otherwise start when work needs them; this is for code that reads
+        ``executor._processes``/``pool._pool`` and expects the processes the stdlib would
+        have started by then to be there and alive (issue 31)."""
+        with self.lock:
+            n = min(n, group.max_workers)
+            while not (self.closed or group.closed or group.broken is not None):
+                running = sum(1 for w in group.workers if w.alive and not w.retiring)
+                if running >= n or not self._try_spawn_locked(group):
+                    break
+            out = self.take_out_locked()  # (a start that broke the group fails its tasks)
+        self.deliver(out)
+
     def close_group_soon(self, group: Group) -> None:
         """``close_group`` from a finalizer: no lock taken here (GC may run while this
         thread holds it); the IO thread closes the group within a tick."""
