@@ -41,7 +41,8 @@ class InProcessControlStore:
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
     def set_task_state(self, task_id: int, state: str, attempts: int,
-                       at: Optional[float] = None, error: Optional[bytes] = None) -> None:
+                       at: Optional[float] = None, error: Optional[bytes] = None,
+                       size: Optional[int] = None) -> None:
         self._push((2, task_id, state, attempts, at))  # (no traceback kept on one host)
 
     def add_object(self, object_id: int, size: int, location: str) -> None:

@@ -184,11 +184,15 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         self._push((1, task_id, fn_id, args, dep_ids, group_id, at, worker_id))
 
     def set_task_state(self, task_id: int, state: str, attempts: int,
-                       at: float | None = None, error: bytes | None = None) -> None:
-        if error is None:
+                       at: float | None = None, error: bytes | None = None,
+                       size: int | None = None) -> None:
+        """``error``: a failed task's error payload (its traceback text is read off the
+        task's path, when flushed); ``size``: the bytes its result takes in the store
+        (``dpool objects`` shows it while the result is held)."""
+        if error is None and size is None:
             self._push((2, task_id, state, attempts, at))
-        else:  # its traceback text is read off the task's path, when flushed
-            self._push((2, task_id, state, attempts, at, error))
+        else:
+            self._push((2, task_id, state, attempts, at, error, size))
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))

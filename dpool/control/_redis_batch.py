@@ -71,10 +71,13 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             if at is not None:
                 state_cmd += (b"t1", b"%r" % at)
                 events.append((tid, "end" if state == "FINISHED" else "error", at, 0))
-            if len(op) > 5:  # a failed task's error: its traceback (dashboard, dpool logs)
-                text = _payload.error_text(op[5])
-                if text:
-                    state_cmd += (b"err", text.encode("utf-8", "replace"))
+            if len(op) > 5:
+                if op[5] is not None:  # a failed task's error: its traceback (dashboard, logs)
+                    text = _payload.error_text(op[5])
+                    if text:
+                        state_cmd += (b"err", text.encode("utf-8", "replace"))
+                if op[6] is not None:  # its result's size in the store (dpool objects)
+                    state_cmd += (b"size", b"%d" % op[6])
             add(pack(tuple(state_cmd)))
         elif code == 5:
             events.append(op[1:])

@@ -138,10 +138,12 @@ class ObserveReads:
                 for oid in ids:
                     pipe.hget(K.object_key(oid), b"size")
                     pipe.smembers(K.locations_key(oid))
-                    pipe.hmget(K.task_key(oid), b"state", b"node", b"fn")
+                    pipe.hmget(K.task_key(oid), b"state", b"node", b"fn", b"size")
                 replies = pipe.execute()
             for i, oid in enumerate(ids):
-                size, holders, (state, node, fn) = replies[3 * i:3 * i + 3]
+                size, holders, (state, node, fn, result_size) = replies[3 * i:3 * i + 3]
+                if size is None:  # a result kept where it was made: its task row has it
+                    size = result_size
                 if state in (b"PENDING", b"RUNNING", b"CANCELLED") and size is None:
                     continue  # a task still to run: no value yet
                 task = None if state is None else {

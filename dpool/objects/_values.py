@@ -118,6 +118,12 @@ def split_inline(data: memoryview) -> tuple[memoryview, list[memoryview]]:
     return meta, buffers
 
 
+def stored_size(payload: bytes) -> int:
+    """Bytes a value takes in the store: its payload, plus its segment if it has one."""
+    info = stored(payload)
+    return len(payload) + (info[2] if info is not None else 0)
+
+
 def stored(payload: Optional[bytes]) -> Optional[tuple[int, str, int]]:
     """(object id, segment name, size) if the payload refers to a stored value."""
     if payload and payload[0] == TAG_STORED:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dpool import _log, errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
 from dpool.objects import _payload
+from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
 from dpool.protocol import decode_batch
 from dpool.scheduling import _resources
@@ -171,4 +172,4 @@ class WorkerMessages(SchedulerCore):
             obj.ok, obj.payload = False, _payload.dumps_error(exc)
         self._objects[msg.object_id] = obj
         w.owned.add(msg.object_id)
-        self.control.add_object(msg.object_id, len(msg.payload), "host")
+        self.control.add_object(msg.object_id, stored_size(msg.payload), "host")

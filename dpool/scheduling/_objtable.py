@@ -28,6 +28,7 @@ from dpool.scheduling._records import Obj, WorkerHandle
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
+from dpool.objects._values import stored_size
 
 
 class ObjectTable(Lineage):
@@ -45,7 +46,7 @@ class ObjectTable(Lineage):
             obj.payload = payload
             obj.refs = 1
             self._objects[object_id] = obj
-        self.control.add_object(object_id, len(payload), "host")
+        self.control.add_object(object_id, stored_size(payload), "host")
 
     def subscribe(self, object_id: int, callback: Callable[[bool, bytes], None]) -> None:
         """Call ``callback(ok, payload)`` once the object is ready (maybe right away)."""
@@ -129,7 +130,7 @@ class ObjectTable(Lineage):
             return
         ok, payload = self._adopt_result_locked(ok, payload)
         obj.ready, obj.ok, obj.payload = True, ok, payload
-        self.control.add_object(oid, len(payload), "host")
+        self.control.add_object(oid, stored_size(payload), "host")
         if obj.waiters:
             self._wake_waiters_locked(obj, oid)
         if obj.refs <= 0:

@@ -59,6 +59,7 @@ from dpool import _log, errors
 from dpool._task_future import completes_anywhere
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
+from dpool.objects._values import stored_size
 from dpool.objects._hoststore import HostStore
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
@@ -449,7 +450,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         if t.args is not None:
             self.store.drop(t.args, unpin=True)  # it lives as long as its task
         if ok:
-            self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now())
+            self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now(),
+                                        size=stored_size(payload))
         else:
             self.control.set_task_state(t.task_id, "FAILED", t.attempts, _now(), payload)
         obj = self._objects.get(t.task_id)

@@ -23,13 +23,21 @@ DRIVER = textwrap.dedent("""
         print(f"hello from task {i}", flush=True)
         return dpool.node_id()
 
+    def ones(n):
+        import numpy as np
+        return np.ones(n)
+
     if __name__ == "__main__":
+        import numpy as np
         with ProcessPoolExecutor(4) as ex:
             fs = [ex.submit(work, i) for i in range(16)]
             nodes = [f.result(60) for f in fs]
+            big = ex.submit(ones, 1 << 19)  # 4 MiB, through shared memory
+            big.result(60)
         ref = dpool.put(b"x" * (3 << 20))
+        arr = dpool.put(np.ones(1 << 20))  # 8 MiB, through shared memory
         print(json.dumps({"ids": [f.object_ref.id for f in fs], "nodes": nodes,
-                          "ref": ref.id}))
+                          "ref": ref.id, "arr": arr.id, "big": big.object_ref.id}))
         sys.stdout.flush()
         sys.stdin.readline()  # keep the ref alive until the test is done looking
 """)
@@ -95,6 +103,11 @@ def test_timeline_logs_and_objects_on_a_cluster(tmp_path):
         put = rows[info["ref"]]
         assert put["size"] >= 3 << 20 and put["holders"] and put["referenced"]
         assert put["kind"] == "put"
+        # issue 31: a put array was listed at its envelope's size (41 B), a result the
+        # node holds with size "?" -- every object shows what it takes in the store
+        assert rows[info["arr"]]["size"] >= 8 << 20, rows[info["arr"]]
+        assert rows[info["big"]]["size"] >= 4 << 20, rows[info["big"]]
+        assert all(rows[i]["size"] is not None for i in info["ids"]), rows
         out = dpool_cli(["objects"], env)
         assert out.returncode == 0 and f"{info['ref']:#018x}" in out.stdout
     finally:
