@@ -179,6 +179,11 @@ class ClusterRuntime(ChannelClient):
                 chan = self._chan
                 chan.send(encode_batch(msgs))
         except ChannelClosed as exc:
+            if self._closed:
+                # this driver is detaching and shut the connection itself (``close``):
+                # the flusher or a late release met it (seen: "Broken pipe" printed after
+                # a program's traceback). The node frees what the driver held anyway.
+                raise NodeLostError(f"the driver is closed ({exc})") from exc
             if self._connection_lost(f"lost the connection to node {self.node_id}: {exc}",
                                      chan):
                 return  # moved to a live node, which was told all of it again

@@ -442,3 +442,31 @@ def test_a_driver_on_its_nodes_host_shares_its_store_zero_copy(cluster, tmp_path
     remote = cluster.run_script(code, tmp_path)  # over TCP: the same values, copied
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout.splitlines() == ["True", "(4000000,) 28000000 True", "copied", "0"]
+
+
+def test_a_closing_driver_says_nothing_about_its_own_connection(cluster, tmp_path):
+    """Issue 31: after a program's traceback, a late flush of releases met the connection
+    the exiting driver had shut itself and printed "lost the connection to node ...:
+    Broken pipe". The event order, written down: the driver closes, then a send (the
+    flusher's, or a release of a future collected late) goes out."""
+    code = textwrap.dedent("""
+        import dpool
+        from dpool.runtime import _current
+
+        if __name__ == "__main__":
+            with dpool.ProcessPoolExecutor(2) as ex:
+                fs = [ex.submit(abs, -i) for i in range(20)]
+                print(sum(f.result(timeout=30) for f in fs))
+            drv = _current.driver()
+            drv.close()
+            try:
+                drv.send([])  # what the flusher does with releases queued meanwhile
+            except dpool.NodeLostError:
+                print("closed")
+            del fs  # their releases, after the close
+            raise ValueError("the program's own error")
+    """)
+    out = cluster.run_script(code, tmp_path)
+    assert out.returncode == 1 and out.stdout.split() == ["190", "closed"], out
+    assert "ValueError: the program's own error" in out.stderr
+    assert "lost the connection" not in out.stderr, out.stderr
