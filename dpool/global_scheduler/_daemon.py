@@ -223,7 +223,14 @@ class GlobalScheduler:
                 best = self._fallback.place(demand, loads)
             entry = self._nodes.get(best.address) if best is not None else None
             target = entry[0] if entry is not None else None
-            if target is not None:
+            home = best is not None and best.address == msg.origin  # (a strategy chose it)
+            # A task sent back to its origin (``RunHere``) is not pending there: it is no
+            # RemoteTask, so the origin's reports never count it as received, and it may
+            # start and end between two of them -- the next report is then the last one
+            # again, which the origin sends only every 5 s (``node._agent._REFRESH_S``).
+            # Counted, it kept the origin looking busy that long after its CPUs were free,
+            # and a placement group that needs them waiting with it.
+            if target is not None and not home:
                 best.pending += 1  # type: ignore[union-attr]
                 target.tasks_out += 1
         if target is None or not target.alive:
@@ -237,9 +244,7 @@ class GlobalScheduler:
             return origin, m.SpillRejected(
                 msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1
-        if best is not None and best.address == msg.origin:  # (a strategy chose its origin)
-            with self._lock:
-                target.tasks_out -= 1  # (not sent as a RemoteTask: it never counts it)
+        if home:
             return origin, m.RunHere(msg.task_id)
         return target, msg
 
