@@ -5,7 +5,9 @@
 spilling: an evicted object's segment is copied to a spill directory on disk and brought
 back into shared memory when a task or a reader needs it again. Nothing is lost to
 eviction; ``ObjectStoreFullError`` comes only when the pinned objects (inputs of pending
-tasks) alone leave no room, or an object is bigger than the whole store. A spill file
+tasks) alone leave no room, or an object is bigger than the whole store (a task whose
+inputs find no room waits for pins to go instead: ``scheduling._objtable``; a result
+rebuilt from lineage goes straight to disk: ``adopt_or_spill``). A spill file
 deleted under the store (a tmp cleaner) makes ``restore`` raise ``ObjectLostError``; the
 scheduler then rebuilds the value from lineage (``scheduling._lineage``).
 
@@ -43,6 +45,7 @@ from dpool.objects import _owners, _values
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Callable, Optional
 
     from dpool.objects._accounting import ObjectStore
@@ -183,6 +186,38 @@ class HostStore:
             if pin:
                 self.store.pin(oid)
 
+    def adopt_or_spill(self, payload: Optional[bytes]) -> None:
+        """``adopt`` a value that must not fail for want of room *now* (a result rebuilt
+        from lineage, which no caller asked for at this moment): when pinned inputs of
+        pending tasks leave no room, it goes straight to a spill file, as if evicted at
+        once, and its readers bring it back -- waiting for room -- as for any spilled
+        value. Raises ``ObjectStoreFullError`` only when it can never fit, or the spill
+        file cannot be written (the segment is unlinked, as ``adopt`` leaves it)."""
+        info = _values.stored(payload)
+        if info is None:
+            return
+        oid, name, size = info
+        if self.store.used + size + self.pool.bytes > self.store.capacity:
+            self.pool.purge()
+        try:
+            self.store.reserve(size)  # evicts what it can; changes nothing if it raises
+        except ObjectStoreFullError:
+            if size > self.store.capacity:
+                _owners.unlink(name)
+                raise
+            try:
+                self._spill_segment(oid, name, size)
+            except OSError as exc:
+                _owners.unlink(name)
+                raise ObjectStoreFullError(
+                    f"no room for object {oid:#x} ({size} bytes) in shared memory, and "
+                    f"it could not be written to disk: {exc}") from exc
+            _owners.unlink(name)
+            self.store.incref(oid)  # counted as an evicted value is (``drop`` ends it)
+            return
+        self.store.add(oid, name, size)
+        self.store.incref(oid)
+
     def drop(self, payload: Optional[bytes], unpin: bool = False) -> None:
         """The object table let go of this value: free its segment (or spill file).
         ``unpin``: a finished task's argument block, pinned by ``adopt``."""
@@ -252,6 +287,16 @@ class HostStore:
             self.store.pin(info[0])
             self.store.touch(info[0])
 
+    def fit_together(self, payloads: Iterable[Optional[bytes]]) -> bool:
+        """Whether these values (stored ones; each counted once) fit in the store at
+        once when nothing else pins it: a task that needs them can wait for room."""
+        sizes: dict[int, int] = {}
+        for payload in payloads:
+            info = _values.stored(payload)
+            if info is not None:
+                sizes[info[0]] = info[2]
+        return sum(sizes.values()) <= self._capacity
+
     def unpin(self, payload: Optional[bytes]) -> None:
         info = _values.stored(payload)
         if info is not None and self._store is not None and self._store.pincount(info[0]):
@@ -302,20 +347,27 @@ class HostStore:
             self.restore(info[0])
 
     def _spill(self, oid: int) -> None:
-        name = self.store.location(oid)
+        self._spill_segment(oid, self.store.location(oid), self.store.size(oid))
+
+    def _spill_segment(self, oid: int, name: str, size: int) -> None:
+        """Copy segment ``name`` to a spill file (the caller unlinks it)."""
         import shutil
         import tempfile
 
         if self._spill_dir is None:
             self._spill_dir = tempfile.mkdtemp(prefix=f"dpool-spill-{self.owner_pid}-")
         path = os.path.join(self._spill_dir, name.lstrip("/"))
-        shutil.copyfile(_owners.SHM_DIR + name, path)
+        try:
+            shutil.copyfile(_owners.SHM_DIR + name, path)
+        except OSError:
+            _remove(path)  # a partial copy (disk full) is no spill file
+            raise
         from dpool.objects import _mapping
 
         _mapping.forget([name])  # this process's cached mapping; workers are told
         self.forgotten.append(name)
-        self._spilled[oid] = (path, name, self.store.size(oid))
-        log.debug("spilled object %d (%d bytes) to %s", oid, self.store.size(oid), path)
+        self._spilled[oid] = (path, name, size)
+        log.debug("spilled object %d (%d bytes) to %s", oid, size, path)
 
     def clear(self) -> None:
         if self._store is not None:

@@ -44,6 +44,7 @@ class SchedulerCore:
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]
     _groups: dict[int, Group]
+    _room_waiters: dict[int, None]  # inputs tasks wait on for room (``_objtable``)
     _objects: dict[int, Obj]
     _functions: dict[int, bytes]
     _worker_ids: itertools.count
@@ -72,6 +73,10 @@ class SchedulerCore:
     def _drain_releases_locked(self) -> None: raise NotImplementedError
     def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
         raise NotImplementedError
+    def rebuilding_locked(self, t: Task) -> bool: raise NotImplementedError
+    def wait_for_room_locked(self, t: Task, oid: int) -> bool: raise NotImplementedError
+    def room_freed_locked(self) -> None: raise NotImplementedError
+    def fail_stuck_room_waiters_locked(self) -> None: raise NotImplementedError
 
     # -- WorkerPool ------------------------------------------------------------------------
     def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
@@ -88,7 +93,8 @@ class SchedulerCore:
         raise NotImplementedError
 
     # -- WorkerMessages --------------------------------------------------------------------
-    def _adopt_result_locked(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
+    def _adopt_result_locked(self, ok: bool, payload: bytes,
+                             rebuilt: bool = False) -> tuple[bool, bytes]:
         raise NotImplementedError
 
     # -- ResourceDispatch ------------------------------------------------------------------

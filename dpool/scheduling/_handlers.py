@@ -65,7 +65,8 @@ class WorkerMessages(SchedulerCore):
         if t.alloc is not None:  # it held resources (``_resdispatch``)
             self._release_res_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
-        ok, payload = self._adopt_result_locked(msg.ok, msg.payload)
+        ok, payload = self._adopt_result_locked(msg.ok, msg.payload,
+                                                self.rebuilding_locked(t))
         self.finish_locked(t, ok, payload)
         g = w.group
         if (g.queue or g.rq) and g not in self._refill:
@@ -84,12 +85,21 @@ class WorkerMessages(SchedulerCore):
                 if other.queue and other not in refill:
                     refill.append(other)
 
-    def _adopt_result_locked(self, ok: bool, payload: bytes) -> tuple[bool, bytes]:
+    def _adopt_result_locked(self, ok: bool, payload: bytes,
+                             rebuilt: bool = False) -> tuple[bool, bytes]:
         """A task's outcome as the object table keeps it: a value a worker wrote into
-        the store is accounted for (or, the store being full, the task failed)."""
+        the store is accounted for (or, the store being full, the task failed).
+        ``rebuilt``: a lineage rebuild's result (``_lineage``), which readers wait for:
+        with no room now -- the store pinned by the inputs of tasks queued meanwhile --
+        it goes to disk and waits for room as a spilled value does, instead of failing
+        them all with ObjectStoreFullError (seen: five readers of lost 32 MiB results
+        in a 100 MiB store)."""
         if ok:
             try:
-                self.store.adopt(payload)
+                if rebuilt:
+                    self.store.adopt_or_spill(payload)
+                else:
+                    self.store.adopt(payload)
             except ObjectStoreFullError as exc:
                 return False, _payload.dumps_error(exc)
         return ok, payload
@@ -131,6 +141,8 @@ class WorkerMessages(SchedulerCore):
         w.blocked = True
         self._requeue_locked(w, msg.returned)
         self._dispatch_locked(w.group)
+        if self._room_waiters:  # its task's pins may have been the last that could clear
+            self.fail_stuck_room_waiters_locked()
 
     def _on_unblocked_locked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
         if w.blocked:

@@ -17,6 +17,12 @@ the store is full (``objects._hoststore``). A file deleted under it (a tmp clean
 trouble) used to surface as a raw ``FileNotFoundError`` from inside the scheduler; now
 the value is rebuilt from lineage, or its readers get ``ObjectLostError``.
 
+Under memory pressure. A rebuild happens when the store is full, and the readers queued
+meanwhile pin what is in it: a rebuilt result that finds no room goes straight to a spill
+file (``HostStore.adopt_or_spill``), and its readers bring it back when room comes, as
+for any spilled value -- a task whose inputs find no room waits for it (``_objtable``).
+Neither fails with ``ObjectStoreFullError`` for want of room *now*.
+
 What is kept, and for how long. Only results stored in shared memory (at least the store
 threshold) can be evicted, so only their tasks are recorded: the function id, the
 argument payload when it is inline (small: the bytes the task was sent), and the inputs
@@ -132,6 +138,10 @@ class Lineage(SchedulerCore):
                         held.holds += 1
                 else:
                     rec.inputs[dep] = (ok, payload)
+
+    def rebuilding_locked(self, t: Task) -> bool:
+        """Whether ``t`` is a rebuild (a record is kept only once its first run ended)."""
+        return t.task_id in self._lineage
 
     def forget_lineage_locked(self, oid: int) -> None:
         """The object table dropped ``oid``: its record goes unless a later one holds it."""

@@ -14,6 +14,13 @@ A reader of a value that was spilled to disk gets it back in shared memory first
 (``_resident_value_locked``); when the spill file is gone, the value is rebuilt from
 lineage and the reader waits for it as for any pending object, or gets
 ``ObjectLostError`` (``_lineage``).
+
+Waiting for room. A task whose inputs cannot all be brought back into shared memory
+because other pending tasks pin the rest of the store (``_build_deps_locked``) holds no
+pin and waits, as for a pending input, on the input that found no room
+(``wait_for_room_locked``); each finish that releases pins lets the waiting tasks try
+again (``room_freed_locked``). Only a task whose inputs could never fit together fails
+with ``ObjectStoreFullError``.
 """
 
 from __future__ import annotations
@@ -21,17 +28,19 @@ from __future__ import annotations
 from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
+from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
-from dpool.scheduling._records import Obj, WorkerHandle
+from dpool.scheduling._records import Obj, Task, WorkerHandle
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
-from dpool.objects._values import stored_size
 
 
 class ObjectTable(Lineage):
+    _room_waiters: dict[int, None]  # ready inputs that tasks wait on for room (in order)
+
     # -- public (any thread) -------------------------------------------------------------
     def put(self, object_id: int, payload: bytes) -> None:
         """Store a value under ``object_id`` with one reference (the caller's handle)."""
@@ -159,6 +168,69 @@ class ObjectTable(Lineage):
         rel = self._releases
         while rel:
             self.decref_locked(rel.popleft())
+
+    # -- waiting for room (lock held) ---------------------------------------------------
+    def wait_for_room_locked(self, t: Task, oid: int) -> bool:
+        """``t``'s input ``oid`` found no room in the store, which pending tasks pin (``t``
+        pins nothing now): ``t`` waits on it as on a pending input, and tries again when
+        pins are released. False if its inputs (and arguments) can never fit together:
+        waiting would never end."""
+        objects = self._objects
+        payloads = [d.payload for d in (objects[i] for i in t.dep_ids or ()) if d.ok]
+        payloads.append(t.args)
+        if not self.store.fit_together(payloads) or not self._pins_may_clear_locked():
+            return False
+        t.missing += 1
+        objects[oid].add_waiter(t)  # (a ready entry has no other waiters)
+        self._room_waiters[oid] = None
+        return True
+
+    def _pins_may_clear_locked(self) -> bool:
+        """Whether a task holding pins can still finish and release them: one queued, or
+        running on a worker that is not blocked in a nested wait. If every pin is held by
+        tasks that wait on others (perhaps on the very task that waits for room), waiting
+        for room would never end: it fails with ObjectStoreFullError instead."""
+        for g in self._groups.values():
+            if any(t.deps or t.args is not None for t in g.queue):
+                return True
+            if any(t.deps or t.args is not None for q in g.rq.values() for t in q):
+                return True
+            for w in g.workers:
+                if w.alive and not w.blocked and any(
+                        t.deps or t.args is not None for t in w.inflight.values()):
+                    return True
+        return False
+
+    def fail_stuck_room_waiters_locked(self) -> None:
+        """A worker blocked in a nested wait: if no pin can be released any more, the
+        tasks waiting for room fail (``_pins_may_clear_locked``) rather than wait forever."""
+        if not self._room_waiters or self._pins_may_clear_locked():
+            return
+        waiting, self._room_waiters = self._room_waiters, {}
+        exc = ObjectStoreFullError(
+            "the object store is full: the room the waiting tasks' inputs need is pinned by "
+            "tasks that are themselves waiting on other tasks")
+        err = _payload.dumps_error(exc)
+        for oid in waiting:
+            obj = self._objects.get(oid)
+            if obj is None or not obj.waiters:
+                continue
+            tasks = [w for w in obj.waiters if isinstance(w, Task)]
+            obj.waiters = [w for w in obj.waiters if not isinstance(w, Task)] or None
+            for t in tasks:
+                t.missing -= 1
+                self.finish_locked(t, False, err)
+
+    def room_freed_locked(self) -> None:
+        """A finished task released pins: the tasks waiting for room try again, in the
+        order they began to wait (one that still finds none waits again)."""
+        waiting, self._room_waiters = self._room_waiters, {}
+        objects = self._objects
+        for oid in waiting:
+            obj = objects.get(oid)  # (held by its waiting tasks' references)
+            if obj is not None and obj.ready and obj.waiters:
+                self._wake_waiters_locked(obj, oid)
+            # (not ready: lost and being rebuilt meanwhile -- its waiters wake with it)
 
     # -- values to readers (lock held) ---------------------------------------------------
     def _resident_value_locked(self, oid: int, obj: Obj) -> Optional[tuple[bool, bytes]]:

@@ -121,6 +121,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.store = HostStore(os.getpid())
         self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
         self._fn_refusals = {}  # fn id -> why its tasks may not run again, or None
+        self._room_waiters = {}  # inputs tasks wait on for room in the store (``_objtable``)
         # A node daemon's services (``attach_services``); None on the embedded runtime.
         self._sessions: Optional[DriverService] = None
         self._spiller: Optional[SpillService] = None
@@ -422,7 +423,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         except ObjectStoreFullError as exc:
             for _oid, ok, payload in deps:
                 self.store.unpin(payload if ok else None)
-            self.finish_locked(t, False, _payload.dumps_error(exc))
+            # Other pending tasks' inputs fill the store: ``t`` waits, pinning nothing,
+            # until their finish makes room (``_objtable``) -- it failed here, and so did
+            # readers queued behind others under memory pressure. Unless it never fits.
+            if not self.wait_for_room_locked(t, oid):
+                self.finish_locked(t, False, _payload.dumps_error(exc))
             return False
         except ObjectLostError as exc:  # its spill file is gone: rebuild it (``_lineage``)
             for _oid, ok, payload in deps:
@@ -439,6 +444,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             g.outstanding -= 1
         if ok and payload[:1] == STORED:  # a large result, which may be evicted and lost
             self.keep_lineage_locked(t)
+        unpinned = bool(t.deps) or t.args is not None
         if t.deps:
             for _oid, dep_ok, dep_payload in t.deps:
                 self.store.unpin(dep_payload if dep_ok else None)
@@ -449,6 +455,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                 self.decref_locked(oid)
         if t.args is not None:
             self.store.drop(t.args, unpin=True)  # it lives as long as its task
+        if unpinned and self._room_waiters:  # tasks wait for the room it may have freed
+            self.room_freed_locked()
         if ok:
             self.control.set_task_state(t.task_id, "FINISHED", t.attempts, _now(),
                                         size=stored_size(payload))

@@ -6,15 +6,24 @@ back by running again the tasks that made them, through their inputs; a function
 Two loopback clusters: a head with no CPUs whose driver (on the head's host) sends
 every task to the two other nodes, one of which is SIGKILLed mid-way through chains of
 dependent tasks passing 8 MB arrays; and two nodes whose TCP driver loses its own node
-while a chain runs (the driver moves, ``_move``, and runs the lost links again).
+while a chain runs (the driver moves, ``_move``, and runs the lost links again). And on
+one host, under memory pressure: readers of spilled results, and of results rebuilt
+because their spill files were cut short, wait for room instead of failing.
 """
 
 from __future__ import annotations
 
+import gc
+import glob
 import os
+import tempfile
 import textwrap
+import time
 
+import numpy as np
 import pytest
+
+from dpool import ProcessPoolExecutor
 
 from tests.cluster.conftest import start_cluster, stop_cluster
 
@@ -157,3 +166,83 @@ def test_no_rebuild_marks_functions_and_refuses_what_it_cannot_mark():
         no_rebuild(3)
     with pytest.raises(TypeError, match="cannot mark"):
         no_rebuild(len)
+
+
+# -- one host: a lineage rebuild under memory pressure -----------------------------------
+
+MB = 1 << 20
+
+
+def _make(i, log):
+    with open(log, "a") as fh:
+        fh.write(f"make{i}\n")
+    time.sleep(0.3)  # a rebuild ends after every reader is queued
+    return np.full(4 * MB // 8, float(i))  # 4 MiB: three fit in the 12.5 MiB store
+
+
+def _first_slowly(a):
+    time.sleep(0.2)  # slower than a restore: the later readers queue up behind it
+    return float(a[0])
+
+
+def _spill_files() -> list[str]:
+    pattern = os.path.join(tempfile.gettempdir(), f"dpool-spill-{os.getpid()}-*", "*")
+    return glob.glob(pattern)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", [False, True], ids=["spilled", "spill-files-cut-short"])
+def test_readers_of_spilled_and_rebuilt_results_wait_for_room(tmp_path, cut):
+    # Five 4 MiB results in a store that holds three (two spill), then five tasks that
+    # each read one. The readers queued behind the first ones pin the resident values:
+    # a reader whose input was on disk found no room to bring it back, and -- with the
+    # spill files cut short (a tmp cleaner, a full disk) -- a rebuilt result found no
+    # room to be stored; both failed with ObjectStoreFullError ("only 0 bytes can be
+    # evicted") instead of waiting for the readers ahead of them to finish.
+    log = str(tmp_path / "runs")
+    with ProcessPoolExecutor(2, object_store_memory=25 * MB // 2) as ex:
+        fs = [ex.submit(_make, i, log) for i in range(5)]
+        assert [f.result(30)[0] for f in fs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        files = _spill_files()
+        assert len(files) >= 2
+        if cut:
+            for path in files:
+                os.truncate(path, os.path.getsize(path) // 2)
+        readers = [ex.submit(_first_slowly, f) for f in fs]
+        assert [r.result(30) for r in readers] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        with open(log) as fh:
+            made = fh.read().split()
+        assert len(made) == 5 + (len(files) if cut else 0), made  # each lost one once more
+        del fs, readers
+        gc.collect()
+        ex.submit(int).result(30)  # the releases are applied at the next event
+        assert _spill_files() == []  # nothing is left on disk once the results are gone
+
+
+def _first(a):
+    return float(a[0])
+
+
+def _read_nested(a, b, c, boxed):
+    import dpool
+
+    return dpool.get_executor().submit(_first, boxed[0]).result(30)
+
+
+@pytest.mark.timeout(60)
+def test_a_room_wait_that_could_never_end_fails_typed():
+    # The outer task pins three resident 4 MiB inputs (12 of the 12.5 MiB store) and
+    # waits on a nested reader of a spilled one, which finds no room: the only pins that
+    # could make room belong to the task waiting on it. Waiting would never end, so the
+    # reader fails with ObjectStoreFullError (and the outer task with it) at once.
+    from dpool import ObjectStoreFullError
+
+    with ProcessPoolExecutor(2, object_store_memory=25 * MB // 2) as ex:
+        fs = [ex.submit(np.full, 4 * MB // 8, float(i)) for i in range(5)]
+        assert [f.result(30)[0] for f in fs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert len(_spill_files()) >= 2
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreFullError, match="pinned by tasks"):
+            ex.submit(_read_nested, fs[2], fs[3], fs[4], [fs[0].object_ref]).result(40)
+        assert time.monotonic() - t0 < 20  # (the nested result(30) would time out first)
+        assert ex.submit(_first, fs[0]).result(30) == 0.0  # the pool and store still work
