@@ -23,6 +23,7 @@ it).
 
 from __future__ import annotations
 
+import sys
 import types
 from reprlib import recursive_repr
 
@@ -290,8 +291,23 @@ def _repr(self: Any) -> str:
     return f"{self.__class__.__qualname__}({fields})"
 
 
-def _eq(self: Any, other: Any) -> Any:
-    if other.__class__ is self.__class__:
-        names = self.__match_args__
-        return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
-    return NotImplemented
+if sys.version_info >= (3, 13):
+    def _eq(self: Any, other: Any) -> Any:
+        """3.13's dataclass: field by field, ``a == a2 and b == b2 ...`` (so a NaN field
+        makes two records unequal even when it is the same object)."""
+        if other.__class__ is self.__class__:
+            same: Any = True
+            for n in self.__match_args__:
+                same = getattr(self, n) == getattr(other, n)
+                if not same:
+                    return same
+            return same
+        return NotImplemented
+else:
+    def _eq(self: Any, other: Any) -> Any:
+        """Before 3.13, dataclass compares tuples of fields (identity first, as tuples do)."""
+        if other.__class__ is self.__class__:
+            names = self.__match_args__
+            return tuple(getattr(self, n) for n in names) == \
+                tuple(getattr(other, n) for n in names)
+        return NotImplemented
