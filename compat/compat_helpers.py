@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import psutil
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -121,3 +122,10 @@ def run_isolated(code: str, timeout: float) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return HANG
+
+
+def skip_stdlib_without_max_tasks_per_child(impl: str) -> None:
+    """The stdlib's executor takes ``max_tasks_per_child`` from Python 3.11 (dpool's on
+    every version it supports)."""
+    if impl == "stdlib" and sys.version_info < (3, 11):
+        pytest.skip("the stdlib's ProcessPoolExecutor has max_tasks_per_child from 3.11")

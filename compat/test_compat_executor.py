@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import sys
 import threading
 import time
 
 import pytest
-from compat_helpers import outcome
+from compat_helpers import outcome, skip_stdlib_without_max_tasks_per_child
 from compat_tasks import (
     add,
     fail_on,
@@ -73,7 +74,8 @@ def test_result_timeout(Executor):
     with Executor(1) as ex:
         f = ex.submit(sleep_return, 0.5, "late")
         o = outcome(f.result, 0.05)
-        assert o.raised(cf.TimeoutError) and o.raised(TimeoutError)
+        assert o.raised(cf.TimeoutError)
+        assert o.raised(TimeoutError) or sys.version_info < (3, 11)  # (one class from 3.11)
         assert outcome(f.exception, 0.01).raised(cf.TimeoutError)
         assert f.result(OK_S) == "late"
 
@@ -199,7 +201,9 @@ def test_callback_that_raises_is_logged_not_fatal(Executor, caplog):
     ({"max_tasks_per_child": 0}, ValueError, "max_tasks_per_child must be >= 1"),
     ({"max_tasks_per_child": "1"}, TypeError, "max_tasks_per_child must be an integer"),
 ])
-def test_constructor_validation(Executor, kwargs, exc_type, message):
+def test_constructor_validation(Executor, impl, kwargs, exc_type, message):
+    if "max_tasks_per_child" in kwargs:
+        skip_stdlib_without_max_tasks_per_child(impl)
     o = outcome(Executor, **kwargs)
     assert o.raised(exc_type) and str(o.exc) == message
 
@@ -210,6 +214,7 @@ def test_initializer_and_initargs(Executor):
 
 
 def test_max_tasks_per_child(Executor, impl):
+    skip_stdlib_without_max_tasks_per_child(impl)
     spawn = multiprocessing.get_context("spawn")
     with Executor(1, mp_context=spawn, max_tasks_per_child=1) as ex:
         pids = [ex.submit(getpid).result(OK_S) for _ in range(2)]

@@ -14,8 +14,7 @@ import multiprocessing.pool
 import os
 
 import pytest
-from compat_helpers import outcome
-from compat_tasks import square
+from compat_helpers import outcome, skip_stdlib_without_max_tasks_per_child
 from compat_sync_tasks import (
     count,
     echo,
@@ -25,7 +24,7 @@ from compat_sync_tasks import (
     use_every_kind,
     with_lock,
 )
-
+from compat_tasks import square
 
 OK_S = 60
 N = 12
@@ -100,8 +99,9 @@ def test_lock_and_queue_with_the_default_context(Executor, Pool):
     assert sorted(got) == list(range(12))
 
 
-def test_workers_started_later_get_them_too(Executor, Pool):
+def test_workers_started_later_get_them_too(Executor, Pool, impl):
     """Workers that replace retired ones (max_tasks_per_child) receive the initargs too."""
+    skip_stdlib_without_max_tasks_per_child(impl)
     ctx = multiprocessing.get_context("spawn")
     counter = ctx.Value("i", 0)
     with Pool(2, initializer=keep_counter, initargs=(counter,), context=ctx,
@@ -184,7 +184,8 @@ def test_saturation(Executor):
         assert len(ex._processes) == ex._max_workers
 
 
-def test_max_tasks_per_child_defaults_to_spawn(Executor):
+def test_max_tasks_per_child_defaults_to_spawn(Executor, impl):
+    skip_stdlib_without_max_tasks_per_child(impl)
     ex = Executor(1, max_tasks_per_child=2)
     try:
         assert ex._mp_context.get_start_method() == "spawn"

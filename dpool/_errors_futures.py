@@ -9,6 +9,7 @@ which is where users, tracebacks and pickle find it.
 
 from __future__ import annotations
 
+import builtins
 from concurrent.futures import CancelledError as _StdCancelledError
 from concurrent.futures import TimeoutError as _StdTimeoutError
 
@@ -23,7 +24,12 @@ class CancelledError(Error, _StdCancelledError):
     __module__ = "dpool.errors"
 
 
-class TimeoutError(Error, _StdTimeoutError):  # noqa: A001 - mirrors the stdlib name
+# the builtin and concurrent.futures' are one class from Python 3.11; before, both bases
+_TIMEOUT_BASES = (_StdTimeoutError,) if issubclass(_StdTimeoutError, builtins.TimeoutError) \
+    else (_StdTimeoutError, builtins.TimeoutError)
+
+
+class TimeoutError(Error, *_TIMEOUT_BASES):  # type: ignore[misc]  # noqa: A001
     """A wait ran past its timeout (also the builtin/``concurrent.futures`` ``TimeoutError``)."""
 
     __module__ = "dpool.errors"

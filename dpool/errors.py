@@ -122,6 +122,18 @@ class PlacementError(ResourceError):
     """
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; before Python 3.11, where tracebacks show no notes, the note
+    is kept in ``exc.__notes__`` all the same (code and tests that read it find it)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        notes = getattr(exc, "__notes__", None)
+        if notes is None:
+            notes = exc.__notes__ = []  # type: ignore[attr-defined]
+        notes.append(note)
+
+
 def broken_pool(reason: str) -> Exception:
     """The stdlib's own ``BrokenProcessPool(reason)``: what a broken or shut-down pool's
     calls raise, as the stdlib's would."""

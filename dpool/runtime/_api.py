@@ -70,16 +70,24 @@ def get(refs: Union[Waitable, Iterable[Waitable]], timeout: Optional[float] = No
     """The value of a Future/ObjectRef, or a list of values for a list of them.
 
     Raises the task's exception, or ``TimeoutError`` after ``timeout`` seconds (measured
-    from the call, for the whole list).
+    from the call, for the whole list): ``dpool.TimeoutError``, which is the builtin and
+    ``concurrent.futures``' ``TimeoutError`` (two classes before Python 3.11) both.
     """
     single = isinstance(refs, (ObjectRef, TaskFuture, _cf.Future))
     items = [refs] if single else list(refs)  # type: ignore[arg-type]
     fs = [_as_future(x) for x in items]
     deadline = None if timeout is None else time.monotonic() + timeout
     out = []
-    for f in fs:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        out.append(f.result(remaining))
+    try:
+        for f in fs:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out.append(f.result(remaining))
+    except _cf.TimeoutError as exc:
+        if fs[len(out)].done():
+            raise  # the task's own error, which happens to be a TimeoutError
+        from dpool.errors import TimeoutError as Timeout
+
+        raise Timeout(f"not done within {timeout} s") from exc
     return out[0] if single else out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dpool import errors
 from dpool._task_future import ObjectRef, TaskFuture, collect_refs
 from dpool.objects import _payload
 
@@ -46,8 +47,7 @@ def serialize_args(client: Client, args: tuple, kwargs: dict) -> Optional[bytes]
     try:
         return _payload.dumps_call(args, kwargs, client.new_id, client.owner_pid)
     except Exception as exc:
-        if hasattr(exc, "add_note"):
-            exc.add_note("dpool: this happened while pickling the task's arguments")
+        errors.add_note(exc, "dpool: this happened while pickling the task's arguments")
         raise
 
 

@@ -39,7 +39,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from dpool import _log
+from dpool import _log, errors
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.errors import (
     DeserializationError,
@@ -386,8 +386,7 @@ class ClusterRuntime(ChannelClient):
                 if self.mover is None or not self.mover.wait_moved(gen):
                     raise
             except Exception as exc:
-                if hasattr(exc, "add_note"):
-                    exc.add_note("dpool: this happened while pickling the task's arguments")
+                errors.add_note(exc, "dpool: this happened while pickling the task's arguments")
                 raise
 
     def resubmit(self, group: RemoteGroup, oid: int, fn_id: int, payload: Optional[bytes],

@@ -59,8 +59,8 @@ from dpool import _log, errors
 from dpool._task_future import completes_anywhere
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import _payload
-from dpool.objects._values import stored_size
 from dpool.objects._hoststore import HostStore
+from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Optional
 
+from dpool import errors
 from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
 from dpool.objects import _forkguard, _segment, _values, _writemaps
 from dpool.protocol import PROTOCOL_VERSION, _auth
@@ -200,8 +201,8 @@ def fetch(address: str, token: bytes, name: str, object_id: int, owner_pid: int,
         log.warning("fetched %s from node %s, which keeps a copy (%s)", name, alt, first)
         return payload
     if alternatives:
-        first.add_note(f"dpool: the copies on {', '.join(alternatives)} could not be "
-                       "fetched either")
+        errors.add_note(first, f"dpool: the copies on {', '.join(alternatives)} could not "
+                        "be fetched either")
     raise first
 
 

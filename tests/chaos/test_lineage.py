@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from dpool import ProcessPoolExecutor
-
 from tests.cluster.conftest import start_cluster, stop_cluster
 
 CHAINS = textwrap.dedent("""
