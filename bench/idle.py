@@ -2,6 +2,7 @@
 
     python bench/idle.py                     # 15 s idle, then the reaction checks
     python bench/idle.py --seconds 15 --no-react --json out.json
+    python bench/idle.py --seconds 15 --replicas 1   # with shard replicas and 3 Sentinels
     cd /tmp/other-checkout && python /work/main/bench/idle.py   # that checkout's dpool
 
 Starts a 3-node loopback cluster as ``tests/cluster/conftest.py`` does -- a head on
@@ -9,7 +10,9 @@ Starts a 3-node loopback cluster as ``tests/cluster/conftest.py`` does -- a head
 nodes joining it from 127.0.70.3 and 127.0.70.4, 2 CPUs each, every one with its own state
 directory --, waits until every node is alive and linked to the global scheduler, lets it
 settle (``--settle``), then reads the CPU time of every process it started -- node
-daemons and their workers, the global scheduler, the Redis shards -- at the start and
+daemons and their workers, the global scheduler, the Redis shards (with ``--replicas 1``,
+``dpool start --head --replicas 1``: also a replica of each shard and three Redis
+Sentinels, and every process reaches the shards through the Sentinels) -- at the start and
 the end of ``--seconds``, and prints each one's share of one core over that time, the
 total, and each one's RSS at the end. CPU time twice: user + system from psutil (clock
 ticks of 10 ms, so +-0.07 % of a core per process over 15 s), and the run time of the
@@ -102,9 +105,10 @@ def _free_port(ip: str) -> int:
 
 
 class Cluster:
-    def __init__(self, tmp: str, dpool_path: str) -> None:
+    def __init__(self, tmp: str, dpool_path: str, replicas: int = 0) -> None:
         self.tmp = tmp
         self.dpool_path = dpool_path
+        self.replicas = replicas
         self.states: dict[str, str] = {}
         self.token = ""
         self.address = ""
@@ -140,7 +144,8 @@ class Cluster:
             self.states[ip] = os.path.join(self.tmp, f"state-{ip}")
         port = _free_port(HEAD)
         out = self.cli(["start", "--head", "--port", str(port), "--node-ip", HEAD,
-                        "--num-cpus", "2", "--shards", "2", "--global-schedulers", "1"], HEAD)
+                        "--num-cpus", "2", "--shards", "2", "--global-schedulers", "1",
+                        *(["--replicas", str(self.replicas)] if self.replicas else [])], HEAD)
         self.token = [x for x in out.splitlines() if x.startswith("DPOOL_TOKEN=")][0][12:]
         self.address = f"{HEAD}:{port}"
         for ip, extra in ((NODE_B, []), (NODE_C, ["--resources", json.dumps({FAR: 100})])):
@@ -162,8 +167,13 @@ class Cluster:
         """Every process this cluster runs now, by a readable name."""
         out: dict[str, psutil.Process] = {}
         head = self.records[HEAD]
-        for i, r in enumerate(head.get("redis", [])):
-            out[f"redis shard {i}"] = psutil.Process(r["pid"])
+        counts: dict[str, int] = {}
+        for r in head.get("redis", []):
+            # role: "primary", "replica", "sentinel" (no role: a checkout from before them)
+            kind = {"replica": "redis replica", "sentinel": "redis sentinel"}.get(
+                r.get("role", ""), "redis shard")
+            i = counts[kind] = counts.get(kind, -1) + 1
+            out[f"{kind} {i}"] = psutil.Process(r["pid"])
         for i, g in enumerate(head.get("global_schedulers", [])):
             out[f"global scheduler {i}"] = psutil.Process(g["pid"])
         for ip, rec in self.records.items():
@@ -345,7 +355,8 @@ def _until_marked(c: Cluster, node: dict, dead: bool, t0: float) -> float | None
     (``dead``) or no longer is (read from the Redis shards every 10 ms; None: not in 60 s)."""
     import redis
 
-    shards = [x["address"] for x in c.records[HEAD]["redis"]]
+    shards = [x["address"] for x in c.records[HEAD]["redis"]
+              if x.get("role", "primary") == "primary"]
     clients = [redis.Redis(host=a.rsplit(":", 1)[0], port=int(a.rsplit(":", 1)[1]),
                            password=c.token) for a in shards]
     keys = [(cl, k) for cl in clients for k in cl.keys("*")
@@ -374,8 +385,10 @@ def report(idle: dict, react: dict | None, which: str) -> str:
     lines.append(f"| **total** | **{idle['total_cpu_pct']:.2f}** | "
                  f"**{idle['total_run_pct']:.3f}** | **{idle['total_rss_mib']:.1f}** |")
     lines.append("")
-    lines.append(f"Idle for {idle['seconds']:.1f} s; dpool from `{which}`; load average "
-                 f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
+    lines.append(f"Idle for {idle['seconds']:.1f} s; replicas {idle.get('replicas', 0)}; "
+                 f"dpool from `{which}`; load average (1, 5, 15 min) at the start of the "
+                 f"window {_load(idle.get('loadavg_before'))}, at its end "
+                 f"{_load(idle.get('loadavg_after'))}, now {_load(os.getloadavg())}.")
     if react:
         lines += ["", "| reaction | figure |", "|---|---|",
                   f"| work: executor to first result | {react['work']['first_ms']:.1f} ms |",
@@ -398,6 +411,10 @@ def report(idle: dict, react: dict | None, which: str) -> str:
     return "\n".join(lines)
 
 
+def _load(v: list | tuple | None) -> str:
+    return "?" if v is None else " ".join(f"{x:.2f}" for x in v)
+
+
 def _ms(v: float | None) -> str:
     return "not in 60 s" if v is None else f"{v:.0f} ms"
 
@@ -417,19 +434,25 @@ def main() -> int:
                     help="seconds between the cluster coming up and the measurement")
     ap.add_argument("--pings", type=int, default=50)
     ap.add_argument("--no-react", action="store_true")
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="`dpool start --head --replicas N`: a replica of each shard and "
+                    "three Sentinels (0: none, the default)")
     ap.add_argument("--dpool-path", default=None)
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     dpool_path = _dpool_path(args.dpool_path)
     tmp = tempfile.mkdtemp(prefix="dpool-idle-")
-    c = Cluster(tmp, dpool_path)
+    c = Cluster(tmp, dpool_path, args.replicas)
     try:
         which = subprocess.run([sys.executable, "-c", "import dpool; print(dpool.__file__)"],
                                env=c.env(), cwd=tmp, capture_output=True, text=True,
                                check=True).stdout.strip()
         c.start()
         time.sleep(args.settle)
+        load_before = list(os.getloadavg())
         idle = measure_idle(c, args.seconds)
+        idle.update(replicas=args.replicas, loadavg_before=load_before,
+                    loadavg_after=list(os.getloadavg()))
         react = None if args.no_react else measure_reactions(c, args.pings)
     finally:
         c.stop()

@@ -166,6 +166,23 @@ def test_store_follows_a_failover_and_resends_an_unreplicated_write(replicated):
         store.close()
 
 
+def test_replicas_run_their_timers_at_1_hz_as_the_primaries(replicated):
+    """An idle replica at Redis's default 10 Hz cost as much as a node daemon
+    (bench/IDLE.md): replicas run at 1 Hz like the primaries, and still follow them."""
+    _, password, primaries, replicas = replicated
+    for server in primaries + replicas:
+        client = redis.Redis(host=IP, port=server.port, password=password)
+        try:
+            assert client.config_get("hz") == {"hz": "1"}, server
+            if server in replicas:
+                deadline = time.monotonic() + 10
+                while client.info("replication").get("master_link_status") != "up":
+                    assert time.monotonic() < deadline, f"{server}: link to its primary not up"
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+
 @pytest.mark.timeout(120)
 def test_flusher_resends_after_a_failover_while_idle(replicated):
     """A process that writes nothing after the failover still re-sends what it lost (its
