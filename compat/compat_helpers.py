@@ -61,6 +61,11 @@ def _children() -> list[psutil.Process]:
             continue
         if "resource_tracker" in cmd or "forkserver" in cmd:
             continue  # multiprocessing's own helpers, shared by the whole session
+        try:  # dpool's fork server: lives as long as this process's runtime
+            if p.name() == "dpool-zygote" and p.ppid() == os.getpid():
+                continue
+        except psutil.Error:
+            continue
         out.append(p)
     return out
 

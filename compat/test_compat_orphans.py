@@ -48,7 +48,7 @@ _DRIVER = textwrap.dedent("""
         kept += pool.map(big_array, [1 << 18] * 2, chunksize=1)
         busy_too = pool.apply_async(sleep_for, (60,))
         time.sleep(1.0)
-        print(" ".join(str(p.pid) for p in psutil.Process().children()
+        print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)
                        if "resource_tracker" not in " ".join(p.cmdline())), flush=True)
         time.sleep(60)
 """)

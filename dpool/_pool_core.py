@@ -130,6 +130,8 @@ class PoolCore:
         self._queue: SimpleQueue = SimpleQueue()
         self._runners: OrderedDict[tuple[int, Any], Any] = OrderedDict()
         self._runners_lock = threading.Lock()
+        if executor._driver is not None:  # the workers' copy of the program is of now,
+            executor._driver.fork_point()  # as the stdlib's Pool (before our threads)
         self._handler = threading.Thread(target=self._handle_results,
                                          name="dpool-pool-results", daemon=True)
         self._handler.start()

@@ -66,6 +66,9 @@ def _live_children() -> list[psutil.Process]:
             # behaviour, not a leak; compat/ tests start them in the same process)
             if any(h in part for part in p.cmdline() for h in ("resource_tracker", "forkserver")):
                 continue
+            # dpool's fork server lives as long as this process's runtime (scheduling/_zygote)
+            if p.name() == "dpool-zygote" and p.ppid() == os.getpid():
+                continue
             out.append(p)
         except psutil.NoSuchProcess:
             pass

@@ -85,6 +85,9 @@ class NodeDaemon:
         self.num_cpus = num_cpus
         self.redis: list = list(redis or [])
         self.scheduler = LocalScheduler(InProcessControlStore())
+        # the fork server that forks this node's workers: now, while this process has
+        # one thread and no socket (it would hold the node's port bound past its end)
+        self.scheduler.fork_point()
         self.scheduler.cpu_limit = num_cpus
         # GPUs (declared or detected), memory and custom resources this node offers
         custom = dict(resources or {})

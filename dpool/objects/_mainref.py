@@ -44,7 +44,7 @@ import time
 import types
 import weakref
 
-from dpool.objects._byvalue import NeedsCloudpickle, function_state
+from dpool.objects._byvalue import NeedsCloudpickle, _global_names, function_state
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -60,6 +60,12 @@ _MISSING = object()
 _PENDING = object()  # an entry whose fallback is being unpickled (a cycle); never stored
 
 _worker_ns: dict | None = None
+# In a driver whose workers come from a fork server (``scheduling._zygote``): the id of
+# each value of the main namespace when the server was forked (``mark_fork_point``)
+_at_fork: dict[str, int] | None = None
+_at_fork_ns = 0  # and when (``time.monotonic_ns()``)
+# In the fork server and the workers it forks: the driver's values are as of this time
+_image_as_of: int | None = None
 _shipped: dict = {}  # name -> (the driver's value of it as last received, when pickled)
 _tls = threading.local()
 
@@ -81,7 +87,9 @@ def set_worker_namespace() -> None:
         adopt({"__name__": "__main__", "__builtins__": builtins})
         return
     ns = main.__dict__
-    as_of = time.monotonic_ns()  # a fork: the driver's values as of now
+    as_of = _image_as_of  # a fork of the fork server: the driver's values as of then
+    if as_of is None:
+        as_of = time.monotonic_ns()  # a fork of the driver: its values as of now
     if main.__name__ == "__mp_main__":
         as_of = 0
         # multiprocessing re-ran the script with runpy, which keeps the script's globals
@@ -93,6 +101,82 @@ def set_worker_namespace() -> None:
                 ns = g
                 break
     adopt(ns, as_of)
+
+
+def mark_fork_point() -> None:
+    """The driver forks its fork server now: its workers' main namespace will be this
+    one as it is now. A function of it that reads a global rebound after this moment
+    goes by value (its globals with it), as if the worker had no such function: the
+    worker's own copy would read the value of then, where the stdlib's worker, forked
+    later, sees the new one (``_changed_since_fork``)."""
+    global _at_fork, _at_fork_ns
+    _at_fork = {k: id(v) for k, v in list(namespace().items())}
+    _at_fork_ns = time.monotonic_ns()
+
+
+def forked_server() -> None:
+    """In the fork server, first thing: its memory is the driver's as of the fork."""
+    global _image_as_of
+    _image_as_of = _at_fork_ns
+
+
+def _names(code: types.CodeType) -> tuple:
+    names = _code_names.get(code)
+    if names is None:
+        if len(_code_names) >= 4096:
+            _code_names.clear()
+        names = _code_names[code] = tuple(_global_names(code))
+    return names
+
+
+_code_names: dict[types.CodeType, tuple] = {}
+
+
+def _changed_since_fork(fn: Any, ns: dict, seen: set[int]) -> bool:
+    """Whether a global ``fn`` reads -- or one that a function of the main namespace it
+    calls reads, and so on -- was bound or rebound since ``mark_fork_point`` (a value
+    changed in place is not seen: its id is the same)."""
+    at_fork = _at_fork
+    if at_fork is None:
+        return False
+    seen.add(id(fn))
+    for name in _names(fn.__code__):
+        value = ns.get(name, _MISSING)
+        if value is _MISSING:
+            continue  # a builtin, or unset here too
+        if at_fork.get(name) != id(value):
+            return True
+        if (type(value) is types.FunctionType and id(value) not in seen
+                and value.__module__ in _MAIN_MODULES
+                and _changed_since_fork(value, ns, seen)):
+            return True
+    return False
+
+
+def _stale(objs: list, ns: dict) -> tuple:
+    """The globals rebound since ``mark_fork_point`` that the functions among ``objs``
+    read, or the functions of the main namespace they call, and so on: a table made
+    before is good while this says the same."""
+    at_fork = _at_fork
+    if at_fork is None:
+        return ()
+    changed: set[str] = set()
+    seen: set[int] = set()
+    todo = [o for o in objs if type(o) is types.FunctionType]
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for name in _names(fn.__code__):
+            value = ns.get(name, _MISSING)
+            if value is _MISSING:
+                continue
+            if at_fork.get(name) != id(value):
+                changed.add(name)
+            if type(value) is types.FunctionType and value.__module__ in _MAIN_MODULES:
+                todo.append(value)
+    return tuple(sorted(changed))
 
 
 def adopt(ns: dict, as_of: int = 0) -> None:
@@ -232,18 +316,20 @@ def finish(pickler_class: Any, collector: Collector, ns: dict, stream: bytes) ->
     """
     key = (tuple(map(id, collector.objs)), id(ns))
     hit = _tables.get(key)
-    if hit is not None and all(r() is o for r, o in zip(hit[0], collector.objs)):
+    stale = _stale(collector.objs, ns)
+    if hit is not None and hit[2] == stale and all(
+            r() is o for r, o in zip(hit[0], collector.objs)):
         table = hit[1]
     else:
         refs = [weakref.ref(o) for o in collector.objs]  # functions and classes
         table = _table(pickler_class, collector, ns)
         if len(_tables) >= 1024:
             _tables.clear()
-        _tables[key] = (refs, table)
+        _tables[key] = (refs, table, stale)
     return b"".join((_HEAD.pack(TAG, len(table)), table, stream))
 
 
-_tables: dict[tuple, tuple[list, bytes]] = {}
+_tables: dict[tuple, tuple[list, bytes, tuple]] = {}
 
 
 def _table(pickler_class: Any, collector: Collector, ns: dict) -> bytes:
@@ -256,6 +342,10 @@ def _table(pickler_class: Any, collector: Collector, ns: dict) -> bytes:
     i = 0
     while i < len(collector.objs):
         obj = collector.objs[i]
+        stale = _at_fork is not None and type(obj) is types.FunctionType and \
+            _changed_since_fork(obj, ns, set())
+        if stale:  # its globals are read again, now (``by_value``'s as_of)
+            _first_pickled.pop(obj, None)
         cls = pickler_class
         while True:
             file = io.BytesIO()
@@ -271,7 +361,11 @@ def _table(pickler_class: Any, collector: Collector, ns: dict) -> bytes:
                     continue
                 fallback, error = None, f"{type(exc).__name__}: {exc}"
             break
-        entries.append((obj.__qualname__, _signature(obj), id(obj), fallback, error))
+        # (id 0: no object of the receiver's matches -- it takes the fallback -- where
+        # the receiver shares our memory image but, forked earlier, not this function's
+        # globals: ``mark_fork_point``)
+        entries.append((obj.__qualname__, _signature(obj), 0 if stale else id(obj),
+                        fallback, error))
         i += 1
     return pickle.dumps((_TOKEN, time.monotonic_ns(), entries), protocol=5)
 

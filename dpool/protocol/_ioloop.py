@@ -71,7 +71,28 @@ class IOLoop:
         self.on_input: Optional[Callable[[], None]] = None  # called after rounds that read
         self._thread = threading.Thread(target=self._run, name="dpool-scheduler-io",
                                         daemon=True)
-        self._thread.start()
+        # The thread starts when first needed (a command, a wake-up), after
+        # ``before_start()``: the owner's last moment without this thread (the fork
+        # server is forked then, ``scheduling._zygote``).
+        self.before_start: Optional[Callable[[], None]] = None
+        self._started = False
+        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the loop's thread now, if it has not started (any thread; a call while
+        another one starts it -- on another thread, or further up this one's stack, from
+        a finalizer -- returns at once: the thread runs soon, and then sees what the
+        caller queued)."""
+        if self._started or not self._start_lock.acquire(blocking=False):
+            return
+        try:
+            if not self._started:
+                if self.before_start is not None:
+                    self.before_start()
+                self._thread.start()
+                self._started = True
+        finally:
+            self._start_lock.release()
 
     # -- called from any thread ----------------------------------------------------------
     def add(self, handle: Any) -> None:
@@ -81,6 +102,8 @@ class IOLoop:
         self._command(("write", handle))
 
     def wake(self) -> None:
+        if not self._started:
+            self.start()
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -89,7 +112,7 @@ class IOLoop:
     def poke(self) -> None:
         """There is work for the tick (queued from another thread): tick again within
         ``_TICK_S`` even if the loop was idle. Any thread; no lock taken."""
-        if self.idle:
+        if self.idle or not self._started:
             self.idle = False
             self.wake()
 
@@ -193,6 +216,10 @@ class IOLoop:
 
     def stop(self) -> None:
         self._stop = True
+        with self._start_lock:
+            if not self._started:  # never needed: nothing to stop
+                self._started = True  # (nor to start, from now on)
+                return
         self.wake()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)

@@ -81,6 +81,10 @@ class Driver(Client, Protocol):
         """Have ``n`` of ``group``'s workers running on this host (at most its
         ``max_workers``; on a cluster, where the nodes run them, nothing)."""
 
+    def fork_point(self) -> None:
+        """About to start a thread: fork what forks the workers now, if it is not yet
+        (``LocalScheduler.fork_point``)."""
+
     def close_group_soon(self, group: Any) -> None:
         """Close ``group`` once it is idle (from a finalizer: takes no lock)."""
 

@@ -260,6 +260,9 @@ class ClusterRuntime(ChannelClient):
     def start_workers(self, group: RemoteGroup, n: int) -> None:
         pass  # the nodes start their workers when work needs them; none are on this host
 
+    def fork_point(self) -> None:
+        pass  # no worker is forked on this host
+
     def close_group_soon(self, group: RemoteGroup) -> None:
         """(From a finalizer: no lock may be taken here.)"""
         group.lease_closed = True

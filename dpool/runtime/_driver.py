@@ -65,10 +65,15 @@ class DriverRuntime:
             self._reaped_at = now
             _owners.reap_orphans()
         self._executors.add(executor)
+        if self.scheduler.zygote is not None:  # its workers may see what others did not
+            self.functions.new_generation()
         return self.scheduler.add_group(cfg)
 
     def start_workers(self, group: Any, n: int) -> None:
         self.scheduler.start_workers(group, n)
+
+    def fork_point(self) -> None:
+        self.scheduler.fork_point()
 
     def close_group_soon(self, group: Any) -> None:
         self.scheduler.close_group_soon(group)

@@ -6,6 +6,12 @@ methods, most builtins) is serialized per submit, since its identity says nothin
 its state, and deduplicated by its pickle so a hot loop over ``obj.method`` registers
 one entry, not one per task. Because the pickle is taken once, a closure's captured
 values are those at its first submit -- listed in compat/DIFFERENCES.md.
+
+Except for a function of the main script where workers come from a fork server
+(``scheduling._zygote``): each new executor (``new_generation``) pickles it again on its
+first use, since whether it goes by reference or by value depends on whether the globals
+it reads were rebound since the server was forked (``objects._mainref``); the same
+pickle keeps its id.
 """
 
 from __future__ import annotations
@@ -25,26 +31,42 @@ class FunctionTable:
                  register: Callable[[int, str, bytes], None]) -> None:
         self._new_id = new_id
         self._register = register
-        self._by_fn: dict[int, tuple[Any, int]] = {}  # id(fn) -> (weakref, fn_id)
+        self._by_fn: dict[int, tuple[Any, int, int]] = {}  # id(fn) -> (weakref, fn_id,
+        # the generation it was pickled in, or -1: for good)
+        self._payloads: dict[int, bytes] = {}  # fn_id -> pickle, of those pickled again
+        self.generation = 0
         self._by_payload: dict[bytes, int] = {}
         self._lock = threading.Lock()
 
+    def new_generation(self) -> None:
+        """A new executor: functions of the main script are pickled again on first use."""
+        self.generation += 1
+
     def fn_id(self, fn: Callable[..., Any]) -> int:
         entry = self._by_fn.get(id(fn))
-        if entry is not None and entry[0]() is fn:
+        if entry is not None and entry[0]() is fn and (
+                entry[2] < 0 or entry[2] == self.generation):
             return entry[1]
         payload = _payload.dumps_function(fn)
         try:
             weakref.ref(fn)
         except TypeError:
             return self._by_value(fn, payload)
-        fid = self._new_id()
-        name = getattr(fn, "__qualname__", type(fn).__name__)
-        self._register(fid, name, payload)
         key = id(fn)
+        main = getattr(fn, "__module__", None) in ("__main__", "__mp_main__")
+        if entry is not None and entry[0]() is fn and self._payloads.get(entry[1]) == payload:
+            fid = entry[1]  # pickled the same again: the workers have it under this id
+        else:
+            fid = self._new_id()
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            self._register(fid, name, payload)
         ref = weakref.ref(fn, self._forgetter(key))
         with self._lock:
-            self._by_fn[key] = (ref, fid)
+            if main:
+                if entry is not None and entry[1] != fid:
+                    self._payloads.pop(entry[1], None)
+                self._payloads[fid] = payload
+            self._by_fn[key] = (ref, fid, self.generation if main else -1)
         return fid
 
     def _by_value(self, fn: Any, payload: bytes) -> int:
@@ -63,4 +85,6 @@ class FunctionTable:
 
     def _forget(self, key: int) -> None:
         with self._lock:
-            self._by_fn.pop(key, None)
+            entry = self._by_fn.pop(key, None)
+            if entry is not None:
+                self._payloads.pop(entry[1], None)

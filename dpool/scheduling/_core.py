@@ -26,7 +26,7 @@ from dpool.scheduling._resources import Ledger
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from typing import Callable, Optional
+    from typing import Any, Callable, Optional
 
     from dpool.control import ControlStore
     from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
@@ -40,6 +40,7 @@ class SchedulerCore:
     io: IOLoop
     store: HostStore
     cpu_limit: Optional[int]
+    zygote: Any  # the fork server (``_zygote.Zygote``) or None
     id_prefix: Optional[Callable[[], int]]
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]
@@ -67,6 +68,7 @@ class SchedulerCore:
     def take_out_locked(self) -> list: raise NotImplementedError
     def close_group_locked(self, g: Group) -> None: raise NotImplementedError
     def deliver(self, out: list) -> None: raise NotImplementedError
+    def fork_point(self) -> None: raise NotImplementedError
 
     # -- ObjectTable -----------------------------------------------------------------------
     def decref_locked(self, oid: int, n: int = 1) -> None: raise NotImplementedError

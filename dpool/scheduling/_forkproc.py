@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _context: Any = _context_module  # (private names, which typeshed does not list)
 _process: Any = _process_module
 
-__all__ = ["AVAILABLE", "ForkedWorker", "disown", "uses_light_fork"]
+__all__ = ["AVAILABLE", "ForkedWorker", "disown", "fork_server", "uses_light_fork"]
 
 AVAILABLE = (
     hasattr(_context, "ForkProcess") and hasattr(_context, "_force_start_method")
@@ -50,6 +50,27 @@ def uses_light_fork(ctx: object) -> bool:
     """Whether workers of an executor with multiprocessing context ``ctx`` start here:
     the stock ``fork`` context (not a subclass that may start processes its own way)."""
     return AVAILABLE and type(ctx) is getattr(_context, "ForkContext", None)
+
+
+def fork_server() -> Any:
+    """A fork server (``_zygote.Zygote``) for this process's workers, or None: where
+    there are no pidfds, where ``fork`` is not the default start method (the workers of
+    the default context would not use it), or where ``DPOOL_FORK_SERVER=0``."""
+    if not AVAILABLE or os.environ.get("DPOOL_FORK_SERVER", "1") == "0":
+        return None
+    default = _context._default_context  # what ``get_context()`` gives, without fixing it
+    actual = getattr(default, "_actual_context", None) or \
+        getattr(default, "_default_context", None)
+    if type(actual) is not getattr(_context, "ForkContext", None):
+        return None
+    from dpool.scheduling import _zygote
+
+    if not _zygote.usable():
+        return None
+    from dpool.objects import _mainref
+
+    _mainref.mark_fork_point()
+    return _zygote.Zygote()
 
 
 def disown(proc: Any) -> None:
@@ -153,13 +174,118 @@ class _Popen:
         self.finalizer()
 
 
+class _ZygotePopen:
+    """A worker forked by the fork server (``_zygote``), as ``BaseProcess`` uses a Popen.
+
+    ``sentinel`` is the worker's pidfd (readable once it ended); signals go through it, so
+    never to a later process given the same pid; the exit code is the zygote's report."""
+
+    method = "fork"
+
+    def __init__(self, process_obj: Any, zygote: Any) -> None:
+        from dpool.scheduling._zygote import FdArg
+
+        _flush_std_streams()
+        self.returncode: int | None = None
+        fds: list[int] = []
+        args = []
+        for a in process_obj._args:
+            if hasattr(a, "detach") and hasattr(a, "fileno"):  # a socket: its descriptor
+                args.append(FdArg(len(fds)))
+                fds.append(a.fileno())
+            else:
+                args.append(a)
+        stdio: list[int | None] = []
+        for fd in (1, 2):  # where the driver's output goes now (a redirect, a capture)
+            try:
+                os.fstat(fd)
+            except OSError:
+                stdio.append(None)
+                continue
+            stdio.append(len(fds))
+            fds.append(fd)
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = "."
+        request = (process_obj.name, process_obj._identity,
+                   _process.current_process().name, dict(os.environ), cwd, tuple(stdio),
+                   process_obj._target, tuple(args))
+        self.pid, self.sentinel = zygote.spawn(request, fds)
+        self._zygote = zygote
+        self._lock = threading.Lock()  # the report is read once: by the first waiter
+        self.finalizer = weakref.finalize(self, _close_fds, self.sentinel)
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    def _ended(self, timeout: float | None) -> bool:
+        poller = select.poll()
+        poller.register(self.sentinel, select.POLLIN)
+        wait_ms = -1 if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        return bool(poller.poll(wait_ms))
+
+    def poll(self, flag: int = os.WNOHANG) -> int | None:
+        return self.wait(0.0 if flag == os.WNOHANG else None)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None and self._ended(timeout):
+            with self._lock:  # it ended: the zygote reaps it and reports within moments
+                if self.returncode is None:
+                    self.returncode = self._zygote.exitcode(self.pid, None)
+        return self.returncode
+
+    def _send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self.sentinel, sig)  # type: ignore[attr-defined]
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self._send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        self.finalizer()
+
+
+_fallback_logged = False
+
+
+def _start(process_obj: Any) -> Any:
+    """The Popen of a new worker: from the fork server when the process has one (and it
+    is still there), else forked here."""
+    global _fallback_logged
+    zygote = getattr(process_obj, "_dpool_zygote", None)
+    if zygote is not None and zygote.alive:
+        try:
+            return _ZygotePopen(process_obj, zygote)
+        except OSError as exc:
+            if zygote.alive:  # out of memory or processes: no fork would do better now
+                raise
+            if not _fallback_logged:
+                _fallback_logged = True
+                from dpool import _log
+
+                _log.getLogger("dpool.scheduling").warning(
+                    "dpool: the fork server is gone (%s): workers are forked by this "
+                    "process from now on", exc)
+    return _Popen(process_obj)
+
+
 if AVAILABLE:
     class ForkedWorker(_context.ForkProcess):  # type: ignore[name-defined,misc]
-        """A ``multiprocessing`` fork process started by ``_Popen``."""
+        """A ``multiprocessing`` fork process started by ``_Popen`` (forked here) or
+        ``_ZygotePopen`` (by the fork server, when ``_dpool_zygote`` names one)."""
+
+        _dpool_zygote = None
 
         @staticmethod
-        def _Popen(process_obj: "ForkedWorker") -> _Popen:  # type: ignore[override]
-            return _Popen(process_obj)
+        def _Popen(process_obj: "ForkedWorker") -> Any:  # type: ignore[override]
+            return _start(process_obj)
 else:  # pragma: no cover - a Python without the private names above
     ForkedWorker = None  # type: ignore[assignment,misc]
 

@@ -104,6 +104,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
     """The local scheduler; on a node daemon its services use it as ``SchedulerAPI``."""
 
     def __init__(self, control: ControlStore) -> None:
+        # The fork server that forks the workers (``_zygote``), forked at ``fork_point``;
+        # None until then, and where workers are forked here (``_forkproc.fork_server``).
+        self.zygote = None
+        self._forked_server = False
+        self._fork_lock = threading.Lock()
         self.lock = threading.Lock()
         self.control = control
         self._groups: dict[int, Group] = {}
@@ -150,12 +155,27 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         }
         self._leading = threading.Lock()  # held by the one driver thread that leads
         self.io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
+        self.io.before_start = self.fork_point
 
     # ================================================================ public (any thread)
 
+    def fork_point(self) -> None:
+        """Fork the fork server now if it is not yet (once): the last moment this process
+        runs no thread of the runtime's -- before the IO thread starts, a ``Pool``'s
+        threads start or the first worker is forked -- so that the server is forked
+        single-threaded, as late as can be: a worker is a copy of the program as it was
+        then (for the first executor's workers, what the stdlib's would see)."""
+        if self._forked_server:
+            return
+        with self._fork_lock:
+            if not self._forked_server:
+                self.zygote = _forkproc.fork_server()
+                self._forked_server = True
+
     def add_group(self, cfg: GroupConfig) -> Group:
         if _forkproc.uses_light_fork(cfg.mp_context):  # (outside the lock: an import)
-            preload_worker()  # its workers will be forked: their code is loaded here once
+            preload_worker()  # its workers will be forked (here or by a fork server that
+            # is a copy of this process): their code is loaded once, before
         with self.lock:
             g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)
@@ -279,6 +299,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                 self.send_locked(w, [m.Shutdown()])
         for w in workers:
             _reap(w, kill_after=1.0)
+        with self._fork_lock:
+            self._forked_server = True  # none after the end
+        if self.zygote is not None:
+            self.zygote.close()
         self.io.stop()
         with self.lock:
             self._objects.clear()

@@ -196,6 +196,7 @@ class WorkerPool(SchedulerCore):
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
         """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``);
         ``lease``: a driver's connection it is lent to."""
+        self.fork_point()  # (before this worker's sockets: a server forked now has none)
         parent_sock, child_sock = socket.socketpair()
         wid = next(self._worker_ids)
         if gpus is not None:
@@ -217,6 +218,10 @@ class WorkerPool(SchedulerCore):
         ctx = g.mp_context
         make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
         proc = make(target=start_worker, args=args, name=f"dpool-worker-{wid}")
+        if make is not ctx.Process and g.inherited is None:
+            # forked by the fork server (``_zygote``), unless it needs what only this
+            # process has: initargs handed over by inheritance
+            proc._dpool_zygote = self.zygote
         try:
             proc.start()
         except BaseException:

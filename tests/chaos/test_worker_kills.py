@@ -50,7 +50,7 @@ class _Killer:
 
     def _workers(self) -> list:
         warm = {int(n) for n in os.listdir(self.warm_dir)}
-        return [p.pid for p in psutil.Process().children() if p.pid in warm]
+        return [p.pid for p in psutil.Process().children(recursive=True) if p.pid in warm]
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

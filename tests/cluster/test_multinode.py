@@ -343,7 +343,8 @@ def test_a_node_that_stops_heartbeating_is_declared_dead_and_its_tasks_rerun(tmp
         try:
             assert proc.stdout.readline().strip() == "submitted"
             time.sleep(0.3)
-            family = [psutil.Process(victim.pid), *psutil.Process(victim.pid).children()]
+            family = [psutil.Process(victim.pid),
+                      *psutil.Process(victim.pid).children(recursive=True)]
             for p in family:  # the node and its workers freeze: no heartbeat, no EOF
                 p.send_signal(signal.SIGSTOP)
             t0 = time.monotonic()
@@ -359,7 +360,8 @@ def test_a_node_that_stops_heartbeating_is_declared_dead_and_its_tasks_rerun(tmp
                    for line in log.splitlines()), log[-2000:]
     finally:
         try:
-            for p in [psutil.Process(victim.pid), *psutil.Process(victim.pid).children()]:
+            for p in [psutil.Process(victim.pid),
+                      *psutil.Process(victim.pid).children(recursive=True)]:
                 p.send_signal(signal.SIGCONT)
         except psutil.Error:
             pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -277,7 +278,7 @@ def _pid(_):
 
 # -- large values -----------------------------------------------------------------------
 def _sum_and_segments(arr):
-    owner = f"dpool_{os.getppid()}_"
+    owner = f"dpool_{multiprocessing.parent_process().pid}_"  # the driver's segments
     return float(arr.sum()), any(n.startswith(owner) for n in os.listdir("/dev/shm"))
 
 

@@ -1,0 +1,211 @@
+"""The fork server (``scheduling._zygote``): workers forked by a single-threaded copy of
+the driver, never by the driver's threads (issue 31, item 9)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from dpool import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dpool.scheduling import _forkproc, _zygote
+
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(not (_forkproc.AVAILABLE and _zygote.usable()),
+                                 reason="no pidfds here: workers are forked by the driver")]
+
+
+def _run(program: str, timeout: float = 45, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(program)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+
+
+def _parents() -> tuple:
+    import multiprocessing
+
+    return os.getpid(), os.getppid(), multiprocessing.parent_process().pid
+
+
+def test_workers_come_from_the_fork_server_and_know_the_driver_as_their_parent():
+    with ProcessPoolExecutor(2) as ex:
+        pid, ppid, mp_parent = ex.submit(_parents).result()
+        zygote = psutil.Process(ppid)
+        assert ppid != os.getpid() and zygote.ppid() == os.getpid()  # the driver's child
+        assert mp_parent == os.getpid()  # multiprocessing.parent_process(): the driver
+        assert pid in ex._processes and ex._processes[pid].is_alive()
+
+
+LOCKED_PROGRAM = """
+    import os, threading, time
+    from dpool import ProcessPoolExecutor
+
+    LOCK = threading.Lock()
+
+    def take_the_lock(_):
+        with LOCK:  # a copy of a lock another thread of the driver holds: never free
+            return "took it"
+
+    if __name__ == "__main__":
+        with ProcessPoolExecutor(1) as ex:
+            ex.submit(int).result()  # the runtime runs
+        holder = threading.Thread(target=lambda: (LOCK.acquire(), time.sleep(60)),
+                                  daemon=True)
+        holder.start()
+        while not LOCK.locked():
+            time.sleep(0.001)
+        ex = ProcessPoolExecutor(1)  # a new worker, forked while LOCK is held
+        try:
+            print(ex.submit(take_the_lock, 0).result(timeout=TIMEOUT))
+        except TimeoutError:
+            print("deadlocked", flush=True)
+            os._exit(3)  # (its worker, stuck for good, sees the driver gone and ends)
+        ex.shutdown()
+"""
+
+
+def test_a_worker_never_inherits_a_lock_another_thread_holds():
+    """Forked by the driver, the worker would copy LOCK held, and wait forever."""
+    out = _run(LOCKED_PROGRAM.replace("TIMEOUT", "20"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "took it"
+
+
+def test_with_the_fork_server_turned_off_the_driver_forks_its_workers():
+    """``DPOOL_FORK_SERVER=0``: forked by the driver, as before; the lock test above
+    then shows the deadlock it prevents (the task times out)."""
+    out = _run(LOCKED_PROGRAM.replace("TIMEOUT", "3"), DPOOL_FORK_SERVER="0")
+    assert (out.returncode, out.stdout.strip()) == (3, "deadlocked"), out.stderr
+
+
+def test_no_fork_warning_in_a_multithreaded_driver():
+    """Python 3.12+ warns when a process with threads forks; the driver never does
+    after its runtime started (and before it, it has no thread of dpool's)."""
+    out = _run("""
+        import threading, warnings
+        warnings.simplefilter("error", DeprecationWarning)
+        from dpool import ProcessPoolExecutor, Pool
+        if __name__ == "__main__":
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+            with ProcessPoolExecutor(2) as ex:
+                print(sum(ex.map(abs, range(-50, 0))))
+            with Pool(2, maxtasksperchild=1) as pool:  # replaced after every task
+                print(sum(pool.map(abs, range(10), chunksize=1)))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1275", "45"]
+    assert "fork()" not in out.stderr
+
+
+def test_a_worker_gets_the_drivers_environment_directory_and_output_of_now():
+    """What the program changed after its runtime started, a new worker sees: the
+    environment, the working directory, where stdout goes (a redirect at the descriptor)."""
+    out = _run("""
+        import os, sys, tempfile
+        from dpool import ProcessPoolExecutor
+
+        def report(_):
+            print("from the worker", flush=True)
+            return os.environ.get("LATE"), os.getcwd()
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(1) as ex:
+                ex.submit(int).result()
+            os.environ["LATE"] = "set after the start"
+            where = os.path.realpath(tempfile.mkdtemp())
+            os.chdir(where)
+            with open("out.txt", "w") as f:
+                saved = os.dup(1)
+                os.dup2(f.fileno(), 1)
+                with ProcessPoolExecutor(1) as ex:
+                    late, cwd = ex.submit(report, 0).result()
+                os.dup2(saved, 1)
+            print(late, cwd == where, open("out.txt").read().strip())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "set after the start True from the worker"
+
+
+def _exit(code: int) -> None:
+    os._exit(code)
+
+
+def test_exit_codes_and_signals_reach_the_driver():
+    with ProcessPoolExecutor(1) as ex:
+        with pytest.raises(BrokenProcessPool, match="exit code 7"):
+            ex.submit(_exit, 7).result()
+    with ProcessPoolExecutor(1) as ex:
+        pid = ex.submit(os.getpid).result()
+        (proc,) = ex._processes.values()
+        os.kill(pid, signal.SIGKILL)
+        proc.join(10)
+        assert proc.exitcode == -signal.SIGKILL and not proc.is_alive()
+
+
+def _big(blob: bytes) -> None:
+    global BLOB
+    BLOB = blob
+
+
+def _blob_size(_: object) -> int:
+    return len(BLOB)
+
+
+def test_a_large_initializer_travels_to_the_fork_server_in_pieces():
+    blob = os.urandom(300_000)  # past one message (``_zygote._CHUNK``)
+    with ProcessPoolExecutor(2, initializer=_big, initargs=(blob,)) as ex:
+        assert list(ex.map(_blob_size, range(4))) == [300_000] * 4
+
+
+def test_workers_still_start_when_the_fork_server_is_killed():
+    out = _run("""
+        import os, signal
+        from dpool import ProcessPoolExecutor
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(1) as ex:
+                zygote = ex.submit(os.getppid).result()
+            os.kill(zygote, signal.SIGKILL)
+            with ProcessPoolExecutor(2) as ex:
+                print(sorted(ex.map(abs, [-1, -2, -3])), ex.submit(os.getppid).result()
+                      == os.getpid())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1, 2, 3] True"
+    assert "the fork server is gone" in out.stderr
+
+
+def test_a_killed_driver_leaves_no_fork_server_and_no_worker():
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, sys, time
+        from dpool import ProcessPoolExecutor
+        if __name__ == "__main__":
+            ex = ProcessPoolExecutor(2)
+            pids = set(ex.map(lambda _: (os.getpid(), os.getppid()), range(20)))
+            print(" ".join(str(p) for pair in pids for p in pair), flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = {int(p) for p in proc.stdout.readline().split()}
+        assert pids, "the program printed no pid"
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while deadline > time.monotonic():
+            alive = [p for p in pids if psutil.pid_exists(p)
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            if not alive:
+                break
+            time.sleep(0.05)
+        assert not alive
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
