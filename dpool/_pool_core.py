@@ -130,11 +130,13 @@ class PoolCore:
         self._queue: SimpleQueue = SimpleQueue()
         self._runners: OrderedDict[tuple[int, Any], Any] = OrderedDict()
         self._runners_lock = threading.Lock()
-        if executor._driver is not None:  # the workers' copy of the program is of now,
-            executor._driver.fork_point()  # as the stdlib's Pool (before our threads)
+        # The handler thread starts with the first outcome it has to apply (a callback,
+        # an error): a pool whose results go straight to their waiters starts no thread,
+        # and none before its first worker is forked (``scheduling.fork_point``).
         self._handler = threading.Thread(target=self._handle_results,
                                          name="dpool-pool-results", daemon=True)
-        self._handler.start()
+        self._handler_started = False
+        self._handler_lock = threading.Lock()
         _track(self)
 
     # -- submitting ----------------------------------------------------------------------
@@ -152,7 +154,7 @@ class PoolCore:
         try:
             fut = self.executor.submit(fn, *args, **(kwargs or {}))
         except BaseException as exc:  # noqa: BLE001 - broken pool, bad *args: fail this task
-            self._queue.put((job, index, kind, None, exc))
+            self._put((job, index, kind, None, exc))
             return True
         if getattr(job, "_callback", None) is None and \
                 getattr(job, "_error_callback", None) is None:
@@ -174,7 +176,7 @@ class PoolCore:
             if not self._accepting:
                 return False
             self._pending += 1
-        self._queue.put((job, index, APPLY, None, error))
+        self._put((job, index, APPLY, None, error))
         return True
 
     def submit_map(self, job: Any, fn: Callable[..., Any], items: Iterable[Any], chunksize: int,
@@ -266,11 +268,20 @@ class PoolCore:
             self.executor.shutdown(wait=False)
 
     # -- outcomes ------------------------------------------------------------------------
+    def _put(self, item: Optional[tuple]) -> None:
+        """Hand ``item`` to the handler thread, started now if it is not yet."""
+        if not self._handler_started:
+            with self._handler_lock:
+                if not self._handler_started:
+                    self._handler_started = True
+                    self._handler.start()
+        self._queue.put(item)
+
     def _on_done(self, job: Any, index: int, kind: int, fut: TaskFuture) -> None:
-        self._queue.put((job, index, kind, fut, None))
+        self._put((job, index, kind, fut, None))
 
     def _apply_direct(self, job: Any, index: int, kind: int, fut: TaskFuture) -> None:
-        if self._apply_outcome(job, index, kind, fut, None):
+        if self._apply_outcome(job, index, kind, fut, None) and self._handler_started:
             self._queue.put(None)  # the handler may be waiting to stop: let it look
 
     def _apply_outcome(self, job: Any, index: int, kind: int, fut: Optional[TaskFuture],
@@ -333,7 +344,11 @@ class PoolCore:
         with self._cond:
             self._accepting = False
             self._stop_requested = True
-        self._queue.put(None)
+            idle = self._pending == 0
+        with self._handler_lock:
+            if idle and not self._handler_started:
+                return  # it never had to start, and nothing is left for it
+        self._put(None)
         if not self._in_handler():
             self._handler.join()
 

@@ -78,6 +78,11 @@ class IOLoop:
         self._started = False
         self._start_lock = threading.Lock()
 
+    @property
+    def started(self) -> bool:
+        """Whether the loop's thread was started."""
+        return self._started
+
     def start(self) -> None:
         """Start the loop's thread now, if it has not started (any thread; a call while
         another one starts it -- on another thread, or further up this one's stack, from

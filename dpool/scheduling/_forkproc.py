@@ -73,6 +73,18 @@ def fork_server() -> Any:
     return _zygote.Zygote()
 
 
+def single_threaded() -> bool:
+    """Whether this process runs one thread (as the kernel counts them: C libraries'
+    too), where a ``fork()`` copies every thread there is."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # num_threads: the 20th field; the fields after the command name start at 3rd
+        return int(stat[stat.rindex(b")") + 2:].split()[17]) == 1
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def disown(proc: Any) -> None:
     """Take a started worker out of multiprocessing's list of this process's children.
 

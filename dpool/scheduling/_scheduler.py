@@ -297,6 +297,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             for w in workers:
                 w.alive = False
                 self.send_locked(w, [m.Shutdown()])
+        if self.zygote is not None:
+            self.zygote.finish()
         for w in workers:
             _reap(w, kill_after=1.0)
         with self._fork_lock:

@@ -218,9 +218,12 @@ class WorkerPool(SchedulerCore):
         ctx = g.mp_context
         make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
         proc = make(target=start_worker, args=args, name=f"dpool-worker-{wid}")
-        if make is not ctx.Process and g.inherited is None:
-            # forked by the fork server (``_zygote``), unless it needs what only this
-            # process has: initargs handed over by inheritance
+        if make is not ctx.Process and g.inherited is None and (
+                self.io.started or not _forkproc.single_threaded()):
+            # forked by the fork server (``_zygote``) -- unless this process runs no
+            # thread (the first worker: forked here, just after the server, saving a
+            # round trip to a server just started), or it needs what only this process
+            # has: initargs handed over by inheritance
             proc._dpool_zygote = self.zygote
         try:
             proc.start()

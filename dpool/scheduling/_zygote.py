@@ -120,10 +120,12 @@ class Zygote:
         theirs.close()
         os.close(parent_r)
         self.pid = pid
+        self._pidfd = os.pidfd_open(pid)  # (no one else reaps it: it is the same process)
         self._sock = ours
         self._lock = threading.Lock()  # one reader and one request at a time
         self._codes: dict[int, int] = {}  # exit codes reported, not yet asked for
-        self.alive = True
+        self.alive = True  # it takes requests
+        self._gone = False  # its end of the socket is closed: no more reports
 
     # -- requests ------------------------------------------------------------------------
     def spawn(self, request: tuple, fds: list[int]) -> tuple[int, int]:
@@ -157,7 +159,7 @@ class Zygote:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while pid not in self._codes:
-                if not self.alive:
+                if self._gone:
                     # nobody can tell any more: the usual cause of a worker's death that
                     # goes unexplained is a kill (the zygote was killed with it)
                     return -signal.SIGKILL
@@ -167,26 +169,35 @@ class Zygote:
                 self._read_reply(left)
             return self._codes.pop(pid)
 
+    def finish(self) -> None:
+        """No more workers: the zygote reports the exits of those there are, then ends
+        (so that it ends while the runtime waits for its workers, not after)."""
+        with self._lock:
+            if self.alive:
+                self.alive = False  # (a later start is forked here)
+                try:
+                    self._sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
     def close(self) -> None:
         """Stop the zygote (its workers are the runtime's to stop) and reap it."""
         with self._lock:
             if self._sock.fileno() < 0:
                 return
             self.alive = False
+            self._gone = True
             self._sock.close()
         os.close(self._parent_w)
-        deadline = time.monotonic() + 2.0
-        while True:
-            try:
-                done, _status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done or time.monotonic() > deadline:
-                if not done:
-                    os.kill(self.pid, signal.SIGKILL)
-                    os.waitpid(self.pid, 0)
-                return
-            time.sleep(0.001)
+        try:  # it exits on the EOF: wait for that (2 s at most), then reap it
+            ended = select.select([self._pidfd], [], [], 2.0)[0]
+            if not ended:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)  # type: ignore[attr-defined]
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        finally:
+            os.close(self._pidfd)
 
     # -- replies -------------------------------------------------------------------------
     def _read_reply(self, timeout: Optional[float]) -> tuple[int, int, int, int]:
@@ -210,6 +221,7 @@ class Zygote:
         return kind, pid, value, fds[0] if fds else -1
 
     def _mark_lost(self) -> None:
+        self._gone = True
         if self.alive:
             self.alive = False
             try:
@@ -227,6 +239,7 @@ class _Server:
         self.driver_pid = driver_pid
         self.children: dict[int, int] = {}  # pidfd -> pid
         self.out: list[bytes] = []  # replies the driver has not taken yet
+        self.finishing = False  # no more requests: end once every worker is reported
         self.poll = select.poll()
 
     def serve(self) -> int:
@@ -245,15 +258,24 @@ class _Server:
         while True:
             for fd, ev in self.poll.poll(1000):
                 if fd == self.sock.fileno():
+                    if ev & (select.POLLHUP | select.POLLERR):
+                        return 0  # the driver's end is closed
                     if ev & select.POLLOUT:
                         self._flush()
-                    if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                        if not self._request():
-                            return 0
+                    if ev & select.POLLIN and not self._request():
+                        # the driver is done asking (``Zygote.finish``): report the
+                        # exits of the workers there are, then end
+                        self.finishing = True
+                        self.poll.modify(self.sock, self._mask())
                 else:
                     self._reap(fd)
+            if self.finishing and not self.children and not self.out:
+                return 0
             if os.getppid() != self.driver_pid:  # the driver died and its end lingers
                 return 0
+
+    def _mask(self) -> int:
+        return (0 if self.finishing else select.POLLIN) | (select.POLLOUT if self.out else 0)
 
     def _request(self) -> bool:
         try:
@@ -318,8 +340,12 @@ class _Server:
         for fd in fds:
             os.close(fd)
         fds.clear()
-        os.environ.clear()
-        os.environ.update(env)
+        environ = os.environ
+        for key in [k for k in environ if k not in env]:
+            del environ[key]
+        for key, value in env.items():
+            if environ.get(key) != value:
+                environ[key] = value
         try:
             os.chdir(cwd)
         except OSError:
@@ -361,7 +387,7 @@ class _Server:
                 self.sock.sendmsg([reply], _fds_msg([fd]))
             finally:
                 self.sock.setblocking(False)
-            self.poll.modify(self.sock, select.POLLIN)
+            self.poll.modify(self.sock, self._mask())
             return
         self.out.append(reply)
         self._flush()
@@ -371,13 +397,13 @@ class _Server:
             try:
                 self.sock.send(self.out[0])
             except BlockingIOError:
-                self.poll.modify(self.sock, select.POLLIN | select.POLLOUT)
+                self.poll.modify(self.sock, self._mask())
                 return
             except OSError:
                 self.out.clear()
                 return
             del self.out[0]
-        self.poll.modify(self.sock, select.POLLIN)
+        self.poll.modify(self.sock, self._mask())
 
 
 class FdArg:

@@ -28,19 +28,38 @@ def _run(program: str, timeout: float = 45, **env: str) -> subprocess.CompletedP
                           env={**os.environ, **env})
 
 
-def _parents() -> tuple:
-    import multiprocessing
+PARENTS = """
+    import multiprocessing, os, sys, threading, time
+    import psutil
+    from dpool import ProcessPoolExecutor
 
-    return os.getpid(), os.getppid(), multiprocessing.parent_process().pid
+    def parents(_):
+        time.sleep(0.2)  # (both workers busy: one task each)
+        return os.getppid(), multiprocessing.parent_process().pid
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "threaded":
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+        with ProcessPoolExecutor(2) as ex:
+            found = list(ex.map(parents, range(2)))
+            ex._processes  # (all running, as the stdlib's)
+            (zygote,) = [p for p in psutil.Process().children() if p.name() == "dpool-zygote"]
+        me = os.getpid()
+        print(sorted("driver" if pp == me else "zygote" if pp == zygote.pid else pp
+                     for pp, _ in found), all(mp == me for _, mp in found))
+"""
 
 
-def test_workers_come_from_the_fork_server_and_know_the_driver_as_their_parent():
-    with ProcessPoolExecutor(2) as ex:
-        pid, ppid, mp_parent = ex.submit(_parents).result()
-        zygote = psutil.Process(ppid)
-        assert ppid != os.getpid() and zygote.ppid() == os.getpid()  # the driver's child
-        assert mp_parent == os.getpid()  # multiprocessing.parent_process(): the driver
-        assert pid in ex._processes and ex._processes[pid].is_alive()
+@pytest.mark.parametrize("driver", ["threaded", "single-threaded"])
+def test_workers_come_from_the_fork_server_and_know_the_driver_as_their_parent(driver):
+    """A driver that runs threads has every worker forked by the server; one that runs
+    none forks its first worker itself, with the server, at the same moment.
+    ``multiprocessing.parent_process()`` is the driver either way."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(PARENTS), driver],
+                         capture_output=True, text=True, timeout=45)
+    assert out.returncode == 0, out.stderr
+    first = "'zygote'" if driver == "threaded" else "'driver'"
+    assert out.stdout.strip() == f"[{first}, 'zygote'] True"
 
 
 LOCKED_PROGRAM = """
@@ -167,11 +186,14 @@ def test_a_large_initializer_travels_to_the_fork_server_in_pieces():
 def test_workers_still_start_when_the_fork_server_is_killed():
     out = _run("""
         import os, signal
+        import psutil
         from dpool import ProcessPoolExecutor
 
         if __name__ == "__main__":
             with ProcessPoolExecutor(1) as ex:
-                zygote = ex.submit(os.getppid).result()
+                ex.submit(int).result()
+                (zygote,) = [p.pid for p in psutil.Process().children()
+                             if p.name() == "dpool-zygote"]
             os.kill(zygote, signal.SIGKILL)
             with ProcessPoolExecutor(2) as ex:
                 print(sorted(ex.map(abs, [-1, -2, -3])), ex.submit(os.getppid).result()
