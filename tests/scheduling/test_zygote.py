@@ -64,6 +64,7 @@ def test_workers_come_from_the_fork_server_and_know_the_driver_as_their_parent(d
 
 LOCKED_PROGRAM = """
     import os, threading, time
+    from concurrent import futures
     from dpool import ProcessPoolExecutor
 
     LOCK = threading.Lock()
@@ -83,7 +84,7 @@ LOCKED_PROGRAM = """
         ex = ProcessPoolExecutor(1)  # a new worker, forked while LOCK is held
         try:
             print(ex.submit(take_the_lock, 0).result(timeout=TIMEOUT))
-        except TimeoutError:
+        except futures.TimeoutError:  # (not the builtin's before 3.11)
             print("deadlocked", flush=True)
             os._exit(3)  # (its worker, stuck for good, sees the driver gone and ends)
         ex.shutdown()
