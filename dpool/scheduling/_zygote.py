@@ -5,11 +5,13 @@ thread held at that moment stays held in the child for good, and the child deadl
 it takes it (a C library's, or Python's own). The runtime always has threads (its IO
 thread, the Pool's handlers, the program's own), so Python 3.12+ warns on every worker it
 forks, and 3.14 makes ``forkserver`` the stdlib's default for this reason. The zygote is
-forked once, when the runtime starts and before it starts any thread, and it stays
-single-threaded: it forks the workers. A worker is thus a copy of the program as it was
-when the runtime started (what the stdlib's fork workers see of an executor's first
-``submit``), with the driver's working directory, ``sys.path``, environment and standard
-output and error as they are when the worker starts (``compat/DIFFERENCES.md``).
+forked once, when the runtime starts its first worker and before it starts any thread
+(``LocalScheduler.fork_point``), and it stays single-threaded: it forks the workers (the
+first one excepted, where the driver runs no thread: the driver forks it, at the same
+moment). A worker is thus a copy of the program as it was then (what the stdlib's fork
+workers see of an executor's first ``submit``), with the driver's working directory,
+``sys.path``, environment and standard output and error as they are when the worker
+starts (``compat/DIFFERENCES.md``).
 
 Protocol (one ``SOCK_SEQPACKET`` socket pair; the zygote serves one request at a time):
 
@@ -166,7 +168,10 @@ class Zygote:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._read_reply(left)
+                try:
+                    self._read_reply(left)
+                except OSError:
+                    self._mark_lost()  # (then: the answer above)
             return self._codes.pop(pid)
 
     def finish(self) -> None:
