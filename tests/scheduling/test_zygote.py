@@ -9,12 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import psutil
 import pytest
 
 from dpool import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dpool.scheduling import _forkproc, _zygote
 
 pytestmark = [pytest.mark.timeout(60),
