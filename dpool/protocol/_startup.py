@@ -26,12 +26,14 @@ class WorkerConfig:
     id_base: int = 0  # first id of the worker's own (cluster-unique on a node); 0: per host
     env: Optional[dict] = None  # set before anything else runs (CUDA_VISIBLE_DEVICES)
     gpu_ids: tuple = ()  # the GPUs it is bound to, as CUDA_VISIBLE_DEVICES names them
+    slot: int = -1  # its slot on the board of running tasks (``_running``); -1: none
 
     def __init__(self, worker_id: int, group_id: int, parent_pid: int,
                  initializer: Optional[bytes] = None, max_tasks: Optional[int] = None,
                  cwd: str = "", sys_path: Optional[list] = None,
                  store_capacity: Optional[int] = None, capture_output: bool = False,
-                 id_base: int = 0, env: Optional[dict] = None, gpu_ids: tuple = ()) -> None:
+                 id_base: int = 0, env: Optional[dict] = None, gpu_ids: tuple = (),
+                 slot: int = -1) -> None:
         self.worker_id = worker_id
         self.group_id = group_id
         self.parent_pid = parent_pid
@@ -44,6 +46,7 @@ class WorkerConfig:
         self.id_base = id_base
         self.env = env
         self.gpu_ids = gpu_ids
+        self.slot = slot
 
 
 WORKER_ENTRY = "dpool.worker._main"

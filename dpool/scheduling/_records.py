@@ -60,7 +60,7 @@ class Obj:
 class WorkerHandle:
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
-                 "sees", "rcpus", "leased", "hello", "killed_here")
+                 "sees", "rcpus", "leased", "hello", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -92,6 +92,7 @@ class WorkerHandle:
         # before never started a task, so none is charged an attempt for its death.
         self.hello = False
         self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
+        self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
 
 
 @record(init=False)  # (its own ``__init__``, below: no compiling at run time)

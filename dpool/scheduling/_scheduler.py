@@ -62,6 +62,7 @@ from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
 from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
+from dpool.protocol import _running
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
 from dpool.protocol._startup import preload_worker
@@ -108,6 +109,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         # None until then, and where workers are forked here (``_forkproc.fork_server``).
         self.zygote = None
         self._forked_server = False
+        # the board where forked workers say which task they run (before any fork)
+        _running.create()
+        self.free_slots = list(range(_running.SLOTS - 1, -1, -1))
         self._fork_lock = threading.Lock()
         self.lock = threading.Lock()
         self.control = control

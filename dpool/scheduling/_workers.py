@@ -31,6 +31,7 @@ from dpool.errors import Error
 from dpool.objects import _owners, _payload
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import _messages as m
+from dpool.protocol import _running
 from dpool.protocol._startup import WorkerConfig, start_worker
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
@@ -207,16 +208,19 @@ class WorkerPool(SchedulerCore):
         else:
             gpu_names = ()
             env, sees = self.spawn_env_locked()
+        ctx = g.mp_context
+        make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
+        # a forked worker shares the board of running tasks (``_running``): a slot on it
+        slot = self.free_slots.pop() if make is not ctx.Process and self.free_slots else -1
+        _running.clear(slot)
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self._sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0,
-                           env, gpu_names)
+                           env, gpu_names, slot)
         args: tuple = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
         if g.inherited is not None:
             args = (child_sock, cfg, lease, g.inherited)
-        ctx = g.mp_context
-        make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
         proc = make(target=start_worker, args=args, name=f"dpool-worker-{wid}")
         if make is not ctx.Process and g.inherited is None and (
                 self.io.started or not _forkproc.single_threaded()):
@@ -229,11 +233,14 @@ class WorkerPool(SchedulerCore):
             proc.start()
         except BaseException:
             parent_sock.close()
+            if slot >= 0:
+                self.free_slots.append(slot)
             raise
         finally:
             child_sock.close()
         _forkproc.disown(proc)
         w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
+        w.slot = slot
         g.workers.append(w)
         if gpus is not None:
             w.gpus = gpus
@@ -294,23 +301,40 @@ class WorkerPool(SchedulerCore):
                 # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
                     _owners.segment_name(self.store.owner_pid, t.task_id))
+            running: Optional[int] = None  # the task it ran when it died (0: none)
+            if w.slot >= 0:
+                running = _running.read(w.slot)
+                self.free_slots.append(w.slot)
+                w.slot = -1
             lost = held
             if was_alive and not w.hello and g.broken is None:
                 self._died_starting_locked(w, held, exitcode)
                 lost = []
-            elif was_alive and g.broken is None and len(held) > 1:
-                # A worker runs its tasks in order: those behind the first it held had
-                # not started (unless the first had just finished, its result not yet
-                # sent). They go back to the queue, behind it, uncharged.
-                self._requeue_locked(w, tuple(t.task_id for t in held[1:]))
-                lost = held[:1]
+            elif was_alive and g.broken is None and held:
+                # Only the task it was running is charged an attempt; the others it held
+                # (sent and not started, or done with their results not yet sent) go
+                # back to the queue uncharged. Without a slot on the board (a spawned
+                # worker): the first it held, as it runs them in order.
+                if running is not None:
+                    lost = [t for t in held if t.task_id == running]
+                    back = tuple(t.task_id for t in held if t.task_id != running)
+                else:
+                    lost, back = held[:1], tuple(t.task_id for t in held[1:])
+                if back:
+                    self._requeue_locked(w, back)
             w.inflight.clear()
             w.load = 0.0
-            if was_alive and lost:
-                log.warning("worker %d (pid %s) died with %s on task %#x (attempt %d of "
-                            "%d); %d task(s) it held had not started and go back uncharged",
-                            w.worker_id, w.pid, _describe_exit(exitcode), held[0].task_id,
-                            held[0].attempts, g.max_attempts, len(held) - len(lost))
+            if was_alive and held and w.hello and g.broken is None:
+                if lost:
+                    log.warning("worker %d (pid %s) died with %s running task %#x (attempt "
+                                "%d of %d); %d other task(s) it held go back uncharged",
+                                w.worker_id, w.pid, _describe_exit(exitcode),
+                                lost[0].task_id, lost[0].attempts, g.max_attempts,
+                                len(held) - len(lost))
+                else:
+                    log.warning("worker %d (pid %s) died with %s running no task; the %d "
+                                "task(s) it held go back uncharged", w.worker_id, w.pid,
+                                _describe_exit(exitcode), len(held))
             for t in lost:
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     g.queue.appendleft(t)

@@ -29,6 +29,7 @@ from dpool._task_future import stdlib_cause
 from dpool.objects import _payload
 from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import _messages as m
+from dpool.protocol import _running
 from dpool.protocol._startup import WorkerConfig
 from dpool.worker import _watchdog
 
@@ -65,6 +66,8 @@ class _Worker:
         self.lease: Any = None  # _lease.LeaseLink while lent to a driver (cluster mode)
         self.output: Any = None  # _output.OutputForwarder on a node (cluster mode)
         self.inherited: Optional[tuple] = None  # initargs handed over at process creation
+        # where it says which task it runs (``protocol._running``), None: nowhere
+        self.running = _running.writer(cfg.slot)
 
     # -- messages ------------------------------------------------------------------------
     def send(self, msgs: list) -> None:
@@ -120,6 +123,9 @@ class _Worker:
         return fn
 
     def execute(self, task: m.ExecuteTask) -> None:
+        running = self.running
+        if running is not None:
+            running(task.task_id)  # from here, this worker's death is this task's
         t0 = time.perf_counter()
         try:
             try:
@@ -145,6 +151,8 @@ class _Worker:
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything, as in the stdlib
             done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc),
                               time.perf_counter() - t0)
+        if running is not None:
+            running(0)  # its result may wait in ``results``: the task is done
         self.done_count += 1
         lease = self.lease
         if lease is not None and task.task_id in lease.tasks:

@@ -260,10 +260,37 @@ def test_death_charges_only_the_task_that_was_running(tmp_path, caplog):
     deaths = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
     assert len(deaths) == 2, deaths
     for n, msg in enumerate(deaths, 1):
-        assert f"SIGKILL on task {long._oid:#x} (attempt {n} of 2)" in msg, msg
+        assert f"SIGKILL running task {long._oid:#x} (attempt {n} of 2)" in msg, msg
         # the short task prefetched behind the long one: handed back, not charged
-        held = re.search(r"; (\d+) task\(s\) it held had not started", msg)
+        held = re.search(r"; (\d+) other task\(s\) it held go back uncharged", msg)
         assert held and int(held.group(1)) >= 1, msg
+
+
+def dies_between_tasks_once(marker):
+    """The first run: the worker says it runs no task (as between two tasks, its last
+    result not yet sent), then dies; later runs return."""
+    if os.path.exists(marker):
+        return "ran"
+    open(marker, "w").close()
+    from dpool.runtime import _current
+
+    running = _current._worker.running
+    if running is None:
+        return "no board"  # (a worker without a slot: spawned)
+    running(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_death_between_tasks_charges_none_it_held(tmp_path, caplog):
+    """Charged is the task the worker was running (its slot on the board of running
+    tasks, ``protocol/_running.py``), not the first it held: here none, so the task goes
+    back uncharged and runs again although ``max_attempts`` is 1."""
+    caplog.set_level("WARNING", logger="dpool.scheduling")
+    with ProcessPoolExecutor(1, max_attempts=1) as ex:
+        assert ex.submit(dies_between_tasks_once, str(tmp_path / "m")).result(30) == "ran"
+    deaths = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
+    assert len(deaths) == 1 and "running no task; the 1 task(s) it held go back " \
+        "uncharged" in deaths[0], deaths
 
 
 class _Chaos:
