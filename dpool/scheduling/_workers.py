@@ -29,9 +29,8 @@ import time
 from dpool import _log, errors
 from dpool.errors import Error
 from dpool.objects import _owners, _payload
-from dpool.protocol import Channel, ChannelClosed, encode_batch
+from dpool.protocol import Channel, ChannelClosed, _running, encode_batch
 from dpool.protocol import _messages as m
-from dpool.protocol import _running
 from dpool.protocol._startup import WorkerConfig, start_worker
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore

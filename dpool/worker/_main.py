@@ -27,9 +27,15 @@ from collections import deque
 from dpool import _log, errors
 from dpool._task_future import stdlib_cause
 from dpool.objects import _payload
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import (
+    PROTOCOL_VERSION,
+    Channel,
+    ChannelClosed,
+    _running,
+    decode_batch,
+    encode_batch,
+)
 from dpool.protocol import _messages as m
-from dpool.protocol import _running
 from dpool.protocol._startup import WorkerConfig
 from dpool.worker import _watchdog
 
