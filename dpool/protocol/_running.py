@@ -29,16 +29,35 @@ SLOTS = 4096
 _SIZE = 8
 
 _board = -1  # the memory file's descriptor; -1: none
+_pid = 0  # the process it is this process's board in (a fork makes its own)
+_free: list[int] = []  # its free slots (every scheduler of the process takes from them)
 
 
 def create() -> None:
-    """Make this process's board (a scheduler, before it forks)."""
-    global _board
+    """Make this process's board, once (a scheduler, before it forks)."""
+    global _board, _pid, _free
+    if _board >= 0 and _pid == os.getpid():
+        return
     if not hasattr(os, "memfd_create"):
         return  # (deaths charge the first task a worker held)
     fd = os.memfd_create("dpool-running", os.MFD_CLOEXEC)
     os.ftruncate(fd, SLOTS * _SIZE)
-    _board = fd
+    _board, _pid, _free = fd, os.getpid(), list(range(SLOTS - 1, -1, -1))
+
+
+def take() -> int:
+    """A free slot for a new forked worker, cleared; -1 if there is none (or no board)."""
+    if _board < 0 or _pid != os.getpid() or not _free:
+        return -1
+    slot = _free.pop()
+    os.pwrite(_board, bytes(_SIZE), slot * _SIZE)
+    return slot
+
+
+def give(slot: int) -> None:
+    """``slot``'s worker is gone (after ``read``)."""
+    if slot >= 0 and _pid == os.getpid():
+        _free.append(slot)
 
 
 def writer(slot: int) -> Callable[[int], None] | None:
@@ -54,12 +73,6 @@ def writer(slot: int) -> Callable[[int], None] | None:
         pwrite(board, task_id.to_bytes(_SIZE, "little"), offset)
 
     return write
-
-
-def clear(slot: int) -> None:
-    """A new worker takes ``slot``: it runs nothing yet."""
-    if _board >= 0 and slot >= 0:
-        os.pwrite(_board, bytes(_SIZE), slot * _SIZE)
 
 
 def read(slot: int) -> int:

@@ -41,7 +41,6 @@ class SchedulerCore:
     store: HostStore
     cpu_limit: Optional[int]
     zygote: Any  # the fork server (``_zygote.Zygote``) or None
-    free_slots: list[int]  # free slots of the board of running tasks (``_running``)
     id_prefix: Optional[Callable[[], int]]
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]

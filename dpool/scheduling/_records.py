@@ -17,7 +17,7 @@ class Task:
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
                  "attempts", "started", "missing", "deps", "est", "deps_counted", "req",
-                 "alloc")
+                 "alloc", "bounced")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
@@ -37,6 +37,7 @@ class Task:
         self.deps_counted = False  # holds a reference on each of dep_ids (released at finish)
         self.req: Any = None  # _resources.Request; None: one CPU, nothing else (the default)
         self.alloc: Any = None  # _resources.Allocation while it holds resources (running)
+        self.bounced = 0  # times a worker holding it first died running no task
 
 
 class Obj:

@@ -111,7 +111,6 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self._forked_server = False
         # the board where forked workers say which task they run (before any fork)
         _running.create()
-        self.free_slots = list(range(_running.SLOTS - 1, -1, -1))
         self._fork_lock = threading.Lock()
         self.lock = threading.Lock()
         self.control = control

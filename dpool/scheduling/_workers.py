@@ -47,6 +47,9 @@ _now = time.time
 # workers of a group that die by themselves before saying Hello, one after another,
 # that break the group (``_died_starting_locked``)
 _START_FAILURES = 3
+# a worker that dies running no task charges the first it held after this many times its
+# max_attempts of such deaths (``_on_closed``)
+_BOUNCES = 5
 
 
 class WorkerPool(SchedulerCore):
@@ -210,8 +213,7 @@ class WorkerPool(SchedulerCore):
         ctx = g.mp_context
         make = _forkproc.ForkedWorker if _forkproc.uses_light_fork(ctx) else ctx.Process
         # a forked worker shares the board of running tasks (``_running``): a slot on it
-        slot = self.free_slots.pop() if make is not ctx.Process and self.free_slots else -1
-        _running.clear(slot)
+        slot = _running.take() if make is not ctx.Process else -1
         cfg = WorkerConfig(wid, g.group_id, os.getpid(), g.initializer, g.max_tasks,
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self._sessions is not None,
@@ -232,8 +234,7 @@ class WorkerPool(SchedulerCore):
             proc.start()
         except BaseException:
             parent_sock.close()
-            if slot >= 0:
-                self.free_slots.append(slot)
+            _running.give(slot)
             raise
         finally:
             child_sock.close()
@@ -303,7 +304,7 @@ class WorkerPool(SchedulerCore):
             running: Optional[int] = None  # the task it ran when it died (0: none)
             if w.slot >= 0:
                 running = _running.read(w.slot)
-                self.free_slots.append(w.slot)
+                _running.give(w.slot)
                 w.slot = -1
             lost = held
             if was_alive and not w.hello and g.broken is None:
@@ -316,7 +317,15 @@ class WorkerPool(SchedulerCore):
                 # worker): the first it held, as it runs them in order.
                 if running is not None:
                     lost = [t for t in held if t.task_id == running]
-                    back = tuple(t.task_id for t in held if t.task_id != running)
+                    if not lost:
+                        # Died running no task. A task that kills its worker before it
+                        # starts (reading it, say) would come back for good: the first
+                        # held is charged after dying that way _BOUNCES times its attempts.
+                        first = held[0]
+                        first.bounced += 1
+                        if first.bounced >= _BOUNCES * g.max_attempts:
+                            lost = [first]
+                    back = tuple(t.task_id for t in held if t not in lost)
                 else:
                     lost, back = held[:1], tuple(t.task_id for t in held[1:])
                 if back:
@@ -325,9 +334,10 @@ class WorkerPool(SchedulerCore):
             w.load = 0.0
             if was_alive and held and w.hello and g.broken is None:
                 if lost:
-                    log.warning("worker %d (pid %s) died with %s running task %#x (attempt "
+                    log.warning("worker %d (pid %s) died with %s %s task %#x (attempt "
                                 "%d of %d); %d other task(s) it held go back uncharged",
                                 w.worker_id, w.pid, _describe_exit(exitcode),
+                                "running" if lost[0].task_id == running else "holding first",
                                 lost[0].task_id, lost[0].attempts, g.max_attempts,
                                 len(held) - len(lost))
                 else:

@@ -293,6 +293,31 @@ def test_a_death_between_tasks_charges_none_it_held(tmp_path, caplog):
         "uncharged" in deaths[0], deaths
 
 
+def dies_between_tasks_always():
+    """Says it runs no task, then kills its worker: a task that kills its worker before
+    the worker could say it started it."""
+    from dpool.runtime import _current
+
+    _current._worker.running(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_task_that_always_kills_its_worker_unseen_still_fails(caplog):
+    """Deaths "running no task" send the tasks held back uncharged; one that keeps coming
+    back that way is charged after ``_BOUNCES`` times its attempts (else: retried for
+    good)."""
+    from dpool.scheduling import _workers
+
+    caplog.set_level("WARNING", logger="dpool.scheduling")
+    with ProcessPoolExecutor(1, max_attempts=1) as ex:
+        with pytest.raises(dpool.WorkerCrashedError, match="attempt 1 of 1"):
+            ex.submit(dies_between_tasks_always).result(60)
+    deaths = [r.getMessage() for r in caplog.records if "died with" in r.getMessage()]
+    assert len(deaths) == _workers._BOUNCES, deaths
+    assert all("running no task" in d for d in deaths[:-1]), deaths
+    assert "holding first task" in deaths[-1], deaths
+
+
 class _Chaos:
     """Kill a random *warm* worker every 50-150 ms while the block runs.
 
