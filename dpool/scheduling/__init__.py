@@ -1,8 +1,8 @@
 """The local scheduler: one per host (a driver's embedded runtime, or a node daemon).
 
 - ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
-  built from ``_workers`` (dispatch, worker processes, deaths; forked by ``_forkproc``
-  under the ``fork`` start method), ``_handlers`` (what
+  built from ``_workers`` (dispatch, worker processes, deaths; under the ``fork`` start
+  method forked by ``_forkproc``, from the fork server ``_zygote``), ``_handlers`` (what
   workers and attached drivers send), ``_group_calls`` (cancel, close, wait for,
   terminate a group), ``_resdispatch`` (tasks with resource requests)
   and ``_objtable`` (the object table, with ``_lineage``: values whose spill file was
