@@ -11,7 +11,8 @@ first one excepted, where the driver runs no thread: the driver forks it, at the
 moment). A worker is thus a copy of the program as it was then (what the stdlib's fork
 workers see of an executor's first ``submit``), with the driver's working directory,
 ``sys.path``, environment and standard output and error as they are when the worker
-starts (``compat/DIFFERENCES.md``).
+starts (``compat/DIFFERENCES.md``). (A program that runs threads of its own before its
+first task has the zygote forked by a process with threads: the one unsafe fork left.)
 
 Protocol (one ``SOCK_SEQPACKET`` socket pair; the zygote serves one request at a time):
 
