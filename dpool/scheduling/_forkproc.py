@@ -100,7 +100,8 @@ def disown(proc: Any) -> None:
         children.discard(proc)
 
 
-def _flush_std_streams() -> None:
+def flush_std_streams() -> None:
+    """Before a fork: or the child would write this process's buffered output again."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -117,13 +118,34 @@ def _close_fds(*fds: int) -> None:
             pass
 
 
-class _Popen:
-    """multiprocessing's fork ``Popen``, as ``BaseProcess`` uses it."""
+class _PopenBase:
+    """What both Popens below share: multiprocessing's fork ``Popen`` interface, as
+    ``BaseProcess`` uses it, around ``_send_signal``, ``finalizer``."""
 
     method = "fork"
+    finalizer: Any
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    def _send_signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def terminate(self) -> None:
+        self._send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        self.finalizer()
+
+
+class _Popen(_PopenBase):
+    """multiprocessing's fork ``Popen``: this process forks the worker."""
 
     def __init__(self, process_obj: "ForkedWorker") -> None:
-        _flush_std_streams()  # or the child would write the parent's buffered output again
+        flush_std_streams()  # or the child would write the parent's buffered output again
         self.returncode: int | None = None
         # the child reads EOF on its parent sentinel when the driver is gone; the driver's
         # sentinel (``parent_r``) is readable once the child has ended
@@ -142,9 +164,6 @@ class _Popen:
         os.close(child_r)
         self.sentinel = parent_r
         self.finalizer = weakref.finalize(self, _close_fds, parent_r, parent_w)
-
-    def duplicate_for_child(self, fd: int) -> int:
-        return fd
 
     def poll(self, flag: int = os.WNOHANG) -> int | None:
         if self.returncode is None:
@@ -176,28 +195,17 @@ class _Popen:
                 if self.wait(timeout=0.1) is None:
                     raise
 
-    def terminate(self) -> None:
-        self._send_signal(signal.SIGTERM)
 
-    def kill(self) -> None:
-        self._send_signal(signal.SIGKILL)
-
-    def close(self) -> None:
-        self.finalizer()
-
-
-class _ZygotePopen:
+class _ZygotePopen(_PopenBase):
     """A worker forked by the fork server (``_zygote``), as ``BaseProcess`` uses a Popen.
 
     ``sentinel`` is the worker's pidfd (readable once it ended); signals go through it, so
     never to a later process given the same pid; the exit code is the zygote's report."""
 
-    method = "fork"
-
     def __init__(self, process_obj: Any, zygote: Any) -> None:
         from dpool.scheduling._zygote import FdArg
 
-        _flush_std_streams()
+        flush_std_streams()
         self.returncode: int | None = None
         fds: list[int] = []
         args = []
@@ -228,9 +236,6 @@ class _ZygotePopen:
         self._lock = threading.Lock()  # the report is read once: by the first waiter
         self.finalizer = weakref.finalize(self, _close_fds, self.sentinel)
 
-    def duplicate_for_child(self, fd: int) -> int:
-        return fd
-
     def _ended(self, timeout: float | None) -> bool:
         poller = select.poll()
         poller.register(self.sentinel, select.POLLIN)
@@ -253,15 +258,6 @@ class _ZygotePopen:
                 signal.pidfd_send_signal(self.sentinel, sig)  # type: ignore[attr-defined]
             except ProcessLookupError:
                 pass
-
-    def terminate(self) -> None:
-        self._send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._send_signal(signal.SIGKILL)
-
-    def close(self) -> None:
-        self.finalizer()
 
 
 _fallback_logged = False
@@ -352,5 +348,5 @@ def _bootstrap(proc: Any, parent_sentinel: int) -> int:
         traceback.print_exc()
     finally:
         threading._shutdown()  # type: ignore[attr-defined]
-        _flush_std_streams()
+        flush_std_streams()
     return exitcode

@@ -41,7 +41,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 
@@ -102,12 +101,9 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # the workers' ``parent_process().sentinel``: EOF once the driver is gone
         parent_r, self._parent_w = os.pipe()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()  # or the zygote's children would print it again
-            except (AttributeError, ValueError, OSError):
-                pass
+        from dpool.scheduling._forkproc import flush_std_streams
+
+        flush_std_streams()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote (covered through its workers)
             code = 1
