@@ -108,7 +108,7 @@ def mark_fork_point() -> None:
     one as it is now. A function of it that reads a global rebound after this moment
     goes by value (its globals with it), as if the worker had no such function: the
     worker's own copy would read the value of then, where the stdlib's worker, forked
-    later, sees the new one (``_changed_since_fork``)."""
+    later, sees the new one (``_stale``)."""
     global _at_fork, _at_fork_ns
     _at_fork = {k: id(v) for k, v in list(namespace().items())}
     _at_fork_ns = time.monotonic_ns()
@@ -130,27 +130,6 @@ def _names(code: types.CodeType) -> tuple:
 
 
 _code_names: dict[types.CodeType, tuple] = {}
-
-
-def _changed_since_fork(fn: Any, ns: dict, seen: set[int]) -> bool:
-    """Whether a global ``fn`` reads -- or one that a function of the main namespace it
-    calls reads, and so on -- was bound or rebound since ``mark_fork_point`` (a value
-    changed in place is not seen: its id is the same)."""
-    at_fork = _at_fork
-    if at_fork is None:
-        return False
-    seen.add(id(fn))
-    for name in _names(fn.__code__):
-        value = ns.get(name, _MISSING)
-        if value is _MISSING:
-            continue  # a builtin, or unset here too
-        if at_fork.get(name) != id(value):
-            return True
-        if (type(value) is types.FunctionType and id(value) not in seen
-                and value.__module__ in _MAIN_MODULES
-                and _changed_since_fork(value, ns, seen)):
-            return True
-    return False
 
 
 def _stale(objs: list, ns: dict) -> tuple:
@@ -342,8 +321,7 @@ def _table(pickler_class: Any, collector: Collector, ns: dict) -> bytes:
     i = 0
     while i < len(collector.objs):
         obj = collector.objs[i]
-        stale = _at_fork is not None and type(obj) is types.FunctionType and \
-            _changed_since_fork(obj, ns, set())
+        stale = bool(_stale([obj], ns))
         if stale:  # its globals are read again, now (``by_value``'s as_of)
             _first_pickled.pop(obj, None)
         cls = pickler_class
