@@ -68,7 +68,6 @@ class SchedulerCore:
     def take_out_locked(self) -> list: raise NotImplementedError
     def close_group_locked(self, g: Group) -> None: raise NotImplementedError
     def deliver(self, out: list) -> None: raise NotImplementedError
-    def fork_point(self) -> None: raise NotImplementedError
 
     # -- ObjectTable -----------------------------------------------------------------------
     def decref_locked(self, oid: int, n: int = 1) -> None: raise NotImplementedError

@@ -62,7 +62,6 @@ from dpool.objects import _payload
 from dpool.objects._hoststore import HostStore
 from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
-from dpool.protocol import _running
 from dpool.protocol._ioloop import SPIN_S, IOLoop
 from dpool.protocol._record import record
 from dpool.protocol._startup import preload_worker
@@ -75,7 +74,7 @@ from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
-from dpool.scheduling._workers import WorkerPool, _reap
+from dpool.scheduling._workers import WorkerPool
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -105,13 +104,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
     """The local scheduler; on a node daemon its services use it as ``SchedulerAPI``."""
 
     def __init__(self, control: ControlStore) -> None:
-        # The fork server that forks the workers (``_zygote``), forked at ``fork_point``;
-        # None until then, and where workers are forked here (``_forkproc.fork_server``).
-        self.zygote = None
-        self._forked_server = False
-        # the board where forked workers say which task they run (before any fork)
-        _running.create()
-        self._fork_lock = threading.Lock()
+        self.init_forking()  # (first: before anything could fork)
         self.lock = threading.Lock()
         self.control = control
         self._groups: dict[int, Group] = {}
@@ -161,19 +154,6 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.io.before_start = self.fork_point
 
     # ================================================================ public (any thread)
-
-    def fork_point(self) -> None:
-        """Fork the fork server now if it is not yet (once): the last moment this process
-        runs no thread of the runtime's -- before the IO thread starts, a ``Pool``'s
-        threads start or the first worker is forked -- so that the server is forked
-        single-threaded, as late as can be: a worker is a copy of the program as it was
-        then (for the first executor's workers, what the stdlib's would see)."""
-        if self._forked_server:
-            return
-        with self._fork_lock:
-            if not self._forked_server:
-                self.zygote = _forkproc.fork_server()
-                self._forked_server = True
 
     def add_group(self, cfg: GroupConfig) -> Group:
         if _forkproc.uses_light_fork(cfg.mp_context):  # (outside the lock: an import)
@@ -294,20 +274,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def shutdown(self) -> None:
         """Stop every group's workers and the IO thread (end of the runtime)."""
-        with self.lock:
-            self.closed = True
-            workers = [w for g in self._groups.values() for w in g.workers]
-            for w in workers:
-                w.alive = False
-                self.send_locked(w, [m.Shutdown()])
-        if self.zygote is not None:
-            self.zygote.finish()
-        for w in workers:
-            _reap(w, kill_after=1.0)
-        with self._fork_lock:
-            self._forked_server = True  # none after the end
-        if self.zygote is not None:
-            self.zygote.close()
+        self.stop_workers()
         self.io.stop()
         with self.lock:
             self._objects.clear()

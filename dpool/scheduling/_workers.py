@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from dpool import _log, errors
@@ -53,6 +54,48 @@ _BOUNCES = 5
 
 
 class WorkerPool(SchedulerCore):
+    # -- forking ---------------------------------------------------------------------------
+    def init_forking(self) -> None:
+        """In the constructor, before anything could fork: no fork server yet (forked at
+        ``fork_point``; None where workers are forked here: ``_forkproc.fork_server``),
+        and the board where forked workers say which task they run (``_running``)."""
+        self.zygote = None
+        self._forked_server = False
+        self._fork_lock = threading.Lock()
+        _running.create()
+
+    def fork_point(self) -> None:
+        """Fork the fork server now if it is not yet (once): the last moment this process
+        runs no thread of the runtime's -- before the IO thread starts, a ``Pool``'s
+        threads start or the first worker is forked -- so that the server is forked
+        single-threaded, as late as can be: a worker is a copy of the program as it was
+        then (for the first executor's workers, what the stdlib's would see)."""
+        if self._forked_server:
+            return
+        with self._fork_lock:
+            if not self._forked_server:
+                self.zygote = _forkproc.fork_server()
+                self._forked_server = True
+
+    def stop_workers(self) -> None:
+        """End of the runtime: every group's workers told to exit and reaped (killed
+        after 1 s), then the fork server, which reports their ends and ends with them."""
+        with self.lock:
+            self.closed = True
+            workers = [w for g in self._groups.values() for w in g.workers]
+            for w in workers:
+                w.alive = False
+                self.send_locked(w, [m.Shutdown()])
+        if self.zygote is not None:
+            self.zygote.finish()
+        for w in workers:
+            _reap(w, kill_after=1.0)
+        with self._fork_lock:
+            self._forked_server = True  # none after the end
+        if self.zygote is not None:
+            self.zygote.close()
+
+    # -- dispatch --------------------------------------------------------------------------
     def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
         """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
         busy workers get theirs in batches when their results come back)."""
