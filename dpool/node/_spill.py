@@ -218,12 +218,13 @@ class Spiller(SpillWaits, SpillResults):
         if t.args:
             s.store.restore_payload(t.args)  # a spilled-to-disk argument block comes back
         lenders: set = set()
-        if t.deps:
-            for _oid, ok, p in t.deps:
+        inputs = s.inputs_locked(t)
+        if inputs:
+            for _oid, ok, p in inputs:
                 if ok:
                     s.store.restore_payload(p)
             deps = tuple((oid, ok, self._outgoing(p, lenders) if ok else p)
-                         for oid, ok, p in t.deps)
+                         for oid, ok, p in inputs)
         ctx = g.mp_context
         cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
                g.initializer, g.max_tasks, g.max_attempts)

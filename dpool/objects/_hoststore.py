@@ -154,6 +154,20 @@ class HostStore:
     def capacity(self) -> int:
         return self._capacity
 
+    @property
+    def under_pressure(self) -> bool:
+        """Over half the store is in use: pins taken ahead of need may keep out a value
+        that needs the room (the scheduler sends tasks with large inputs to idle workers
+        only, then)."""
+        store = self._store
+        return store is not None and store.used * 2 > self._capacity
+
+    def pinned(self, payload: Optional[bytes]) -> bool:
+        """Whether this stored value is pinned (another pin of it holds no more room)."""
+        info = _values.stored(payload)
+        return info is not None and self._store is not None and \
+            self._store.pincount(info[0]) > 0
+
     def set_capacity(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"object_store_memory must be > 0 bytes, got {capacity}")

@@ -226,6 +226,10 @@ class SchedulerAPI(Protocol):
         """``t`` cannot get the resources it asks for: it fails with ``ResourceError``."""
         ...
 
+    def inputs_locked(self, t: Task) -> tuple:
+        """``t``'s inputs as ``(oid, ok, payload)`` (pinned for it, or the table's)."""
+        ...
+
     def return_task_locked(self, t: Task) -> None:
         """``t`` came back (from another node): first in its group's queue, dispatched."""
         ...

@@ -64,6 +64,9 @@ class SchedulerCore:
         raise NotImplementedError
     def admit_locked(self, t: Task) -> None: raise NotImplementedError
     def skip_cancelled_locked(self, t: Task) -> None: raise NotImplementedError
+    def pin_inputs_locked(self, t: Task) -> bool: raise NotImplementedError
+    def only_to_idle_locked(self, t: Task) -> bool: raise NotImplementedError
+    def inputs_locked(self, t: Task) -> tuple: raise NotImplementedError
     def _wake_waiters_locked(self, obj: Obj, oid: int) -> None: raise NotImplementedError
     def take_out_locked(self) -> list: raise NotImplementedError
     def close_group_locked(self, g: Group) -> None: raise NotImplementedError

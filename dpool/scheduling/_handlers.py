@@ -90,10 +90,9 @@ class WorkerMessages(SchedulerCore):
         """A task's outcome as the object table keeps it: a value a worker wrote into
         the store is accounted for (or, the store being full, the task failed).
         ``rebuilt``: a lineage rebuild's result (``_lineage``), which readers wait for:
-        with no room now -- the store pinned by the inputs of tasks queued meanwhile --
-        it goes to disk and waits for room as a spilled value does, instead of failing
-        them all with ObjectStoreFullError (seen: five readers of lost 32 MiB results
-        in a 100 MiB store)."""
+        with no room now -- the store pinned by the inputs of the tasks running
+        meanwhile -- it goes to disk and waits for room as a spilled value does, instead
+        of failing its readers with ObjectStoreFullError."""
         if ok:
             try:
                 if rebuilt:

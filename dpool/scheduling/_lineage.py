@@ -17,11 +17,12 @@ the store is full (``objects._hoststore``). A file deleted under it (a tmp clean
 trouble) used to surface as a raw ``FileNotFoundError`` from inside the scheduler; now
 the value is rebuilt from lineage, or its readers get ``ObjectLostError``.
 
-Under memory pressure. A rebuild happens when the store is full, and the readers queued
-meanwhile pin what is in it: a rebuilt result that finds no room goes straight to a spill
-file (``HostStore.adopt_or_spill``), and its readers bring it back when room comes, as
-for any spilled value -- a task whose inputs find no room waits for it (``_objtable``).
-Neither fails with ``ObjectStoreFullError`` for want of room *now*.
+Under memory pressure. A rebuild happens when the store is full, and the tasks running
+meanwhile pin what is in it (a queued task pins nothing until it is sent to a worker): a
+rebuilt result that finds no room goes straight to a spill file
+(``HostStore.adopt_or_spill``), and its readers bring it back when room comes, as for any
+spilled value -- a task whose inputs find no room waits for it (``_objtable``). Neither
+fails with ``ObjectStoreFullError`` for want of room *now*.
 
 What is kept, and for how long. Only results stored in shared memory (at least the store
 threshold) can be evicted, so only their tasks are recorded: the function id, the
@@ -109,7 +110,7 @@ class Lineage(SchedulerCore):
 
     if TYPE_CHECKING:  # LocalScheduler's
         def _enqueue_locked(self, t: Task) -> None: ...
-        def _build_deps_locked(self, t: Task) -> bool: ...
+        def inputs_locked(self, t: Task) -> tuple: ...
 
     # -- recording (finish / drop) ---------------------------------------------------------
     def keep_lineage_locked(self, t: Task) -> None:
@@ -128,7 +129,7 @@ class Lineage(SchedulerCore):
         rec = self._lineage[oid] = _Record(t, why_not)
         if why_not is None:
             lineage = self._lineage
-            for dep, ok, payload in t.deps or ():
+            for dep, ok, payload in self.inputs_locked(t):
                 if dep in rec.inputs:  # the same input twice: held once
                     continue
                 if ok and payload[:1] == STORED:
@@ -199,8 +200,7 @@ class Lineage(SchedulerCore):
             t.missing += 1
             obj.add_waiter(t)
         elif got[0]:  # (cannot happen: a rebuild never ends inside this call) try again
-            if self._build_deps_locked(t):
-                self._enqueue_locked(t)
+            self._enqueue_locked(t)
         else:
             self.finish_locked(t, False, got[1])
 
@@ -246,7 +246,7 @@ class Lineage(SchedulerCore):
             if not d.ready:
                 t.missing += 1
                 d.add_waiter(t)
-        if not t.missing and self._build_deps_locked(t):
+        if not t.missing:
             self._enqueue_locked(t)
         return None
 

@@ -15,9 +15,10 @@ A reader of a value that was spilled to disk gets it back in shared memory first
 lineage and the reader waits for it as for any pending object, or gets
 ``ObjectLostError`` (``_lineage``).
 
-Waiting for room. A task whose inputs cannot all be brought back into shared memory
-because other pending tasks pin the rest of the store (``_build_deps_locked``) holds no
-pin and waits, as for a pending input, on the input that found no room
+Waiting for room. A task pins its inputs when it is sent to a worker, not while it is
+queued (``pin_inputs_locked``). One whose inputs cannot all be brought back into shared
+memory because running tasks pin the rest of the store holds no pin and waits, as for a
+pending input, on the input that found no room
 (``wait_for_room_locked``); each finish that releases pins lets the waiting tasks try
 again (``room_freed_locked``). Only a task whose inputs could never fit together fails
 with ``ObjectStoreFullError``.

@@ -357,6 +357,9 @@ class ResourceDispatch(SchedulerCore):
             self._free_alloc_locked(a)
             self._starve_locked(g)
             return False
+        if not self.pin_inputs_locked(t):  # it waits for room or a lost input, or failed
+            self._free_alloc_locked(a)
+            return True
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
                 self._free_alloc_locked(a)

@@ -389,8 +389,6 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                     d.add_waiter(t)
             if t.missing:
                 return
-            if not self._build_deps_locked(t):
-                return
         self._enqueue_locked(t)
 
     def _enqueue_locked(self, t: Task) -> None:
@@ -407,8 +405,43 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         if self._spiller is not None and g.queue:
             self._spiller.consider_locked(g)
 
+    def pin_inputs_locked(self, t: Task) -> bool:
+        """``t`` is about to be sent to a worker: pin its inputs now. A queued task pins
+        nothing -- inputs it will not read for a while must not keep other values (a
+        running task's result, a rebuilt one) out of the store. False if ``t`` cannot
+        start now: it waits for room or for a lost input's rebuild, or it failed."""
+        if t.deps is None and t.dep_ids:
+            return self._build_deps_locked(t)
+        return True
+
+    def only_to_idle_locked(self, t: Task) -> bool:
+        """Whether ``t`` goes only to a worker that runs it at once: sent ahead to a busy
+        one, it would pin large stored inputs that nothing pins yet while the store is
+        over half full, and they could keep out the room the running task's result needs
+        (a value many tasks read, pinned by the running ones, costs no more room)."""
+        store = self.store
+        if t.deps is not None or not store.under_pressure:
+            return False  # (pinned already: a task that went back to the queue)
+        objects = self._objects
+        for oid in t.dep_ids or ():
+            d = objects.get(oid)
+            if d is not None and d.ok and d.payload is not None and \
+                    d.payload[:1] == STORED and not store.pinned(d.payload):
+                return True
+        return False
+
+    def inputs_locked(self, t: Task) -> tuple:
+        """``t``'s inputs as ``(oid, ok, payload)``: those pinned for it, else the table's
+        (a task that never started here: sent to another node, or failed queued)."""
+        if t.deps is not None:
+            return t.deps
+        objects = self._objects
+        return tuple((oid, d.ok, d.payload) for oid in t.dep_ids or ()
+                     if (d := objects.get(oid)) is not None and d.ready)
+
     def _build_deps_locked(self, t: Task) -> bool:
-        """Attach ready dependency values to ``t``, pinning stored ones; False if it failed."""
+        """Attach ready dependency values to ``t``, pinning stored ones; False if it
+        cannot start now (``pin_inputs_locked``)."""
         objects = self._objects
         deps = []
         try:
@@ -480,7 +513,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         for w in waiters:
             if isinstance(w, Task):
                 w.missing -= 1
-                if w.missing == 0 and self._build_deps_locked(w):
+                if w.missing == 0:
                     w.group.queue.append(w)
                     touched.add(w.group.group_id)
             elif isinstance(w, WorkerHandle):

@@ -117,7 +117,12 @@ class WorkerPool(SchedulerCore):
                 # starts (else a stream of short tasks would hold it back for good).
                 return
             prefetch = len(q) >= 2 * g.max_workers
-            w = self._pick_worker_locked(g, idle_only, prefetch)
+            head = q[0]
+            # A task pins its inputs when it is sent; with the store under pressure, one
+            # with large inputs goes only to a worker that runs it at once.
+            w = self._pick_worker_locked(
+                g, idle_only or (head.dep_ids is not None and self.only_to_idle_locked(head)),
+                prefetch)
             if w is None:
                 if not self._maybe_spawn_locked(g):
                     leases = self._leases
@@ -132,10 +137,14 @@ class WorkerPool(SchedulerCore):
                 t = q[0]
                 if t.req is not None:
                     break
+                if inflight and t.dep_ids is not None and self.only_to_idle_locked(t):
+                    break  # (another worker, or this one once it is idle)
                 est = batch.estimate(t.fn_id)
                 if not batch.fits(len(inflight), w.load, est, prefetch):
                     break
                 q.popleft()
+                if not self.pin_inputs_locked(t):
+                    continue  # it waits for room or a lost input, or failed
                 if not t.started:
                     if t.future is not None and not t.future.set_running_or_notify_cancel():
                         self.skip_cancelled_locked(t)

@@ -245,3 +245,33 @@ def test_a_room_wait_that_could_never_end_fails_typed():
             ex.submit(_read_nested, fs[2], fs[3], fs[4], [fs[0].object_ref]).result(40)
         assert time.monotonic() - t0 < 20  # (the nested result(30) would time out first)
         assert ex.submit(_first, fs[0]).result(30) == 0.0  # the pool and store still work
+
+
+def _make_after(event_path):
+    while not os.path.exists(event_path):  # the readers are queued behind this task
+        time.sleep(0.01)
+    return np.full(4 * MB // 8, 9.0)
+
+
+@pytest.mark.timeout(60)
+def test_queued_readers_pin_nothing_until_they_start(tmp_path):
+    # One worker runs a task that returns 4 MiB while three readers of the three
+    # resident 4 MiB values (12 of the 12.5 MiB store) wait in the queue behind it. A
+    # queued task used to pin its inputs from the moment it was queued: the running
+    # task's result found every byte pinned and failed with ObjectStoreFullError ("only
+    # 0 bytes can be evicted"). Inputs are pinned when a task is sent to its worker: the
+    # result evicts one value to disk, and its reader brings it back when it starts.
+    # Nor may they be sent ahead to the busy worker (pinning there): ``_first`` is known
+    # to be quick, which lets queued tasks go to a busy worker in a batch.
+    go = str(tmp_path / "go")
+    with ProcessPoolExecutor(1, object_store_memory=25 * MB // 2) as ex:
+        assert [f.result(30) for f in [ex.submit(_first, [i]) for i in range(20)]] == \
+            list(range(20))
+        fs = [ex.submit(np.full, 4 * MB // 8, float(i)) for i in range(3)]
+        assert [f.result(30)[0] for f in fs] == [0.0, 1.0, 2.0]
+        assert _spill_files() == []
+        made = ex.submit(_make_after, go)
+        readers = [ex.submit(_first, f) for f in fs]
+        open(go, "w").close()
+        assert made.result(30)[0] == 9.0
+        assert [r.result(30) for r in readers] == [0.0, 1.0, 2.0]

@@ -154,6 +154,9 @@ class FakeScheduler:
     def fail_unmet_locked(self, t: Task, reason: str) -> None:
         self.unrunnable.append((t, reason))
 
+    def inputs_locked(self, t: Task) -> tuple:
+        return t.deps or ()
+
     def return_task_locked(self, t: Task) -> None:
         t.group.queue.appendleft(t)
         self.returned.append(t)
