@@ -37,12 +37,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     from dpool.futures import Future, ObjectRef
     from dpool.integrations import register_joblib
     from dpool.observe import progress, timeline
-    from dpool.pool import Pool, cpu_count
-    from dpool.runtime._api import get, put, wait
-    from dpool.runtime._current import node_id
-    from dpool.runtime._placement_groups import PlacementGroup, placement_group
-    from dpool.runtime._rebuild import no_rebuild
-    from dpool.scheduling._placement_policy import (
+    from dpool.placement import (
         Demand,
         LeastWait,
         LocalQueue,
@@ -50,6 +45,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         NodeLoad,
         PlacementPolicy,
     )
+    from dpool.pool import Pool, cpu_count
+    from dpool.runtime._api import get, put, wait
+    from dpool.runtime._current import node_id
+    from dpool.runtime._placement_groups import PlacementGroup, placement_group
+    from dpool.runtime._rebuild import no_rebuild
 
 _LAZY = {
     **dict.fromkeys(
@@ -69,7 +69,7 @@ _LAZY = {
     "no_rebuild": "dpool.runtime._rebuild",
     "register_joblib": "dpool.integrations",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
-                     "PlacementPolicy"), "dpool.scheduling._placement_policy"),
+                     "PlacementPolicy"), "dpool.placement"),
     **dict.fromkeys(("progress", "timeline"), "dpool.observe"),
 }
 

@@ -384,8 +384,8 @@ def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
 
 
 def _bundle_strategy(pg: Any, bundle: Any) -> Any:
+    from dpool.placement import InBundle
     from dpool.runtime._placement_groups import PlacementGroup
-    from dpool.scheduling._placement_policy import InBundle
 
     if not isinstance(pg, PlacementGroup):
         raise TypeError(f"placement_group must be a dpool.PlacementGroup (from "

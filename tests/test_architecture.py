@@ -11,6 +11,7 @@ bottom (a module may import its own layer and the layers below it):
     runtime/       this process's client (embedded, attached, TCP cluster driver)
     node/, global_scheduler/   the daemons
     scheduling/    the local scheduler
+    placement/     which node a task or bundle goes to: policies, gang placement
     transfer/      moving segments between nodes and TCP drivers
     objects/, control/         the store; the control store
     protocol/      messages, codec, channel, auth, IO loop, dial + handshake, workdir archives
@@ -50,6 +51,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("runtime", frozenset({"dpool.runtime"})),
     ("daemons", frozenset({"dpool.node", "dpool.global_scheduler"})),
     ("scheduling", frozenset({"dpool.scheduling"})),
+    ("placement", frozenset({"dpool.placement"})),
     ("transfer", frozenset({"dpool.transfer"})),
     ("store", frozenset({"dpool.objects", "dpool.control"})),
     ("protocol", frozenset({"dpool.protocol"})),

@@ -31,7 +31,7 @@ DENIED = (
     "dpool.worker", "dpool.testing", "dpool.runtime._cluster", "dpool.runtime._address",
     "dpool.control._redis", "dpool.control._redis_batch", "dpool.control._watch",
     "dpool.control._keys", "dpool.scheduling._detect", "dpool.objects._inline",
-    "dpool.scheduling._placement_policy",  # (where a task runs: only a strategy needs it)
+    "dpool.placement",  # (where a task runs: only a strategy or a placement group needs it)
     # what only a closure, a class made in a function... needs (cloudpickle, and what it
     # imports), and ``@dataclass`` (``@record`` instead)
     "cloudpickle", "dataclasses", "inspect", "ast", "platform",

@@ -66,10 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.placement_policy:
-        from dpool.scheduling import _placement_policy
+        from dpool.placement import load as load_policy
 
         try:
-            _placement_policy.load(args.placement_policy)
+            load_policy(args.placement_policy)
         except (ValueError, TypeError) as exc:
             sys.stderr.write(f"dpool start: --placement-policy: {exc}\n")
             return 2

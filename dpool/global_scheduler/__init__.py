@@ -4,12 +4,12 @@
   reports, forwarding each spilled task).
 - ``_placement``: the built-in rule, pure over load reports: the node with the lowest
   estimated wait (unit-tested without processes, tests/global_scheduler/test_placement.py).
-  It is one ``PlacementPolicy`` (``scheduling._placement_policy``) among others: the
-  daemon places through whichever ``--placement-policy`` names (tests/placement/).
+  It is one ``PlacementPolicy`` (``dpool.placement``) among others: the daemon places
+  through whichever ``--placement-policy`` names (tests/placement/).
 - ``_watch``: its heartbeat and its watch over the nodes: which are alive in the node
   table, and declaring dead those that stopped heartbeating or whose link closed with
   nothing listening at their address any more.
 - ``_groups``: placement groups owned by this replica: all bundles of a group placed at
-  once (``scheduling._gangs``), held on the nodes, and the tasks in a bundle forwarded
+  once (``placement.GangTable``), held on the nodes, and the tasks in a bundle forwarded
   to the node holding it.
 """

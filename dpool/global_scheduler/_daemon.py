@@ -5,7 +5,7 @@
 
 Every node links to every global scheduler (finding them in the control store) and
 pushes its load over the link; placement uses those reports, through the cluster's
-placement policy (``scheduling._placement_policy``: the built-in least-wait rule unless
+placement policy (``dpool.placement``: the built-in least-wait rule unless
 ``--placement-policy module:Class`` names another). A task the policy can never place
 as asked (a hard ``NodeAffinity`` to a node not linked) goes back as ``PlacementFailed``.
 It keeps no task: a spilled task is forwarded as soon as it arrives, and the origin node
@@ -23,25 +23,25 @@ import threading
 from typing import Optional
 
 from dpool.control._interface import ClusterControlStore
+from dpool.errors import PlacementError
 from dpool.global_scheduler._groups import Groups
 from dpool.global_scheduler._watch import NodeWatch
 from dpool.node import _process
 from dpool.node._attach import PeerHandle
 from dpool.node._links import welcome_message
 from dpool.node._server import NodeServer
-from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import IOLoop
-from dpool.scheduling import _resources
-from dpool.scheduling._placement_policy import (
+from dpool.placement import (
     Demand,
     InBundle,
     LeastWait,
     NodeLoad,
-    PlacementError,
     PlacementPolicy,
     strategy_from_wire,
 )
+from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import _messages as m
+from dpool.protocol._ioloop import IOLoop
+from dpool.scheduling import _resources
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.global_scheduler")
@@ -276,9 +276,9 @@ def main(argv: Optional[list] = None) -> int:
             from dpool.control._redis import RedisControlStore
 
             control = RedisControlStore(proc.redis, proc.token)
-        from dpool.scheduling import _placement_policy
+        from dpool.placement import load as load_policy
 
-        policy = _placement_policy.load(args.placement_policy or None)
+        policy = load_policy(args.placement_policy or None)
         gs = GlobalScheduler(proc.token.encode(), args.bind, args.port, control,
                              advertise=args.advertise, policy=policy)
         gs.serve()

@@ -5,7 +5,7 @@
     node ──RemoteTask (InBundle)──▶ forwarded to the node holding the bundle
 
 It sees every linked node's free resources (their load reports), so it decides a whole
-group at once (``scheduling._gangs.GangTable`` over ``_bundles.place_bundles``). Waiting
+group at once (``placement.GangTable`` over ``placement.place_bundles``). Waiting
 groups are tried again on each load report and after each removal. A task in a bundle
 held by another node than its origin comes through here (the origin spills it) and goes
 to that node; one whose group this replica does not know (removed, lost, another
@@ -24,10 +24,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from dpool.placement import GangTable, InBundle, NodeLoad
 from dpool.protocol import _messages as m
 from dpool.scheduling import _resources
-from dpool.scheduling._gangs import GangTable
-from dpool.scheduling._placement_policy import InBundle, NodeLoad
 
 __all__ = ["Groups"]
 

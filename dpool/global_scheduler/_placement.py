@@ -1,5 +1,5 @@
 """Where a global scheduler puts a spilled task: the built-in rule, the node with the
-lowest estimated wait (``scheduling._placement_policy.LeastWait``, one placement policy
+lowest estimated wait (``placement.LeastWait``, one placement policy
 among others; a cluster may load another: ``--placement-policy``).
 
 A node's estimated wait for one more task is the work queued ahead of it spread over
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from dpool.scheduling._placement_policy import (
+from dpool.placement import (
     DEFAULT_BANDWIDTH,
     Demand,
     LeastWait,

@@ -51,7 +51,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from dpool.errors import WorkerCrashedError
+from dpool.errors import PlacementError, WorkerCrashedError
 from dpool.node._spill_base import (
     _BACKOFF_S,
     _CHECK_S,
@@ -63,16 +63,10 @@ from dpool.node._spill_base import (
 from dpool.node._spill_results import SpillResults
 from dpool.node._spill_waits import SpillWaits
 from dpool.objects import _inline, _payload, _values
+from dpool.placement import HERE, LeastWait, LocalQueue, PlacementPolicy
+from dpool.placement import load as load_policy
 from dpool.protocol import _messages as m
 from dpool.scheduling import Group, SchedulerAPI, Task, _resources
-from dpool.scheduling._placement_policy import (
-    HERE,
-    LeastWait,
-    LocalQueue,
-    PlacementError,
-    PlacementPolicy,
-)
-from dpool.scheduling._placement_policy import load as load_policy
 from dpool.transfer import _pull
 
 log = logging.getLogger("dpool.scheduling")
@@ -235,6 +229,7 @@ class Spiller(SpillWaits, SpillResults):
                            _resources.to_wire(t.req))
         t.attempts += 1
         t.est = s.batch.estimate(t.fn_id)
+        s.away_locked(t)
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
         a.refs = tuple(ref[2] for _oid, ok, p in deps or ()
                        if ok and (ref := _pull.parse_remote(p)) is not None)
@@ -285,6 +280,7 @@ class Spiller(SpillWaits, SpillResults):
             log.debug("spill of task %#x rejected: %s", msg.task_id, msg.reason)
             unmet = self._unmet.get(t.task_id)
             if unmet is not None:  # no node has what it asks (yet): offer it again soon
+                self._s.back_locked(t)
                 t.attempts -= 1
                 unmet[1] = msg.reason
                 self._parked.append((time.monotonic() + _BACKOFF_S, t.group, t))

@@ -29,15 +29,12 @@ import logging
 import time
 from typing import Any
 
+from dpool.errors import PlacementError
 from dpool.node._spill_base import _BACKOFF_S, SpillBase
 from dpool.objects import _payload
+from dpool.placement import SPREAD, strategy_from_wire
 from dpool.protocol import _messages as m
 from dpool.scheduling import Group, Task
-from dpool.scheduling._placement_policy import (
-    SPREAD,
-    PlacementError,
-    strategy_from_wire,
-)
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -54,7 +51,9 @@ class SpillWaits(SpillBase):
             return False
         now = time.monotonic()
         gss = self._schedulers()
-        strategy = strategy_from_wire(t.req.strategy) if t.req.strategy else None
+        r = t.req
+        assert r is not None  # (only a task with a request is unmet)
+        strategy = strategy_from_wire(r.strategy) if r.strategy else None
         if strategy is not None and not gss and t.task_id not in self._unmet and (
                 strategy == SPREAD or strategy.soft):
             return False  # nobody to ask where: a soft strategy runs here (the caller)

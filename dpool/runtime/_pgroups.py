@@ -3,7 +3,7 @@
     placement_group(...) ──reserve──▶ LocalGroups ──GangTable (one node: "local")──▶
         scheduler.hold_bundle_locked / free_bundles_locked (the host's bundles)
 
-The same state machine as a global scheduler's (``scheduling._gangs``), over one node:
+The same state machine as a global scheduler's (``placement.GangTable``), over one node:
 this host, with its CPUs (``cpu_count()``, or ``$DPOOL_NUM_CPUS``) and the runtime's
 GPUs, memory and custom resources. So ``pack`` and ``spread`` put every bundle here,
 ``strict_spread`` with more than one bundle can never be met (``PlacementError``), and
@@ -24,9 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dpool.placement import GangTable, NodeLoad
 from dpool.scheduling import _resources
-from dpool.scheduling._gangs import GangTable
-from dpool.scheduling._placement_policy import NodeLoad
 
 _RETRY_S = 0.05
 HOST = "local"

@@ -8,7 +8,7 @@ run tasks in them (``executor.options(placement_group=pg, bundle=i)``).
 
 Who decides: on a cluster, a global scheduler (``global_scheduler._groups``), which
 sees every node's free resources and holds the bundles on the nodes in two phases
-(``scheduling._gangs``); on the embedded runtime, this process, against this host
+(``placement.GangTable``); on the embedded runtime, this process, against this host
 (``_pgroups``). Either way the same ``PlacementGroup`` answers: ``state``,
 ``bundle_nodes``, ``ready()``, ``remove()``.
 """
@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 from dpool.errors import PlacementError
 from dpool.futures import Future
+from dpool.placement import STRATEGIES
 from dpool.runtime import _current
 from dpool.scheduling import _resources
-from dpool.scheduling._bundles import STRATEGIES
 
 __all__ = ["PlacementGroup", "placement_group"]
 

@@ -16,14 +16,13 @@
   worker may hold (``BatchPolicy``).
 - ``_resources``: resource requests and a runtime's ledger; ``_detect``: CPUs, GPUs
   and memory of this host.
-- ``_placement_policy``: ``PlacementPolicy`` -- how many queued tasks a node keeps, and
-  where a global scheduler places one (``LeastWait``, ``Spread``, ``load``).
-- Placement groups: ``_bundles`` (where each bundle goes, all or none), ``_gangs``
-  (groups' state at their owner, held in two phases), ``_bundle_ledger`` (the bundles
-  this scheduler holds, and what of them its tasks use).
+- ``_bundle_ledger``: the placement-group bundles this scheduler holds, and what of them
+  its tasks use.
 
 Whether a task runs on this host at all is the node's business (``node._spill``), and
-where a spilled one goes, the global scheduler's (``dpool.global_scheduler``).
+where a spilled one goes, the global scheduler's (``dpool.global_scheduler``). The
+policies both ask, strategies' wire form and placement groups' reservation are
+``dpool.placement``'s: a layer below this package, which imports nothing from here.
 """
 
 from dpool.scheduling._policy import BatchPolicy

@@ -230,6 +230,14 @@ class SchedulerAPI(Protocol):
         """``t``'s inputs as ``(oid, ok, payload)`` (pinned for it, or the table's)."""
         ...
 
+    def away_locked(self, t: Task) -> None:
+        """``t``, taken off its queue, was sent to another node (spillback)."""
+        ...
+
+    def back_locked(self, t: Task) -> None:
+        """``t`` came back from another node, to wait in the caller's hands (parked)."""
+        ...
+
     def return_task_locked(self, t: Task) -> None:
         """``t`` came back (from another node): first in its group's queue, dispatched."""
         ...

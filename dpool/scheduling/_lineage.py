@@ -63,6 +63,7 @@ from dpool.errors import ObjectLostError
 from dpool.objects import _payload, _values
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task
+from dpool.scheduling._states import READY, WAIT, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ class Lineage(SchedulerCore):
         obj = self._objects[oid]
         got = self.recover_locked(oid, obj, lost)
         if got is None:
+            transition(t, WAIT)
             t.missing += 1
             obj.add_waiter(t)
         elif got[0]:  # (cannot happen: a rebuild never ends inside this call) try again
@@ -246,7 +248,10 @@ class Lineage(SchedulerCore):
             if not d.ready:
                 t.missing += 1
                 d.add_waiter(t)
-        if not t.missing:
+        if t.missing:
+            transition(t, WAIT)
+        else:
+            transition(t, READY)
             self._enqueue_locked(t)
         return None
 

@@ -33,6 +33,7 @@ from dpool.objects._values import stored_size
 from dpool.protocol import _messages as m
 from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, Task, WorkerHandle
+from dpool.scheduling._states import WAIT, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ class ObjectTable(Lineage):
         payloads.append(t.args)
         if not self.store.fit_together(payloads) or not self._pins_may_clear_locked():
             return False
+        transition(t, WAIT)
         t.missing += 1
         objects[oid].add_waiter(t)  # (a ready entry has no other waiters)
         self._room_waiters[oid] = None

@@ -6,10 +6,13 @@ from collections import deque
 
 from dpool.protocol import Channel
 from dpool.protocol._record import field, record
+from dpool.scheduling._states import NEW
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Optional
+
+    from dpool.scheduling._resources import Allocation, Request
 
 
 class Task:
@@ -17,7 +20,7 @@ class Task:
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
                  "attempts", "started", "missing", "deps", "est", "deps_counted", "req",
-                 "alloc", "bounced")
+                 "alloc", "bounced", "state")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
@@ -35,9 +38,10 @@ class Task:
         self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
         self.est = 0.0  # estimated run time, set when dispatched
         self.deps_counted = False  # holds a reference on each of dep_ids (released at finish)
-        self.req: Any = None  # _resources.Request; None: one CPU, nothing else (the default)
-        self.alloc: Any = None  # _resources.Allocation while it holds resources (running)
+        self.req: Optional[Request] = None  # None: one CPU, nothing else (the default)
+        self.alloc: Optional[Allocation] = None  # while it holds resources (running)
         self.bounced = 0  # times a worker holding it first died running no task
+        self.state = NEW  # ``_states``: where it is (waiting, queued, running, ...)
 
 
 class Obj:

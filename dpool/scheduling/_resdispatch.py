@@ -41,6 +41,7 @@ from dpool.protocol import _messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
+from dpool.scheduling._states import SEND, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -85,7 +86,9 @@ class ResourceDispatch(SchedulerCore):
     # -- entering ------------------------------------------------------------------------
     def _route_res_locked(self, g: Group, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
-        st = t.req.strategy
+        r = t.req
+        assert r is not None  # (the caller routes only tasks with a request here)
+        st = r.strategy
         if st is not None and st != HERE:
             if st[0] == BUNDLE:
                 self._route_bundle_locked(g, t)
@@ -93,7 +96,7 @@ class ResourceDispatch(SchedulerCore):
             if self._place_strategy_locked(g, t):
                 return
         try:
-            reason = self._impossible_locked(g, t.req)
+            reason = self._impossible_locked(g, r)
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed DPOOL_NUM_GPUS
             self.fail_unmet_locked(t, f"cannot tell what this runtime offers: {exc}")
             return
@@ -113,12 +116,14 @@ class ResourceDispatch(SchedulerCore):
         placed here, or a soft strategy with no global scheduler to ask). The embedded
         runtime is one host: every strategy means run here, but a hard ``NodeAffinity``
         to another node can never be met (``PlacementError``)."""
-        from dpool.scheduling._placement_policy import NodeAffinity, strategy_from_wire
+        from dpool.placement import NodeAffinity, strategy_from_wire
 
-        s = strategy_from_wire(t.req.strategy)
+        r = t.req
+        assert r is not None
+        s = strategy_from_wire(r.strategy)
         here = os.environ.get("DPOOL_NODE_ID") or "local"  # (a node sets it: its address)
         if isinstance(s, NodeAffinity) and s.node == here:
-            t.req = t.req._replace(strategy=HERE)
+            t.req = r._replace(strategy=HERE)
             return False
         sp = self._spiller
         if sp is not None:
@@ -130,20 +135,22 @@ class ResourceDispatch(SchedulerCore):
                 f"this is the embedded runtime: its only node is this host, "
                 f"{here!r} (set DPOOL_ADDRESS to run on a cluster)"))
             return True
-        t.req = t.req._replace(strategy=HERE)
+        t.req = r._replace(strategy=HERE)
         return False
 
     def _route_bundle_locked(self, g: Group, t: Task) -> None:
         """``t`` runs in a placement group's bundle: here if this scheduler holds it
         (it waits in ``g.rq`` for the bundle's room), else on the node that does (a node
         hands it to a global scheduler, which knows where its group's bundles are)."""
-        _, pg_id, index = t.req.strategy
+        r = t.req
+        assert r is not None
+        _, pg_id, index = r.strategy
         bl = self._bundles
         which = f"bundle {index}" if index >= 0 else "a bundle"
         if bl is not None and bl.holds(pg_id, index):
-            why = bl.never_fits(pg_id, index, t.req)
-            if why is None and t.req.cpus > g.max_workers:
-                why = (f"the task asks for {t.req.cpus} CPUs, more than its executor's "
+            why = bl.never_fits(pg_id, index, r)
+            if why is None and r.cpus > g.max_workers:
+                why = (f"the task asks for {r.cpus} CPUs, more than its executor's "
                        f"max_workers ({g.max_workers})")
             if why is not None:
                 self.fail_placement_locked(t, PlacementError(why))
@@ -319,7 +326,8 @@ class ResourceDispatch(SchedulerCore):
             leases.recall_locked()
 
     def _start_res_locked(self, g: Group, t: Task) -> bool:
-        r: Request = t.req
+        r = t.req
+        assert r is not None  # (only tasks with a request wait in ``rq``)
         if r.cpus and self._cpus_busy_locked(g) + r.cpus > g.max_workers:
             self._starve_locked(g)
             return False
@@ -367,6 +375,7 @@ class ResourceDispatch(SchedulerCore):
                 return True
             t.started = True
         t.started = True
+        transition(t, SEND)
         t.alloc = a
         t.attempts += 1
         t.est = self.batch.estimate(t.fn_id)
@@ -465,6 +474,7 @@ class ResourceDispatch(SchedulerCore):
     def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
         """``t`` ended or left its worker: what it held is free again."""
         a, t.alloc = t.alloc, None
+        assert a is not None  # (callers release only what a task holds)
         led = self.ledger
         self._free_alloc_locked(a)
         if w is not None:

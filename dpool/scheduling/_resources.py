@@ -57,7 +57,7 @@ class Request(_Fields):
     - ``cpus`` (int, 1), ``gpus`` (float, 0.0), ``memory`` (int bytes, 0);
     - ``custom``: ``((name, amount), ...)`` sorted by name, amounts > 0;
     - ``strategy``: where it asks to run, in wire form
-      (``_placement_policy.strategy_to_wire``): None for the default rule. A task that
+      (``placement.strategy_to_wire``): None for the default rule. A task that
       asks only for a strategy is a request too, so the ordinary dispatch path never
       looks at strategies.
     """
@@ -150,7 +150,7 @@ def spec(num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
 # a user gives (``spec`` accepts only str names) can collide with it.
 STRATEGY = ("scheduling",)
 # Wire forms of strategies that the local scheduler reads on every task with a request
-# (the rest of ``_placement_policy`` loads only when a task asks where to run):
+# (``dpool.placement`` loads only when a task asks where to run; it declares the same):
 BUNDLE = "bundle"  # (BUNDLE, pg_id, index): run in a placement group's bundle
 # "placed: run on this node, never spill it" (a task whose strategy was honoured -- a
 # global scheduler chose its origin, or it names its own node). Only a node sets it, on
@@ -162,7 +162,7 @@ def with_strategy(s: Optional[Mapping[str, Any]], scheduling: Any) -> dict:
     """Spec ``s`` asking for the placement strategy ``scheduling`` (``"default"``,
     ``"spread"``, a ``NodeAffinity``), validated: ``ValueError``/``TypeError`` saying
     what is accepted. ``"default"`` is kept, so that it overrides an executor's."""
-    from dpool.scheduling._placement_policy import strategy_to_wire, validate_strategy
+    from dpool.placement import strategy_to_wire, validate_strategy
 
     out: dict = dict(s or {})
     out[STRATEGY] = strategy_to_wire(validate_strategy(scheduling))
@@ -171,8 +171,8 @@ def with_strategy(s: Optional[Mapping[str, Any]], scheduling: Any) -> dict:
 
 def in_bundle(s: Optional[Mapping[str, Any]], where: Any) -> dict:
     """Spec ``s`` run in a placement group's bundle (``where``: a validated
-    ``_placement_policy.InBundle``)."""
-    from dpool.scheduling._placement_policy import strategy_to_wire
+    ``placement.InBundle``)."""
+    from dpool.placement import strategy_to_wire
 
     out: dict = dict(s or {})
     out[STRATEGY] = strategy_to_wire(where)

@@ -74,6 +74,16 @@ from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resdispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
+from dpool.scheduling._states import (
+    FINISH,
+    NEXT,
+    READY,
+    RETURN,
+    SPILLBACK,
+    WAIT,
+    illegal,
+    transition,
+)
 from dpool.scheduling._workers import WorkerPool
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -331,7 +341,14 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         if g.outstanding == 0:
             self._retire_group_locked(g)
 
+    def away_locked(self, t: Task) -> None:
+        transition(t, SPILLBACK)
+
+    def back_locked(self, t: Task) -> None:
+        transition(t, RETURN)
+
     def return_task_locked(self, t: Task) -> None:
+        transition(t, RETURN)
         g = t.group
         g.queue.appendleft(t)
         self._dispatch_locked(g)
@@ -388,12 +405,14 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                     t.missing += 1
                     d.add_waiter(t)
             if t.missing:
+                transition(t, WAIT)
                 return
+        transition(t, READY)
         self._enqueue_locked(t)
 
     def _enqueue_locked(self, t: Task) -> None:
-        """A ready task: queue it, dispatch; on a node, the spiller may send the tasks
-        that would wait too long elsewhere."""
+        """A task just made QUEUED: queue it, dispatch; on a node, the spiller may send
+        the tasks that would wait too long elsewhere."""
         g = t.group
         g.queue.append(t)
         # A new task goes only to an idle worker; busy ones get queued tasks in batches
@@ -468,6 +487,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def finish_locked(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
         """Record a task's outcome and wake whatever waits on its result."""
+        to = NEXT[t.state][FINISH]  # (``_states.transition``, inline: every task)
+        if to < 0:
+            raise illegal(t, FINISH)
+        t.state = to
         g = t.group
         if counted:
             g.outstanding -= 1
@@ -514,6 +537,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             if isinstance(w, Task):
                 w.missing -= 1
                 if w.missing == 0:
+                    transition(w, READY)
                     w.group.queue.append(w)
                     touched.add(w.group.group_id)
             elif isinstance(w, WorkerHandle):

@@ -36,6 +36,7 @@ from dpool.protocol._startup import WorkerConfig, start_worker
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
+from dpool.scheduling._states import NEXT, REQUEUE, SEND, illegal, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -150,6 +151,10 @@ class WorkerPool(SchedulerCore):
                         self.skip_cancelled_locked(t)
                         continue
                     t.started = True
+                to = NEXT[t.state][SEND]  # (``_states.transition``, inline: every task)
+                if to < 0:
+                    raise illegal(t, SEND)
+                t.state = to
                 t.attempts += 1
                 t.est = est
                 if t.fn_id not in w.fns:
@@ -320,6 +325,7 @@ class WorkerPool(SchedulerCore):
                 if w.retiring and w.assigned < (w.group.max_tasks or 0):
                     w.retiring = False
                 t.attempts -= 1  # it never ran
+                transition(t, REQUEUE)
                 t.group.queue.appendleft(t)
 
     def _on_closed(self, w: WorkerHandle) -> None:
@@ -398,6 +404,7 @@ class WorkerPool(SchedulerCore):
                                 _describe_exit(exitcode), len(held))
             for t in lost:
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
+                    transition(t, REQUEUE)
                     g.queue.appendleft(t)
                 else:
                     err = errors.WorkerCrashedError(

@@ -157,6 +157,12 @@ class FakeScheduler:
     def inputs_locked(self, t: Task) -> tuple:
         return t.deps or ()
 
+    def away_locked(self, t: Task) -> None:
+        pass  # (its tasks are put in queues directly: they have no state to move)
+
+    def back_locked(self, t: Task) -> None:
+        pass
+
     def return_task_locked(self, t: Task) -> None:
         t.group.queue.appendleft(t)
         self.returned.append(t)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from dpool.scheduling._placement_policy import Demand, LeastWait, LocalQueue, NodeLoad
+from dpool.placement import Demand, LeastWait, LocalQueue, NodeLoad
 
 
 class Pack:
@@ -38,7 +38,7 @@ class Last(LeastWait):
     a task no node can hold can never be placed (``PlacementError``)."""
 
     def place(self, demand: Demand, nodes: Sequence[NodeLoad]) -> Optional[NodeLoad]:
-        from dpool.scheduling._placement_policy import PlacementError
+        from dpool.errors import PlacementError
 
         fit = [n for n in nodes if n.can_hold(demand.req)]
         if not fit:

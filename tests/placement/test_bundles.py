@@ -1,4 +1,4 @@
-"""Gang placement's decision (``scheduling._bundles.place_bundles``) over fake nodes:
+"""Gang placement's decision (``placement.place_bundles``) over fake nodes:
 all bundles or none, pack / spread / strict_spread, and two gangs that together do not
 fit -- the first is placed whole, the second waits (holds nothing)."""
 
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dpool.errors import PlacementError
-from dpool.scheduling._bundles import place_bundles
-from dpool.scheduling._placement_policy import NodeLoad
+from dpool.placement import NodeLoad, place_bundles
 from dpool.scheduling._resources import Request
 
 GPU1 = Request(1, 1.0)

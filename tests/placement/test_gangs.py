@@ -1,4 +1,4 @@
-"""Placement groups' state machine (``scheduling._gangs.GangTable``) and a scheduler's
+"""Placement groups' state machine (``placement.GangTable``) and a scheduler's
 bundles (``scheduling._bundle_ledger``), driven with fake nodes: no processes.
 
 The table decides with ``place_bundles`` and holds in two phases: all bundles or none,
@@ -8,9 +8,8 @@ lost. The ledger keeps a bundle's CPUs and resources from every task outside it.
 
 from __future__ import annotations
 
+from dpool.placement import GangTable, NodeLoad
 from dpool.scheduling._bundle_ledger import BundleLedger
-from dpool.scheduling._gangs import GangTable
-from dpool.scheduling._placement_policy import NodeLoad
 from dpool.scheduling._resources import Ledger, Request
 
 ONE = Request(1)

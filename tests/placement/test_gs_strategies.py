@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import pytest
 
 from dpool.node._links import dial, peer_hello
+from dpool.placement import NodeAffinity, strategy_to_wire
 from dpool.protocol import _messages as m
 from dpool.protocol import decode_batch, encode_batch
 from dpool.scheduling import _resources
-from dpool.scheduling._placement_policy import NodeAffinity, strategy_to_wire
 from tests._parallel import host
 
 

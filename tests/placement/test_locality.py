@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from dpool.scheduling._placement_policy import DEFAULT_BANDWIDTH, Demand, LeastWait, NodeLoad
+from dpool.placement import DEFAULT_BANDWIDTH, Demand, LeastWait, NodeLoad
 from tests.cluster.conftest import start_cluster, stop_cluster
 
 MB64 = 64 * 10**6

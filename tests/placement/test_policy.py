@@ -1,4 +1,4 @@
-"""Placement policies (``scheduling._placement_policy``) on fake nodes, no processes.
+"""Placement policies (``dpool.placement``) on fake nodes, no processes.
 
 The built-in rule is one ``PlacementPolicy`` among others; a new one (``Pack`` below)
 plugs in without touching the core: the global scheduler calls its ``place``, the node's
@@ -13,16 +13,15 @@ from typing import Optional
 import pytest
 
 import dpool
+from dpool.errors import PlacementError
 from dpool.node._spill import Spiller
 from dpool.objects import _payload
-from dpool.protocol import _messages as m
-from dpool.scheduling._placement_policy import (
+from dpool.placement import (
     Demand,
     LeastWait,
     LocalQueue,
     NodeAffinity,
     NodeLoad,
-    PlacementError,
     PlacementPolicy,
     Spread,
     load,
@@ -30,6 +29,7 @@ from dpool.scheduling._placement_policy import (
     strategy_to_wire,
     validate_strategy,
 )
+from dpool.protocol import _messages as m
 from dpool.scheduling._resources import Request
 from tests.node._fake_scheduler import FakeScheduler
 from tests.placement._policies import Broken, KeepAll, Pack

@@ -16,9 +16,9 @@ It raises ``PlacementError`` when the group can never fit as asked (a bundle no 
 hold, ``strict_spread`` with more bundles than such nodes).
 
 Pure function over ``NodeLoad`` (free amounts from the nodes' load reports, minus what
-was placed since): unit-tested with fake nodes. Its caller: ``_gangs.GangTable``, for
-the embedded runtime's reservations (``runtime._pgroups``) and a global scheduler's
-(``global_scheduler._groups``), behind ``dpool.placement_group``.
+was placed since) and the bundles' ``Amounts``: unit-tested with fake nodes. Its caller:
+``_gangs.GangTable``, for the embedded runtime's reservations (``runtime._pgroups``) and
+a global scheduler's (``global_scheduler._groups``), behind ``dpool.placement_group``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from dpool.errors import PlacementError
-from dpool.scheduling._placement_policy import NodeLoad
-from dpool.scheduling._resources import Request
+from dpool.placement._policies import Amounts, NodeLoad
 
 __all__ = ["STRATEGIES", "place_bundles"]
 
@@ -46,13 +45,13 @@ class _Room:
         self.free = dict(n.free)
         self.placed = 0
 
-    def fits(self, r: Request) -> bool:
+    def fits(self, r: Amounts) -> bool:
         f = self.free
         return (r.cpus <= self.cpus and r.gpus <= f.get("GPU", 0) + 1e-9
                 and r.memory <= f.get("memory", 0)
                 and all(a <= f.get(k, 0.0) + 1e-9 for k, a in r.custom))
 
-    def take(self, r: Request) -> None:
+    def take(self, r: Amounts) -> None:
         self.cpus -= r.cpus
         f = self.free
         f["GPU"] = f.get("GPU", 0) - r.gpus
@@ -62,7 +61,7 @@ class _Room:
         self.placed += 1
 
 
-def place_bundles(bundles: Sequence[Request], strategy: str,
+def place_bundles(bundles: Sequence[Amounts], strategy: str,
                   nodes: Sequence[NodeLoad]) -> Optional[list[NodeLoad]]:
     """The node of each bundle (in order), or None: not all fit now. Raises
     ``PlacementError`` if they never can, ``ValueError`` for an unknown strategy."""
@@ -105,7 +104,7 @@ def place_bundles(bundles: Sequence[Request], strategy: str,
     return [chosen[i].node for i in range(len(bundles))]
 
 
-def _holds_all(n: NodeLoad, bundles: Sequence[Request]) -> bool:
+def _holds_all(n: NodeLoad, bundles: Sequence[Amounts]) -> bool:
     trial = _Room(n)
     for b in bundles:
         if not trial.fits(b):

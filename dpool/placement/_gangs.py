@@ -36,16 +36,15 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from dpool.errors import PlacementError
-from dpool.scheduling._bundles import place_bundles
-from dpool.scheduling._placement_policy import NodeLoad
-from dpool.scheduling._resources import Request
+from dpool.placement._bundles import place_bundles
+from dpool.placement._policies import Amounts, NodeLoad
 
 __all__ = ["Gang", "GangTable"]
 
 WAITING, HOLDING, READY, LOST = "waiting", "holding", "ready", "lost"
 
 # (node address, pg_id, index, the bundle's request, attempt)
-HoldFn = Callable[[str, int, int, Request, int], None]
+HoldFn = Callable[[str, int, int, Amounts, int], None]
 FreeFn = Callable[[str, int, int], None]
 # (origin, pg_id, state, nodes, reason)
 ReportFn = Callable[[str, int, str, tuple, str], None]
@@ -59,7 +58,7 @@ class Gang:
                  seq: int) -> None:
         self.pg_id = pg_id
         self.origin = origin
-        self.bundles: list[Request] = bundles
+        self.bundles: list[Amounts] = bundles
         self.strategy = strategy
         self.seq = seq  # arrival order: waiting groups are tried first come, first served
         self.state = WAITING
@@ -81,7 +80,7 @@ class GangTable:
         """Whether some group waits to be placed (cheap: callers ask on every load)."""
         return any(g.state == WAITING for g in self.gangs.values())
 
-    def reserve(self, pg_id: int, origin: str, bundles: Sequence[Request], strategy: str,
+    def reserve(self, pg_id: int, origin: str, bundles: Sequence[Amounts], strategy: str,
                 loads: Sequence[NodeLoad]) -> None:
         """A new group: failed at once if it can never fit, else held or waiting."""
         if pg_id in self.gangs:
@@ -189,7 +188,7 @@ class GangTable:
         return g.nodes[index] if index < len(g.nodes) else None
 
 
-def _take(n: NodeLoad, b: Request, sign: int = 1) -> None:
+def _take(n: NodeLoad, b: Amounts, sign: int = 1) -> None:
     """What bundle ``b`` takes from node ``n`` (``sign`` -1: gives back), until the
     node's next load report says so (``pending`` below 0: CPUs freed since it)."""
     n.pending += sign * b.cpus
@@ -209,7 +208,5 @@ def _empty(loads: Sequence[NodeLoad]) -> list:
 
 
 def _offers(loads: Sequence[NodeLoad]) -> str:
-    from dpool.scheduling._resources import _describe
-
-    return "; ".join(f"{n.address} {_describe(n.offers())}"
+    return "; ".join(f"{n.address} {n.describe()}"
                      for n in sorted(loads, key=lambda n: n.address)) or "no nodes"

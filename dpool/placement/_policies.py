@@ -39,15 +39,29 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
 from dpool.errors import PlacementError
-from dpool.scheduling import _resources
 
 __all__ = [
-    "BUNDLE", "DEFAULT_BANDWIDTH", "HERE", "Demand", "InBundle", "LeastWait", "LocalQueue",
-    "NodeAffinity", "NodeLoad", "PlacementError", "PlacementPolicy", "Spread", "load",
-    "missing_bytes", "strategy_from_wire", "strategy_to_wire", "validate_strategy",
+    "BUNDLE", "DEFAULT_BANDWIDTH", "HERE", "SPREAD", "Amounts", "Demand", "InBundle",
+    "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad", "PlacementPolicy", "Spread",
+    "load", "missing_bytes", "strategy_from_wire", "strategy_to_wire", "validate_strategy",
 ]
 
 DEFAULT_BANDWIDTH = 1e9  # bytes/s, until transfers are measured
+
+
+class Amounts(Protocol):
+    """What placement reads of a request -- a task's or a bundle's -- the amounts it asks
+    for. ``scheduling._resources.Request`` is one; placement needs nothing else of it (and
+    so imports nothing of the local scheduler)."""
+
+    @property
+    def cpus(self) -> int: ...
+    @property
+    def gpus(self) -> float: ...
+    @property
+    def memory(self) -> int: ...
+    @property
+    def custom(self) -> tuple: ...  # ((name, amount), ...)
 
 
 @dataclass
@@ -67,6 +81,11 @@ class NodeLoad:
 
     def offers(self) -> dict:
         return {"CPU": self.cpus, **self.resources}
+
+    def describe(self) -> str:
+        """What it offers as users name it: ``{CPU: 4, GPU: 1}`` (as a request prints)."""
+        return "{" + ", ".join(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}"
+                               for k, v in self.offers().items()) + "}"
 
     def can_hold(self, req: Any) -> bool:
         """Whether ``req`` fits this node at all (whatever runs there now)."""
@@ -136,7 +155,10 @@ class InBundle:
 
 SPREAD = "spread"
 DEFAULT = "default"
-BUNDLE, HERE = _resources.BUNDLE, _resources.HERE  # (declared there: see why)
+# Wire tags that the local scheduler reads on every task with a request, without loading
+# this module: ``scheduling._resources`` declares the same values for it (a test pins them).
+BUNDLE = "bundle"  # (BUNDLE, pg_id, index): run in a placement group's bundle
+HERE: tuple = ("here",)  # set by a node on its own placed tasks: run here, never spill
 
 
 def validate_strategy(value: Any) -> Any:
@@ -276,9 +298,7 @@ class LeastWait:
         if target is None:
             why = "no such node is alive in the cluster"
         else:
-            from dpool.scheduling._resources import _describe
-
-            why = (f"it cannot hold the task (it offers {_describe(target.offers())}, "
+            why = (f"it cannot hold the task (it offers {target.describe()}, "
                    f"the task asks for {demand.req or '{CPU: 1}'})")
         raise PlacementError(f"the task must run on node {s.node!r} (NodeAffinity, "
                              f"soft=False) but {why}; the nodes are: {names}")
