@@ -100,7 +100,7 @@ class GlobalScheduler:
             self._nodes[hello.address] = (h, NodeLoad(hello.address, hello.num_cpus,
                                                       node_id=hello.node_id))
         if old is not None:
-            old[0].alive = False
+            old[0].mark_stopping()
             old[0].chan.close()  # the node linked again: its old link is dead
         self._io.add(h)
         if self._watch is not None:
@@ -115,7 +115,7 @@ class GlobalScheduler:
                 self.groups.node_lost(h.address, self._loads_locked())
                 if self._watch is not None:
                     self._watch.link_closed(h.peer_id, h.address)
-        h.alive = False
+        h.mark_closed()
         h.chan.close()
         log.info("node %s unlinked", h.peer_id)
 

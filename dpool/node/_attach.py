@@ -1,20 +1,17 @@
-"""Drivers attached to a node's local scheduler (cluster mode).
+"""Drivers attached to a node's local scheduler (cluster mode): ``DriverSessions``.
 
     driver ──Attach/CreateGroup/SubmitTask/PutObject/GetObjects/Release──▶ DriverSessions
            ◀──────────ObjectValue/GroupExited/GroupBroken───────────────── (this module)
 
-A driver that runs with ``DPOOL_ADDRESS`` set does not start workers of its own: it
-attaches to a node daemon, which runs the local scheduler for the whole host. To the
-scheduler an attached driver looks like a worker that never runs tasks: it submits, puts,
-gets and releases with the worker's messages, owns the objects it created (``owned``:
-released when it disconnects, so a driver that exits or is killed leaves nothing behind),
-and its results come back as ``ObjectValue`` messages. On top of that it creates and
-closes worker groups (one per executor or Pool) and cancels queued tasks.
+To the scheduler an attached driver (``DriverHandle``) is a worker that never runs tasks:
+it submits, puts, gets and releases with the worker's messages, and gets its results as
+``ObjectValue``. It also creates and closes worker groups (one per executor or Pool) and
+cancels queued tasks. When its connection closes, its groups fail and their workers are
+stopped, its handles are dropped and what it pushed but never named is removed.
 
 A driver on this host (unix socket) shares the store: it writes large values into
-segments the scheduler adopts and maps results in place. A driver that reaches the node
-over TCP ("another host") moves large values on transfer connections of their own,
-never inline on its control connection:
+segments the scheduler adopts and maps stored results in place. A driver over TCP moves
+large values on transfer connections of its own:
 
     TCP driver                                              this node
     PushSegment + the segment's bytes ── transfer conn ──▶ a NodeServer thread writes a
@@ -25,17 +22,14 @@ never inline on its control connection:
     ◀── ObjectValue: a reference (address, segment, size) to a stored result
     FetchSegment ranges ──────────────── transfer conns ──▶ sendfile (``transfer._pull``)
 
-A stored value named by a TCP driver's message must be one it pushed (its id carries the
-driver's id prefix, and the push finished): nothing else in ``/dev/shm`` is ever named
-from the wire. What a driver pushed but never used is removed when it detaches. A result
-it is sent a reference to stays in the store while the driver holds its future or ref
-(one object-table reference, released with ``Release`` as always), so the segment is
-there when the driver pulls it; one spilled to disk meanwhile is asked for again.
-Small values (below the store threshold) travel inline, as they always did.
+A segment named by a TCP driver's message is used only if that driver pushed it (its id
+carries the driver's id prefix, and the size matches): nothing else in ``/dev/shm`` is
+named from the wire. A stored result it holds a handle to stays in the store (spilled to
+disk, it is brought back when asked for again); small values travel inline.
 
-Handlers run on the scheduler's IO thread with its lock held, like every message handler
-(the ``_locked`` methods; ``scheduling._api`` has the rule); ``attach`` runs on the
-thread that authenticated the connection, ``receive_push`` on a transfer connection's.
+Handlers run on the IO thread with the scheduler's lock held (``scheduling._api``);
+``attach`` runs on the thread that authenticated the connection, ``receive_push`` on a
+transfer connection's thread; ``_pushed`` has its own lock, never held for I/O.
 """
 
 from __future__ import annotations
@@ -466,14 +460,14 @@ class DriverSessions:
         if isinstance(h, DriverHandle):
             self._driver_closed_locked(h)
         else:  # a peer node or global scheduler
-            h.alive = False
+            h.mark_closed()
             for hook in self.peer_closed_hooks:
                 hook(h)
 
     def _driver_closed_locked(self, d: DriverHandle) -> None:
         """The driver's connection closed: stop its groups, drop its objects."""
         s = self._s
-        d.alive = False
+        d.mark_closed()
         self.drivers.pop(d.session_id, None)
         for hook in self.driver_closed_hooks:
             hook(d)
@@ -490,8 +484,7 @@ class DriverSessions:
             victims += g.workers  # (failing the group may already retire them)
             s.fail_group_locked(g, g.broken)
             for w in g.workers:
-                if w.alive:
-                    w.alive = False
+                if w.mark_stopping():
                     s.send_locked(w, [m.Shutdown()])  # the IO loop reaps them as they exit
         if victims:  # they may be busy with its tasks: kill what has not exited soon
             threading.Thread(target=_kill_later, args=(victims, 1.0), daemon=True,

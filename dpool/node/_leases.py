@@ -62,7 +62,7 @@ class LeaseDesk:
             if reason is None:
                 assert g is not None  # (no reason to refuse: the group exists)
                 if idle is not None:  # the group is full: an idle worker makes room
-                    idle.alive = False
+                    idle.mark_stopping()
                     s.send_locked(idle, [m.Shutdown()])
                 try:
                     w = s.spawn_locked(g, lease=sock)

@@ -140,7 +140,7 @@ class Links:
             links = list(self._links.values())
             self._links.clear()
         for h in links:
-            h.alive = False
+            h.mark_stopping()
             h.chan.close()
 
 

@@ -99,7 +99,7 @@ class GroupCalls(SchedulerCore):
             self.fail_group_locked(group, reason)
             victims = list(group.workers)
             for w in victims:
-                w.alive = False
+                w.mark_stopping()
                 self.send_locked(w, [m.Shutdown()])
             out = self.take_out_locked()
         for w in victims:

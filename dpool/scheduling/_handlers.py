@@ -52,7 +52,7 @@ class WorkerMessages(SchedulerCore):
 
     def _on_hello_locked(self, w: WorkerHandle, msg: m.Hello) -> None:
         w.pid = msg.pid
-        w.hello = True
+        w.mark_ready()
         w.group.start_failures = 0
 
     def _on_task_done_locked(self, w: WorkerHandle, msg: m.TaskDone) -> None:

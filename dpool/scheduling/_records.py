@@ -6,7 +6,16 @@ from collections import deque
 
 from dpool.protocol import Channel
 from dpool.protocol._record import field, record
-from dpool.scheduling._states import NEW
+from dpool.scheduling._states import (
+    CLOSED,
+    HELLO,
+    NEW,
+    STOP,
+    W_READY,
+    W_STARTING,
+    W_STOPPING,
+    worker_transition,
+)
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -63,9 +72,13 @@ class Obj:
 
 
 class WorkerHandle:
+    """A worker process of a group, or a connection handled like one (an attached
+    driver, a peer node). Its lifecycle is ``state`` (``_states``: starting, ready,
+    stopping, dead), moved only by the ``mark_*`` methods."""
+
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "alive", "owned", "fenced", "gpus",
-                 "sees", "rcpus", "leased", "hello", "killed_here", "slot")
+                 "fns", "assigned", "retiring", "pid", "state", "owned", "fenced", "gpus",
+                 "sees", "rcpus", "leased", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
@@ -80,7 +93,7 @@ class WorkerHandle:
         self.assigned = 0  # tasks ever sent (for max_tasks_per_child)
         self.retiring = False  # will exit after its in-flight tasks (max_tasks reached)
         self.pid = getattr(process, "pid", None)
-        self.alive = True
+        self.state = W_STARTING
         self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
         # Resources (``_resdispatch``): a fenced worker takes no task without a resource
         # request -- it is bound to GPUs (``gpus``: device indexes, for good), runs a task
@@ -93,11 +106,35 @@ class WorkerHandle:
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None
-        # it said Hello (after its initializer): it runs what it is sent. One that dies
-        # before never started a task, so none is charged an attempt for its death.
-        self.hello = False
         self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
         self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
+
+    @property
+    def alive(self) -> bool:
+        """It takes tasks: starting or ready (not told to stop, not dead)."""
+        return self.state < W_STOPPING
+
+    @property
+    def ready(self) -> bool:
+        """It said Hello (its initializer ran) and was not told to stop since."""
+        return self.state == W_READY
+
+    def mark_ready(self) -> None:
+        """It said Hello (a Hello that crosses an order to stop changes nothing)."""
+        worker_transition(self, HELLO)
+
+    def mark_stopping(self) -> bool:
+        """It is told to exit, or its connection is being closed here: it takes no more
+        tasks. False if it was not taking any already (stopping, or dead)."""
+        if self.state >= W_STOPPING:
+            return False
+        worker_transition(self, STOP)
+        return True
+
+    def mark_closed(self) -> int:
+        """Its connection closed (the process exited or died): dead. Returns the state
+        it left (starting: it died before its Hello). Once only."""
+        return worker_transition(self, CLOSED)
 
 
 @record(init=False)  # (its own ``__init__``, below: no compiling at run time)

@@ -430,7 +430,7 @@ class ResourceDispatch(SchedulerCore):
                    and not (w.rcpus < 0 and w.inflight))
 
     def _retire_worker_locked(self, w: WorkerHandle) -> None:
-        w.alive = False
+        w.mark_stopping()
         self._fence_locked(w, False)
         self.send_locked(w, [m.Shutdown()])
 

@@ -1,4 +1,5 @@
-"""A task's named states in the local scheduler, and the only transitions between them.
+"""Named states of a task and of a worker in the local scheduler, and the only
+transitions between them (the tables are data: tests read them).
 
     NEW ──wait──▶ WAITING ──ready──▶ QUEUED ──send──▶ RUNNING ──finish──▶ DONE
      │               ▲                │  ▲  ▲            │
@@ -29,11 +30,14 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from dpool.scheduling._records import Task
+    from dpool.scheduling._records import Task, WorkerHandle
 
 __all__ = ["NEW", "WAITING", "QUEUED", "RUNNING", "AWAY", "DONE", "STATES", "EVENTS",
            "WAIT", "READY", "SEND", "REQUEUE", "SPILLBACK", "RETURN", "FINISH",
-           "TRANSITIONS", "NEXT", "IllegalTransition", "transition", "illegal"]
+           "TRANSITIONS", "NEXT", "IllegalTransition", "transition", "illegal",
+           "W_STARTING", "W_READY", "W_STOPPING", "W_DEAD", "WORKER_STATES", "HELLO", "STOP",
+           "CLOSED", "WORKER_EVENTS", "WORKER_TRANSITIONS", "IllegalWorkerTransition",
+           "worker_transition"]
 
 # states (small ints: a slot compare on the hot path)
 NEW, WAITING, QUEUED, RUNNING, AWAY, DONE = range(6)
@@ -91,3 +95,67 @@ def transition(t: Task, event: int) -> int:
 def illegal(t: Task, event: int) -> IllegalTransition:
     """The error for ``t`` taking ``event`` (for call sites that check inline)."""
     return IllegalTransition(t.task_id, t.state, event)
+
+
+# -- workers ------------------------------------------------------------------------------
+#
+#     STARTING ──hello──▶ READY ──stop──▶ STOPPING ──closed──▶ DEAD
+#        │  └─────────────stop──────────────▲  ▲                  ▲
+#        └──────────────────closed──────────┼──┼──────────────────┘ (READY too: it died)
+#
+# - STARTING: its process was started; it has not said Hello (its initializer runs). It
+#   may be sent tasks already; one that dies now never started a task, and no task is
+#   charged for it (a group whose workers keep dying here breaks).
+# - READY: it said Hello; it runs what it is sent.
+# - STOPPING: told to exit (its group retired or was terminated, the runtime stopped, or
+#   it was retired to change what GPUs it sees); it takes no task. A Hello that crosses
+#   the order is ignored.
+# - DEAD: its socket closed and its process was reaped; it is gone from its group.
+#
+# Conditions a STARTING or READY worker may be in besides (flags of ``WorkerHandle``, not
+# states: each combines with the others): ``blocked`` (in a nested wait: its CPU is given
+# back), ``retiring`` (``max_tasks_per_child`` reached: it exits after what it holds),
+# ``leased`` (lent to an attached driver, which sends its tasks), ``fenced`` (takes only
+# tasks that ask for resources).
+
+W_STARTING, W_READY, W_STOPPING, W_DEAD = range(4)
+WORKER_STATES = ("starting", "ready", "stopping", "dead")
+HELLO, STOP, CLOSED = range(3)
+WORKER_EVENTS = ("hello", "stop", "closed")
+
+WORKER_TRANSITIONS: dict[tuple[int, int], int] = {
+    (W_STARTING, HELLO): W_READY,
+    (W_STARTING, STOP): W_STOPPING,
+    (W_READY, STOP): W_STOPPING,
+    (W_STOPPING, HELLO): W_STOPPING,  # (it said Hello before it read the order to stop)
+    (W_STARTING, CLOSED): W_DEAD,  # it died starting
+    (W_READY, CLOSED): W_DEAD,  # it died
+    (W_STOPPING, CLOSED): W_DEAD,  # it exited as told
+}
+_WORKER_NEXT: list[list[int]] = [[-1] * len(WORKER_EVENTS) for _ in WORKER_STATES]
+for (_state, _event), _to in WORKER_TRANSITIONS.items():
+    _WORKER_NEXT[_state][_event] = _to
+del _state, _event, _to
+
+
+class IllegalWorkerTransition(IllegalTransition):
+    """The scheduler moved a worker in a way its state table does not allow."""
+
+    def __init__(self, worker_id: int, state: int, event: int) -> None:
+        self.task_id = worker_id  # (the base's field: here a worker's id)
+        self.worker_id = worker_id
+        self.state = WORKER_STATES[state]
+        self.event = WORKER_EVENTS[event]
+        RuntimeError.__init__(self, f"worker {worker_id} is {self.state}: it cannot take "
+                                    f"event '{self.event}' "
+                                    f"(scheduling._states.WORKER_TRANSITIONS)")
+
+
+def worker_transition(w: WorkerHandle, event: int) -> int:
+    """Move worker ``w`` on ``event``; returns the state it left."""
+    state = w.state
+    to = _WORKER_NEXT[state][event]
+    if to < 0:
+        raise IllegalWorkerTransition(w.worker_id, state, event)
+    w.state = to
+    return state

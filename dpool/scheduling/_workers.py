@@ -36,7 +36,16 @@ from dpool.protocol._startup import WorkerConfig, start_worker
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
-from dpool.scheduling._states import NEXT, REQUEUE, SEND, illegal, transition
+from dpool.scheduling._states import (
+    NEXT,
+    REQUEUE,
+    SEND,
+    W_READY,
+    W_STARTING,
+    W_STOPPING,
+    illegal,
+    transition,
+)
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -85,7 +94,7 @@ class WorkerPool(SchedulerCore):
             self.closed = True
             workers = [w for g in self._groups.values() for w in g.workers]
             for w in workers:
-                w.alive = False
+                w.mark_stopping()
                 self.send_locked(w, [m.Shutdown()])
         if self.zygote is not None:
             self.zygote.finish()
@@ -340,8 +349,8 @@ class WorkerPool(SchedulerCore):
             return
         exitcode = _reap(w, kill_after=0.2)
         with self.lock:
-            was_alive = w.alive
-            w.alive = False
+            left = w.mark_closed()
+            was_alive = left < W_STOPPING  # (else it exited as told)
             g = w.group
             if w.leased is not None and self._leases is not None:
                 self._leases.lost_locked(w)
@@ -365,7 +374,7 @@ class WorkerPool(SchedulerCore):
                 _running.give(w.slot)
                 w.slot = -1
             lost = held
-            if was_alive and not w.hello and g.broken is None:
+            if left == W_STARTING and g.broken is None:
                 self._died_starting_locked(w, held, exitcode)
                 lost = []
             elif was_alive and g.broken is None and held:
@@ -390,7 +399,7 @@ class WorkerPool(SchedulerCore):
                     self._requeue_locked(w, back)
             w.inflight.clear()
             w.load = 0.0
-            if was_alive and held and w.hello and g.broken is None:
+            if left == W_READY and held and g.broken is None:
                 if lost:
                     log.warning("worker %d (pid %s) died with %s %s task %#x (attempt "
                                 "%d of %d); %d other task(s) it held go back uncharged",
@@ -507,8 +516,7 @@ class WorkerPool(SchedulerCore):
     def _retire_group_locked(self, g: Group) -> None:
         """All of a closed group's work is done: stop its workers, run on_idle hooks."""
         for w in g.workers:
-            if w.alive:
-                w.alive = False
+            if w.mark_stopping():
                 self.send_locked(w, [m.Shutdown()])
         self._exited.notify_all()
         if not g.workers:

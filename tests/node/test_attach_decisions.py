@@ -224,7 +224,7 @@ def test_only_live_drivers_of_this_host_map_the_store(node) -> None:
     here = _driver(sessions, 1, local=True, prefix=5)
     gone = _driver(sessions, 2, local=True, prefix=6)
     _driver(sessions, 3, local=False, prefix=7)
-    gone.alive = False
+    gone.mark_closed()
     assert list(sessions.local_drivers_locked()) == [here]
 
 

@@ -235,7 +235,7 @@ def test_messages_queued_for_a_link_that_closed_as_it_opened_come_back() -> None
 
     class ClosesAtOnce:  # an IO loop that sees the peer close the moment it is added
         def add(self, h: object) -> None:
-            h.alive = False  # type: ignore[attr-defined]
+            h.mark_closed()  # type: ignore[attr-defined]
 
         def want_write(self, h: object) -> None:
             pass

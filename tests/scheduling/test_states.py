@@ -111,3 +111,55 @@ def test_races_are_caught_where_they_happen(events, bad):
     t = _run(*events)
     with pytest.raises(S.IllegalTransition):
         S.transition(t, bad)
+
+
+# -- workers -----------------------------------------------------------------------------
+
+def _worker():
+    from dpool.scheduling._records import WorkerHandle
+
+    return WorkerHandle(7, Group(1, 2, None, None, None, 3), None, None)
+
+
+@pytest.mark.timeout(10)
+def test_every_other_worker_move_raises_naming_the_worker_state_and_event():
+    for state, event in itertools.product(range(len(S.WORKER_STATES)),
+                                          range(len(S.WORKER_EVENTS))):
+        w = _worker()
+        w.state = state
+        if (state, event) in S.WORKER_TRANSITIONS:
+            assert S.worker_transition(w, event) == state
+            assert w.state == S.WORKER_TRANSITIONS[state, event]
+            continue
+        with pytest.raises(S.IllegalWorkerTransition) as info:
+            S.worker_transition(w, event)
+        assert w.state == state
+        assert str(info.value).startswith(f"worker 7 is {S.WORKER_STATES[state]}")
+        assert isinstance(info.value, S.IllegalTransition)
+
+
+@pytest.mark.timeout(10)
+def test_a_worker_lives_through_its_states():
+    w = _worker()
+    assert w.alive and not w.ready  # starting: it may be sent tasks already
+    w.mark_ready()
+    assert w.alive and w.ready
+    assert w.mark_stopping() is True
+    assert not w.alive and not w.ready
+    assert w.mark_stopping() is False  # (told twice: the runtime's end after its group's)
+    w.mark_ready()  # a Hello that crossed the order to stop changes nothing
+    assert w.state == S.W_STOPPING
+    assert w.mark_closed() == S.W_STOPPING  # exited as told: nobody is charged
+    with pytest.raises(S.IllegalWorkerTransition):
+        w.mark_closed()  # its death handled twice
+    with pytest.raises(S.IllegalWorkerTransition):
+        w.mark_ready()  # a Hello after its socket closed
+
+
+@pytest.mark.timeout(10)
+def test_a_worker_that_dies_starting_or_ready_says_which():
+    w = _worker()
+    assert w.mark_closed() == S.W_STARTING  # died in its initializer: no task charged
+    w = _worker()
+    w.mark_ready()
+    assert w.mark_closed() == S.W_READY  # died running: the running task is charged
