@@ -65,6 +65,7 @@ class SchedulerCore:
     def admit_locked(self, t: Task) -> None: raise NotImplementedError
     def skip_cancelled_locked(self, t: Task) -> None: raise NotImplementedError
     def pin_inputs_locked(self, t: Task) -> bool: raise NotImplementedError
+    def _build_deps_locked(self, t: Task) -> bool: raise NotImplementedError
     def only_to_idle_locked(self, t: Task) -> bool: raise NotImplementedError
     def inputs_locked(self, t: Task) -> tuple: raise NotImplementedError
     def _wake_waiters_locked(self, obj: Obj, oid: int) -> None: raise NotImplementedError

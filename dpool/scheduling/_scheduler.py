@@ -407,7 +407,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             if t.missing:
                 transition(t, WAIT)
                 return
-        transition(t, READY)
+        to = NEXT[t.state][READY]  # (``_states.transition``, inline: every task)
+        if to < 0:
+            raise illegal(t, READY)
+        t.state = to
         self._enqueue_locked(t)
 
     def _enqueue_locked(self, t: Task) -> None:

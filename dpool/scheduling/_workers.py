@@ -153,8 +153,9 @@ class WorkerPool(SchedulerCore):
                 if not batch.fits(len(inflight), w.load, est, prefetch):
                     break
                 q.popleft()
-                if not self.pin_inputs_locked(t):
-                    continue  # it waits for room or a lost input, or failed
+                if t.dep_ids and t.deps is None and not self._build_deps_locked(t):
+                    continue  # (``pin_inputs_locked``) it waits for room or a lost input,
+                    # or failed
                 if not t.started:
                     if t.future is not None and not t.future.set_running_or_notify_cancel():
                         self.skip_cancelled_locked(t)
@@ -189,7 +190,7 @@ class WorkerPool(SchedulerCore):
         est = self.batch.estimate(g.queue[0].fn_id)
         fits = self.batch.fits
         for w in g.workers:
-            if not w.alive or w.blocked:
+            if w.state >= W_STOPPING or w.blocked:  # (not ``alive``: a property, in a loop)
                 continue
             if w.leased is not None:  # lent to a driver: busy, not ours to send to
                 busy += 1
