@@ -46,10 +46,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         PlacementPolicy,
     )
     from dpool.pool import Pool, cpu_count
-    from dpool.runtime._api import get, put, wait
-    from dpool.runtime._current import node_id
-    from dpool.runtime._placement_groups import PlacementGroup, placement_group
-    from dpool.runtime._rebuild import no_rebuild
+    from dpool.runtime import PlacementGroup, get, no_rebuild, node_id, placement_group, put, wait
 
 _LAZY = {
     **dict.fromkeys(
@@ -62,11 +59,11 @@ _LAZY = {
                     "dpool.executor"),
     **dict.fromkeys(("get_gpu_ids", "resources"), "dpool._resources_api"),
     **dict.fromkeys(("Future", "ObjectRef"), "dpool.futures"),
-    **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
+    **dict.fromkeys(("get", "put", "wait"), "dpool.runtime"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
-    "node_id": "dpool.runtime._current",
-    **dict.fromkeys(("PlacementGroup", "placement_group"), "dpool.runtime._placement_groups"),
-    "no_rebuild": "dpool.runtime._rebuild",
+    "node_id": "dpool.runtime",
+    **dict.fromkeys(("PlacementGroup", "placement_group"), "dpool.runtime"),
+    "no_rebuild": "dpool.runtime",
     "register_joblib": "dpool.integrations",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
                      "PlacementPolicy"), "dpool.placement"),
@@ -79,9 +76,9 @@ def __getattr__(name: str) -> object:
 
     module = _LAZY.get(name)
     if module is None:
-        # a submodule that ``import dpool`` used to load as a side effect (``dpool.pool``),
-        # or one named by ``from dpool import _log`` before it is loaded: imported at once
-        # (looking for it first, with ``find_spec``, searched the package twice)
+        # a submodule (``dpool.pool``), or one named by ``from dpool import _log``
+        # before it is loaded: imported at once (without a ``find_spec`` first, which
+        # would search the package twice)
         if name.startswith("__"):
             raise AttributeError(f"module 'dpool' has no attribute {name!r}")
         try:

@@ -72,10 +72,15 @@ class DeserializationError(SerializationError, BrokenProcessPool):
 
 
 class NodeLostError(Error, BrokenProcessPool):
-    """The connection between this driver and the node it is attached to broke (the node
-    died or was stopped). Every unfinished future of the driver fails with it, and later
-    submits raise it; a ``BrokenProcessPool``, as the stdlib's pools report a lost worker.
-    (A node that dies while running tasks *for* a live node is not this error: those tasks
-    are retried elsewhere.)"""
+    """This driver lost the node it is attached to (the node died or was stopped); a
+    ``BrokenProcessPool``, as the stdlib's pools report a lost worker.
+
+    A driver attached over the node's unix socket fails every unfinished future with it,
+    and later submits raise it. A driver over TCP moves to a live node instead and
+    replays its work; it raises this for a task lost with its node ``max_attempts`` times
+    (or whose pool was already broken or shut down), for an upload that broke while the
+    driver did not move, and for everything when no node answers within the move's
+    timeout. (A node that dies while running tasks *for* a live node is not this error:
+    those tasks are retried elsewhere.)"""
 
     __module__ = "dpool.errors"

@@ -23,15 +23,17 @@ import weakref
 
 from dpool import errors
 from dpool._task_future import TaskFuture
-from dpool.objects import _payload
-from dpool.runtime import _current, _driver  # noqa: F401 - _driver: import cost at import time, as the stdlib
-from dpool.scheduling import GroupConfig, _resources
+from dpool.objects import payload as _payload
+from dpool.runtime import DriverRuntime  # noqa: F401 - its import cost at import time, as the stdlib
+from dpool.runtime import current as _current
+from dpool.scheduling import GroupConfig
+from dpool.scheduling import resources as _resources
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional
 
-    from dpool.runtime._client import Client, Driver
+    from dpool.runtime import Client, Driver
 
 __all__ = ["ExecutorCore", "ResourceOptions"]
 
@@ -385,7 +387,7 @@ def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
 
 def _bundle_strategy(pg: Any, bundle: Any) -> Any:
     from dpool.placement import InBundle
-    from dpool.runtime._placement_groups import PlacementGroup
+    from dpool.runtime import PlacementGroup
 
     if not isinstance(pg, PlacementGroup):
         raise TypeError(f"placement_group must be a dpool.PlacementGroup (from "

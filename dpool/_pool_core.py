@@ -39,7 +39,7 @@ from dpool import _log
 from dpool._executor_core import ExecutorCore, _ChunkRunner
 from dpool._pool_results import APPLY, BATCH, CHUNK, SINGLE, IMapIterator, Outcomes
 from dpool._task_future import TaskFuture, TracebackText, cancelled_error
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

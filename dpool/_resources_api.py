@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from dpool.runtime import _current
-from dpool.scheduling import _resources
+from dpool.runtime import current as _current
+from dpool.scheduling import resources as _resources
 
 __all__ = ["resources", "get_gpu_ids"]
 

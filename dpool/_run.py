@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
         return 2
     line = None
     if show:
-        from dpool.observe._live import LiveLine
+        from dpool.observe import LiveLine
 
         line = LiveLine()
         line.start()

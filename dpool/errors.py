@@ -38,9 +38,14 @@ class Error(Exception):
 class ObjectStoreFullError(Error, MemoryError):
     """The shared-memory object store cannot make room for an object.
 
-    Raised at the call that needed the space (``put``, or the ``result()`` of the task
-    whose return value did not fit) when evicting every object nobody is reading still
-    does not free enough, or at once when the object is bigger than the whole store.
+    Raised where the space was needed -- ``put``, the ``result()`` of a task whose return
+    value or large argument block did not fit, a ``result()`` or ``dpool.get`` of a value
+    that cannot come back from disk -- when every unpinned object has been evicted and the
+    pinned ones leave too little room, or at once when the object is bigger than the whole
+    store. Pinned are the stored inputs of tasks running on workers (a task pins them when
+    it is sent to a worker, not while it is queued) and the argument blocks of submitted
+    tasks. A task whose inputs find no room waits for it; it fails with this error only
+    when they could never fit together, or when every pin is held by waiting tasks.
     """
 
 

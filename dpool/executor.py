@@ -12,7 +12,7 @@ import threading
 
 from dpool._executor_core import ExecutorCore, ResourceOptions
 from dpool.futures import Future
-from dpool.runtime import _current
+from dpool.runtime import current as _current
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

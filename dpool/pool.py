@@ -30,7 +30,7 @@ from dpool._pool_results import (
     IMapUnorderedIterator,
     MapResult,
 )
-from dpool.runtime import _current
+from dpool.runtime import current as _current
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

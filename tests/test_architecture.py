@@ -103,10 +103,11 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(module: str) -> list[Import]:
-    """Every import statement of ``module`` that names a dpool module."""
+def _imports(module: str, source: str | None = None) -> list[Import]:
+    """Every import statement of ``module`` (or of ``source``, read as that module's) that
+    names a dpool module."""
     path, is_package = MODULES[module]
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
     here = module.split(".") if is_package else module.split(".")[:-1]
     found: list[Import] = []
 
@@ -215,3 +216,86 @@ def test_futures_is_a_leaf_of_types():
                    if imp.module in ("dpool.futures", "dpool._task_future")})
     assert set(deps) <= {"dpool.errors", "dpool._task_future", "dpool._log"}, \
         f"dpool.futures imports {deps}"
+
+
+# -- front doors ---------------------------------------------------------------------------
+# Imports of another package's private module that are meant: (importer, imported) -> why.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("dpool.transfer._pull", "dpool.objects._segment"):
+        "a pulled value is written straight into a new segment of this host's store, in "
+        "ranges as they arrive: it needs the segment writer's own steps (_claim_recycled, "
+        "_create, _full, _NO_SPACE_ERRNOS), which no other package may call",
+    ("dpool.transfer._push", "dpool.objects._segment"):
+        "an uploaded value is laid out, and received, as the segment's bytes verbatim: the "
+        "segment's layout (_layout, _Layout, _HEADER, _as_bytes_view) and the writer's "
+        "steps (_claim_recycled, _create, _full)",
+    ("dpool.transfer._ranges", "dpool.objects._segment"):
+        "a range is written into the segment at its offset with the writer's own "
+        "_pwrite_all, and a full /dev/shm is told apart by the store's _NO_SPACE_ERRNOS",
+}
+
+
+def _package(module: str) -> str:
+    """The package under ``dpool/`` that ``module`` is or lies in: ``dpool.node`` for
+    ``dpool.node._spill``; ``dpool`` for the root's own modules (``dpool._log``)."""
+    top = ".".join(module.split(".")[:2])
+    return top if top in MODULES and MODULES[top][1] else "dpool"
+
+
+def _is_private(module: str) -> bool:
+    """Whether ``module`` is a ``_module`` of its package (``dpool.objects._payload``)."""
+    return any(p.startswith("_") and not p.startswith("__") for p in module.split(".")[2:])
+
+
+def _reaches_in(imports: list[Import]) -> list[Import]:
+    """The imports of another package's private module."""
+    return [imp for imp in imports
+            if _package(imp.target) not in ("dpool", _package(imp.module))
+            and _is_private(imp.target)]
+
+
+def test_other_packages_are_imported_through_their_front_doors():
+    """A package is used by the others through its ``__init__`` (its ``__all__``), never
+    by one of its ``_modules``: ``from dpool.objects import payload as _payload``, not
+    ``from dpool.objects import _payload``, ``from dpool.objects._payload import loads``
+    or ``import dpool.objects._payload``. Every import counts (module level, in
+    functions, under ``TYPE_CHECKING``). Inside a package its modules import each other
+    freely, and the root's own private modules (``dpool._log``, ``dpool._task_future``,
+    ``dpool._errors_*``...) are the whole library's shared internals: any package may
+    import them. What is left is in ``EXCEPTIONS``, each with its reason."""
+    wrong = [str(imp) for imp in _reaches_in(all_imports())
+             if (imp.module, imp.target) not in EXCEPTIONS]
+    assert not wrong, ("imports of another package's private module (import what its "
+                       "__init__ exports instead, or add it there):\n" + "\n".join(wrong))
+
+
+def test_every_front_door_exception_is_still_needed():
+    used = {(imp.module, imp.target) for imp in _reaches_in(all_imports())}
+    assert not set(EXCEPTIONS) - used, sorted(set(EXCEPTIONS) - used)
+    assert all(len(why) > 40 for why in EXCEPTIONS.values())
+
+
+def test_the_front_door_check_sees_every_form_of_import():
+    source = """
+from dpool.objects import _payload
+from dpool.objects._values import stored
+import dpool.objects._segment
+from dpool.objects import payload
+from dpool.node import _spill_base
+from dpool._log import get_logger
+from dpool.errors import Error
+
+
+def later():
+    from ..protocol import _messages as m
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from dpool.runtime._client import Client
+"""
+    found = {imp.target for imp in _reaches_in(_imports("dpool.node._spill", source))}
+    assert found == {"dpool.objects._payload", "dpool.objects._values",
+                     "dpool.objects._segment", "dpool.protocol._messages",
+                     "dpool.runtime._client"}
+    assert _package("dpool._log") == _package("dpool.executor") == "dpool"
+    assert _reaches_in([Import("dpool._executor_core", "dpool.runtime._current", 1, False)])

@@ -36,6 +36,8 @@ commands:
 
 _COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard")
 
+__all__ = ["main"]  # (for ``python -m dpool``)
+
 
 def main(argv: Optional[list] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from dpool.errors import Error
 
 if TYPE_CHECKING:
-    from dpool.dashboard._server import DashboardServer
+    from dpool.dashboard import DashboardServer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,9 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or not 0 <= args.port < 65536:
         sys.stderr.write("dpool dashboard: --interval must be > 0 and --port in 0..65535\n")
         return 2
-    from dpool.dashboard._collect import Collector
-    from dpool.dashboard._server import DashboardServer
-    from dpool.dashboard._source import ControlReader, locate
+    from dpool.dashboard import Collector, ControlReader, DashboardServer, locate
 
     try:
         cluster = locate(args.address)

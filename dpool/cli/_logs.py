@@ -8,10 +8,9 @@ import sys
 import time
 
 from dpool.errors import Error
-from dpool.observe import _logs
-from dpool.observe._cluster import NoClusterError, open_store
-from dpool.observe._timeline import parse_duration
-from dpool.runtime import _address
+from dpool.observe import NoClusterError, open_store, parse_duration
+from dpool.observe import logs as _logs
+from dpool.runtime import address as _address
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,8 +8,7 @@ import json
 import sys
 
 from dpool.errors import Error
-from dpool.observe._cluster import NoClusterError, open_store
-from dpool.observe._objects import format_rows, object_rows
+from dpool.observe import NoClusterError, format_rows, object_rows, open_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from dpool.cli._procs import StartError, launch, same_process, started_at, stop_pid
 from dpool.errors import Error
-from dpool.runtime import _address
+from dpool.runtime import address as _address
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("dpool start: --num-gpus must be >= 0\n")
         return 2
     if args.resources is not None:
-        from dpool.scheduling._detect import parse_resources
-        from dpool.scheduling._resources import spec
+        from dpool.scheduling import detect as _detect
+        from dpool.scheduling import resources as _resources
 
         try:
-            spec(resources=parse_resources(args.resources, "--resources"))
+            _resources.spec(resources=_detect.parse_resources(args.resources, "--resources"))
         except (TypeError, ValueError) as exc:
             sys.stderr.write(f"dpool start: {exc}\n")
             return 2
@@ -154,7 +154,7 @@ def _start_control_store(args: argparse.Namespace, token: str, port: int, state:
                          record: dict) -> list:
     """The Redis shards (or the given Redis servers), with replicas and Sentinels if
     asked: what ``--redis`` gets (shard addresses, or one ``sentinel://`` spec)."""
-    from dpool.control._sentinel import parse_spec
+    from dpool.control import parse_spec
 
     if args.redis_address:
         if parse_spec(args.redis_address) is not None:
@@ -163,7 +163,7 @@ def _start_control_store(args: argparse.Namespace, token: str, port: int, state:
         for a in shards:
             _address.parse_hostport(a, "--redis-address")
         return shards
-    from dpool.control._redis_server import RedisServer
+    from dpool.control import RedisServer
 
     bind = args.bind or args.node_ip
     primaries = []
@@ -176,7 +176,7 @@ def _start_control_store(args: argparse.Namespace, token: str, port: int, state:
         _record_server(record, server, "primary")
     if not args.replicas:
         return [r["address"] for r in record["redis"]]
-    from dpool.control._sentinel_server import sentinel_address, start_replicated
+    from dpool.control import sentinel_address, start_replicated
 
     n = args.shards
     started: list = []

@@ -8,7 +8,7 @@ import os
 import sys
 
 from dpool.errors import Error
-from dpool.runtime import _address
+from dpool.runtime import address as _address
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def query(address: str) -> dict:
     """The cluster's state as a dict (what ``--json`` prints)."""
-    from dpool.observe._cluster import node_status
+    from dpool.observe import node_status
 
     return node_status(_address.resolve(address))
 

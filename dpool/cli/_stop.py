@@ -9,8 +9,8 @@ import sys
 
 from dpool.cli._procs import stop_pid
 from dpool.errors import Error
-from dpool.objects import _segment
-from dpool.runtime import _address
+from dpool.objects import segment as _segment
+from dpool.runtime import address as _address
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,8 +8,7 @@ import json
 import sys
 
 from dpool.errors import Error
-from dpool.observe._cluster import NoClusterError
-from dpool.observe._timeline import cluster_trace, parse_duration
+from dpool.observe import NoClusterError, cluster_trace, parse_duration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,16 +18,64 @@ from dpool.control._task_record import TaskRecord
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from dpool.control._interface import ControlStore
+    from dpool.control import _keys as keys
+    from dpool.control._fnname import function_name
+    from dpool.control._interface import ClusterControlStore, ControlStore, Subscription
+    from dpool.control._redis import RedisControlStore
+    from dpool.control._redis_server import RedisServer
+    from dpool.control._registry import BEAT_S, next_read_s
+    from dpool.control._sentinel import parse_spec
+    from dpool.control._sentinel_server import sentinel_address, start_replicated
 
-__all__ = ["ControlStore", "TaskRecord", "InProcessControlStore"]
+# What other packages use, loaded on first use (PEP 562): importing this package
+# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
+# is the module itself, used as a namespace (``from dpool.control import keys as K``).
+# The interface is a typing.Protocol, which only type checkers and the cluster's
+# modules need: the embedded runtime does not import typing for it (issue 21).
+_MODULES = {
+    "keys": "dpool.control._keys",
+}
+_LAZY = {
+    "function_name": "dpool.control._fnname",
+    **dict.fromkeys(("ClusterControlStore", "ControlStore", "Subscription"),
+                    "dpool.control._interface"),
+    "RedisControlStore": "dpool.control._redis",
+    "RedisServer": "dpool.control._redis_server",
+    **dict.fromkeys(("BEAT_S", "next_read_s"), "dpool.control._registry"),
+    "parse_spec": "dpool.control._sentinel",
+    **dict.fromkeys(("sentinel_address", "start_replicated"), "dpool.control._sentinel_server"),
+}
+
+__all__ = [
+    "BEAT_S",
+    "ClusterControlStore",
+    "ControlStore",
+    "InProcessControlStore",
+    "RedisControlStore",
+    "RedisServer",
+    "Subscription",
+    "TaskRecord",
+    "function_name",
+    "keys",
+    "next_read_s",
+    "parse_spec",
+    "sentinel_address",
+    "start_replicated",
+]
 
 
 def __getattr__(name: str) -> object:
-    # The interface is a typing.Protocol, which only type checkers and the cluster's
-    # modules need: the embedded runtime does not import typing for it (issue 21).
-    if name == "ControlStore":
-        from dpool.control._interface import ControlStore
+    import importlib
 
-        return ControlStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_MODULES, *_LAZY})

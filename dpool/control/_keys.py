@@ -1,8 +1,7 @@
 """The Redis key layout of the control store, and shard routing -- the only place either lives.
 
-Every key and channel name the cluster uses is spelled here (as arq keeps its prefixes in
-one constants module), so a reader can see the whole layout on one screen and no other
-module writes a key literal.
+Every key and channel name the cluster uses is spelled here, and no other module writes a
+key literal.
 
 Layout (``<id>`` is a decimal int unless noted; all values are bytes):
 
@@ -15,10 +14,11 @@ key                        shard     contents
                                      ``node``, ``t0`` (submit time), ``t1`` (end time)
 ``dpool:obj:<oid>``        by id     hash: ``size``
 ``dpool:loc:<oid>``        by id     set: node ids holding a copy
-``dpool:node:<node_id>``   by id     hash: ``address``, ``resources`` (JSON), ``load``
-                                     (JSON), ``hb`` (server time of last heartbeat), ``dead``
+``dpool:node:<node_id>``   by id     hash: ``info`` (JSON: ``address``, ``resources``),
+                                     ``load`` (JSON), ``hb`` (server time of last
+                                     heartbeat), ``dead``
 ``dpool:nodes``            0         set: every registered node id
-``dpool:gs:<gs_id>``       0         hash: ``address``, ``hb``
+``dpool:gs:<gs_id>``       0         hash: ``info`` (JSON: ``address``), ``hb``
 ``dpool:gss``              0         set: every registered global scheduler id
 ``dpool:events``           each      stream: one entry per flush per shard; field ``e`` holds
                                      packed events (see ``pack_events``), ``n`` the writer's
@@ -28,11 +28,14 @@ key                        shard     contents
                                      chunk: ``w`` worker id, ``p`` pid, ``s`` stream (1/2),
                                      ``t`` time, ``d`` the bytes; capped ``MAXLEN ~``
 ``dpool:idprefix``         0         counter: ``INCR`` hands out id prefixes
+``dpool:workdir:<hash>``   by hash   string: a packed working directory by content hash
+                                     (``protocol._workdir``), set once, with a TTL
 =========================  ========  ==========================================================
 
 Channels: ``dpool:ch:object-ready`` is published on the object's shard (subscribers listen
 on every shard); ``dpool:ch:node-dead`` and ``dpool:ch:scheduler-up`` (a global scheduler
-registered) on shard 0. Payloads are encoded by the helpers below.
+registered) on shard 0; ``dpool:ch:wake:<tag>`` wakes one listener. Payloads are encoded
+by the helpers below.
 
 A task's result object has the task's id, so ``dpool:task:<id>``, ``dpool:obj:<id>`` and
 ``dpool:loc:<id>`` always share a shard: dropping an object and its lineage is one

@@ -9,24 +9,18 @@
     └──────────────────────┘                         per shard (_redis_batch) │ ...      │
     reads (get_task, nodes, ...) ── flush first, then straight to the shard ─▶└──────────┘
 
-Writes of the ``ControlStore`` interface cost the caller one deque append, as in
-``InProcessControlStore``; ``flush`` turns the backlog into one pipelined buffer per shard
-(packed by ``_redis_batch``, which skips redis-py's per-command pipeline overhead). The
-events of a flush go to each shard's event stream as ONE entry (``_keys.pack_events``), so
-logging costs no command per event. Cluster operations (node and global-scheduler
-registry, heartbeats, object locations, pub/sub) are immediate: the node daemon and the
-global schedulers need their effect now, and they are rare.
+A write of the ``ControlStore`` interface costs its caller one deque append; ``flush``
+(under ``_flush_lock``) sends the backlog as one pipelined buffer per shard, with the
+flush's events as ONE entry of each shard's event stream (``_keys.pack_events``).
+Cluster operations (registry and heartbeats: ``_registry``; object locations; pub/sub)
+are immediate. Reads flush first: a read sees this process's writes.
 
-The node table and the global-scheduler registry, with their heartbeats: ``_registry``.
-
-Replicated shards (``sentinel://...`` instead of ``host:port`` addresses; ``_sentinel``):
-each shard's client follows its primary through Sentinel, and what a failover can lose is
-re-sent or re-asserted as ``_sentinel``'s docstring says. Plain shards pay nothing for it.
+Replicated shards (``sentinel://...`` addresses): each shard's client follows its primary
+through Sentinel, and what a failover can lose is re-sent or re-asserted (``_sentinel``).
 
 Failures: every redis-py error becomes a ``ControlStoreError`` naming the shard. A flush
-that fails puts the failed shards' ops back at the front of the queue, to be sent by the
-next flush; if part of it had been applied, its event batch may be logged twice (table
-writes are idempotent).
+that fails puts the failed shards' ops back at the front of the queue for the next flush;
+table writes are idempotent, and an event batch may be logged twice.
 """
 
 from __future__ import annotations
@@ -291,8 +285,8 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         idle_s = _FLUSHER_IDLE_S if self._failover is None else min(_FLUSHER_IDLE_S, 0.5)
         while not self._stop_flusher.is_set():
             if not ops:
-                # Nothing queued: sleep until a write wakes us (an idle node daemon woke
-                # 200 times a second here: issue 21). The flag goes up before the last
+                # Nothing queued: sleep until a write wakes us (an idle node daemon must
+                # cost no CPU: bench/IDLE.md). The flag goes up before the last
                 # look at the queue, and a writer looks at the flag after its append, so
                 # no write is left behind. The timeout: ops a failed flush put back (not
                 # pushed), and the failover check of replicated shards.

@@ -5,7 +5,7 @@ command stack, reply callbacks), twice per task for the two writes a task makes,
 process that schedules. The writes of the ``ControlStore`` interface come in a handful of fixed
 shapes, so they are packed here directly (with hiredis's C packer when it is installed),
 sent as one buffer on one pooled connection, and their replies read back with only errors
-kept (per-task cost before and after: bench/NOTES.md, bench/micro/control_redis.py).
+kept (per-task cost: bench/NOTES.md, bench/micro/control_redis.py).
 
 Key names come from ``_keys``; the op tuples are the ones ``RedisControlStore`` queues
 (the same codes as ``InProcessControlStore``).
@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from dpool.control import _keys as K
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 
 
 def _pack_py(args: tuple) -> bytes:

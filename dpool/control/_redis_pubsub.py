@@ -22,9 +22,9 @@ Callback = Callable[[str, bytes], None]
 
 
 class _Listener(threading.Thread):
-    """A pub/sub listener thread that waits for notices without a pace: redis-py's own
-    (``run_in_thread``) polled five times a second to see whether it was stopped, a good
-    part of an idle node daemon's CPU time (issue 21). ``stop`` wakes it with a notice on
+    """A pub/sub listener thread that waits for notices without polling (redis-py's own,
+    ``run_in_thread``, polls to see whether it was stopped, which an idle node daemon
+    must not pay: bench/IDLE.md). ``stop`` wakes it with a notice on
     a channel of its own (``_keys.wake_channel``); the wait's timeout is a safety net for
     a shard that cannot take that notice."""
 

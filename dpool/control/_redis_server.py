@@ -151,15 +151,15 @@ class RedisServer:
 
     def _argv(self, exe: str) -> list:
         assert self.dir is not None
-        # A shard's timers at 1 Hz, not 10: an idle shard woke ten times a second (issue
-        # 21); dpool uses no blocking command and no client timeout, and keys with a TTL
+        # A shard's timers at 1 Hz, not 10, so an idle shard rarely wakes (bench/IDLE.md);
+        # dpool uses no blocking command and no client timeout, and keys with a TTL
         # (shipped code) still expire when read. Replicas too (`--replicas 1`): at 10 Hz
         # each cost as much idle as a node daemon (bench/IDLE.md). What a replica does on
         # its timer is once a second whatever the hz (REPLCONF ACK to its primary, a
         # reconnection); its first connection is made at the first tick, 1 ms after
         # start; a promotion (Sentinel's REPLICAOF NO ONE) waits on no tick, and the
-        # promoted replica runs at 1 Hz as the primaries do. Failover time unchanged
-        # (bench/RECOVERY.md). (A Sentinel sets its own 10-19 Hz each tick: `hz` cannot.)
+        # promoted replica runs at 1 Hz as the primaries do. Failover times:
+        # bench/RECOVERY.md. (A Sentinel sets its own 10-19 Hz each tick: `hz` cannot.)
         hz = ["--hz", "1"]
         return [exe, "-",  # "-": read the rest of the config (the password) from stdin
                 "--port", str(self.port), "--bind", self.bind,

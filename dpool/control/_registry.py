@@ -5,14 +5,13 @@ Rows are hashes (``info``, ``load``, ``hb``: the heartbeat as the shard's own cl
 ``dead``: a mark), listed in two sets on the singleton shard; a node's row lives on the
 shard its id routes to, a global scheduler's on the singleton shard. Liveness compares a
 row's heartbeat with the same shard's clock, so skew between hosts cannot make a live
-node look dead.
+node look dead. A heartbeat to a row that is gone or marked dead is refused (False): its
+owner registers again, which clears the mark.
 
 Reads come in two sizes. ``nodes()`` and ``global_schedulers()`` read one table each.
-``cluster_view()`` reads both for what a daemon's heartbeat thread polls, in one round
-trip to the singleton shard for both listings (with a global scheduler's own heartbeat
-in the same pipeline) and one per shard holding rows: 3 round trips with 2 shards, where
-a heartbeat and the two reads took 6. An idle node daemon's CPU was mostly these round
-trips (issue 21).
+``cluster_view()`` reads both, as a daemon's heartbeat thread polls them: one round trip
+to the singleton shard for both listings (with a global scheduler's own heartbeat in the
+same pipeline) and one per shard holding rows. Idle cost: bench/IDLE.md.
 """
 
 from __future__ import annotations

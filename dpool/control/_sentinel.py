@@ -1,42 +1,28 @@
 """Following a failover of a control-store shard: Redis replication watched by Sentinel.
 
-A cluster started with ``dpool start --head --replicas 1`` (or given an external
-deployment, ``--redis-address sentinel://HOST:PORT[,HOST:PORT...]/MASTER[,MASTER...]``:
-the Sentinels, then one master name per shard, in shard order) reaches each shard's
-primary through redis-py's ``Sentinel.master_for``: a connection asks the Sentinels where
-the primary is, so after Sentinel promotes a replica, the next connection goes to it.
-Every component holds a ``RedisControlStore`` built from that spec (node daemons and
-global schedulers from ``--redis``, joining nodes from the head's welcome; drivers and
-``dpool status`` go through a node), so all of them follow a failover.
+A spec ``sentinel://HOST:PORT[,HOST:PORT...]/MASTER[,MASTER...]`` (the Sentinels, then one
+master name per shard, in shard order; ``dpool start --head --replicas 1`` makes one)
+reaches each shard's primary through redis-py's ``Sentinel.master_for``: every connection
+asks the Sentinels where the primary is, so after a promotion the next one goes to it.
+Every ``RedisControlStore`` built from such a spec follows a failover.
 
-**Lost writes.** Replication is asynchronous: a write the primary acknowledged but had not
-yet streamed to its replica when it died is gone from the promoted replica. dpool handles
-that per kind of write:
+Replication is asynchronous, so a promoted replica may lack writes the old primary had
+acknowledged. What puts them back:
 
-- *Owners re-assert their rows.* A node's row (``dpool:node:<id>``) and its membership of
-  the node set, and a global scheduler's row and membership, are checked on every
-  heartbeat (``BEAT_S``, 1 s) and read of the registry (every 2-4 s): a heartbeat
-  refused because the row is gone, or a read that no longer lists the owner, registers
-  it again. So after a failover every live node is listed again within seconds.
-- *Recent batched writes are re-sent.* Lineage (task rows), function rows, object sizes
-  and locations and copies go through ``flush``; with replicas, each process keeps the
-  commands it sent to each shard during the last ``REPLAY_WINDOW_S`` seconds (references
-  to buffers already built, on the flusher's thread, nothing on a task's path). When a
-  flush (or the flusher's check, every ``CHECK_S``) finds that its shard's primary
-  is now another server, it sends those commands to the new primary before anything
-  else. They are idempotent (HSET, SADD, SREM, DEL; an event batch may be logged twice),
-  and their order is kept. Immediate object-location writes are kept the same way.
-  Replication on a live link lags by milliseconds, so a window of seconds covers what a
-  primary can lose when it dies; writes older than the window had long reached the
-  replica.
-- *Id prefixes must never be handed out twice*, so ``new_id_prefix`` waits (``WAIT 1``,
-  up to ``WAIT_MS``) until a replica has the ``INCR``. Without a live replica (the
-  promoted one has none until another is added) it logs that the write is not
-  replicated, and goes on.
+- owners re-assert their rows: a node or global scheduler whose heartbeat is refused, or
+  that a read of the registry no longer lists, registers again (``node._agent``,
+  ``global_scheduler._watch``);
+- ``Failover`` keeps the batched commands (and immediate location writes) this process
+  sent to each shard in the last ``REPLAY_WINDOW_S``; when a shard's primary is another
+  server than at its last write (seen by a flush, or by the flusher every ``CHECK_S``),
+  it sends them to the new primary first, in order. They are idempotent (an event batch
+  may be logged twice);
+- ``incr_replicated`` waits (``WAIT 1``, up to ``WAIT_MS``) for a replica to have an id
+  prefix's ``INCR``, so no prefix is handed out twice; with no replica it logs that.
 
-Without replicas (plain ``host:port`` shards) nothing here runs; a shard that is down is
-named in the ``ControlStoreError`` every call that needs it raises, with what is degraded
-(``down_message``).
+Without a spec (plain ``host:port`` shards) nothing here runs; a shard that is down is
+named in the ``ControlStoreError`` of every call that needs it (``down_message``).
+``send`` and ``due`` run under the store's flush lock; ``_lock`` guards the kept writes.
 """
 
 from __future__ import annotations
@@ -137,7 +123,7 @@ def _sentinel_password(spec: SentinelSpec, password: str, connect_timeout: float
 
 class Failover:
     """Per-shard clients through Sentinel, and the replay of this process's recent writes
-    to a shard's new primary. ``send`` and ``check`` run under the store's flush lock."""
+    to a shard's new primary. ``send`` and ``due`` run under the store's flush lock."""
 
     def __init__(self, spec: SentinelSpec, password: str, *, connect_timeout: float,
                  timeout: float, retry: Any) -> None:

@@ -13,8 +13,8 @@ Sentinels require the cluster's password too, and use it with each other
 (``sentinel sentinel-pass``) and with the shards (``sentinel auth-pass``).
 
 Timing: a primary that does not answer for ``down_after_ms`` (default 1000) is down for
-one Sentinel; once a quorum agree, one of them promotes the replica with the most data.
-On loopback that takes about ``down_after_ms`` plus one to two seconds (bench/RECOVERY.md).
+one Sentinel; once a quorum agree, one of them promotes the replica with the most data
+(measured failover times: bench/RECOVERY.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the embedded runtime's store uses it at run time, the interfaces only type check
 
 from __future__ import annotations
 
-from dpool.protocol._record import record
+from dpool.protocol import record
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -15,13 +15,15 @@ __all__ = ["TaskRecord"]
 
 @record(slots=True)
 class TaskRecord:
-    """One row of the task table: enough lineage to run the task again."""
+    """One row of the task table: enough lineage to run the task again. ``state`` is
+    ``PENDING`` when recorded, ``FINISHED`` or ``FAILED`` when done; no other state is
+    written (a cancelled task is recorded ``FAILED``)."""
 
     task_id: int
     fn_id: int
     args: Optional[bytes]
     dep_ids: tuple
     group_id: int
-    state: str = "PENDING"  # PENDING -> RUNNING -> FINISHED | FAILED | CANCELLED
+    state: str = "PENDING"  # PENDING -> FINISHED | FAILED (a cancelled task: FAILED)
     attempts: int = 0
     result_ids: tuple = ()

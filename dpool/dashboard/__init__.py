@@ -19,3 +19,39 @@ Modules:
 The cluster's processes do nothing for the dashboard: it reads what they record anyway,
 off every task's path. ``cli/_dashboard`` starts it.
 """
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.dashboard._collect import Collector
+    from dpool.dashboard._server import DashboardServer
+    from dpool.dashboard._source import ControlReader, locate
+
+# What other packages use, loaded on first use (PEP 562) from the module that
+# defines it: importing this package loads none of its modules.
+_LAZY = {
+    "Collector": "dpool.dashboard._collect",
+    "DashboardServer": "dpool.dashboard._server",
+    **dict.fromkeys(("ControlReader", "locate"), "dpool.dashboard._source"),
+}
+
+__all__ = [
+    "Collector",
+    "ControlReader",
+    "DashboardServer",
+    "locate",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_LAZY})

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpool.control._fnname import function_name
+from dpool.control import function_name
 from dpool.errors import ControlStoreError, Error
-from dpool.runtime import _address
+from dpool.runtime import address as _address
 
 log = logging.getLogger("dpool.dashboard")
 
@@ -70,7 +70,7 @@ def _ask_node(address: str, token: bytes) -> tuple[str, ...]:
     """The shards, from the welcome a node gives a peer (what a joining node reads)."""
     import json
 
-    from dpool.node._links import dial, peer_hello
+    from dpool.node import dial, peer_hello
 
     me = f"dashboard-{os.getpid()}"  # no node has this id: closing the link affects none
     chan, welcome = dial(address, token, peer_hello(me, me, 0))
@@ -106,7 +106,7 @@ class ControlReader:
     def __init__(self, shards: Sequence[str], password: str, timeout: float = 3.0) -> None:
         import redis
 
-        from dpool.control._redis import RedisControlStore
+        from dpool.control import RedisControlStore
 
         self._clients: list[Any] = []  # (redis-py's stubs cannot tell bytes replies)
         for a in shards:
@@ -129,7 +129,7 @@ class ControlReader:
     def events_since(self, oldest: float) -> tuple[list, list[str]]:
         """The events logged since the last call (the first call: since ``oldest``, a
         time), and an error message per shard that failed (its events come next time)."""
-        from dpool.control import _keys as K
+        from dpool.control import keys as K
 
         out: list = []
         errors = []
@@ -153,7 +153,7 @@ class ControlReader:
     def task_rows(self, task_ids: Iterable[int]) -> dict[int, dict]:
         """Task-table rows (``fn`` name, ``node``, ``att``, ``state``, ``t0``, ``err``) of
         ``task_ids``; a task whose row is gone (its result was released) is left out."""
-        from dpool.control import _keys as K
+        from dpool.control import keys as K
 
         ids = list(task_ids)
         by_shard: dict[int, list[int]] = {}
@@ -181,7 +181,7 @@ class ControlReader:
         function table has no such function (a node's local id for a task spilled to it)."""
         if fn_id in self._fn_names:
             return self._fn_names[fn_id]
-        from dpool.control import _keys as K
+        from dpool.control import keys as K
 
         client = self._clients[K.shard_for(fn_id, self.nshards)]
         name, payload = client.hmget(K.fn_key(fn_id), b"name", b"payload")

@@ -13,3 +13,7 @@
   once (``placement.GangTable``), held on the nodes, and the tasks in a bundle forwarded
   to the node holding it.
 """
+
+# Nothing here is for other packages: a global scheduler is a process of its own
+# (``python -m dpool.global_scheduler``).
+__all__: list[str] = []

@@ -22,14 +22,12 @@ import logging
 import threading
 from typing import Optional
 
-from dpool.control._interface import ClusterControlStore
+from dpool.control import ClusterControlStore
 from dpool.errors import PlacementError
 from dpool.global_scheduler._groups import Groups
 from dpool.global_scheduler._watch import NodeWatch
-from dpool.node import _process
-from dpool.node._attach import PeerHandle
-from dpool.node._links import welcome_message
-from dpool.node._server import NodeServer
+from dpool.node import NodeServer, PeerHandle, welcome_message
+from dpool.node import process as _process
 from dpool.placement import (
     Demand,
     InBundle,
@@ -38,11 +36,10 @@ from dpool.placement import (
     PlacementPolicy,
     strategy_from_wire,
 )
-from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import IOLoop
-from dpool.scheduling import _resources
-from dpool.transfer import _pull
+from dpool.protocol import Channel, ChannelClosed, IOLoop, decode_batch, encode_batch
+from dpool.protocol import messages as m
+from dpool.scheduling import resources as _resources
+from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.global_scheduler")
 
@@ -236,7 +233,7 @@ class GlobalScheduler:
         if target is None or not target.alive:
             self.rejected += 1
             if req is not None:
-                offers = "; ".join(f"{n.address} {_resources._describe(n.offers())}"
+                offers = "; ".join(f"{n.address} {n.describe()}"
                                    for n in sorted(loads, key=lambda n: n.address))
                 return origin, m.SpillRejected(
                     msg.task_id, f"the task asks for {req} but no node has it (the nodes "
@@ -273,7 +270,7 @@ def main(argv: Optional[list] = None) -> int:
     control = None
     try:
         if proc.redis:
-            from dpool.control._redis import RedisControlStore
+            from dpool.control import RedisControlStore
 
             control = RedisControlStore(proc.redis, proc.token)
         from dpool.placement import load as load_policy

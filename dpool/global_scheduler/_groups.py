@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from dpool.placement import GangTable, InBundle, NodeLoad
-from dpool.protocol import _messages as m
-from dpool.scheduling import _resources
+from dpool.protocol import messages as m
+from dpool.scheduling import resources as _resources
 
 __all__ = ["Groups"]
 

@@ -1,29 +1,24 @@
 """A global scheduler's watch over the nodes: its heartbeat, which nodes are alive, and
 declaring the dead ones dead.
 
-One thread, off the IO thread (a slow shard must never stall placement). It heartbeats
-every ``BEAT_S`` and reads both registries (``cluster_view``: 3 round trips with 2
-shards, its own heartbeat in the same pipeline) when the read can tell something new:
-at the moment the stalest node alive in the last read would age past ``DEAD_AFTER``
-had it not beaten since (``next_read_s``), and at once when a node links that the last
-read did not show alive. So a node that goes silent is declared dead ``DEAD_AFTER``
-after its last heartbeat (plus ``READ_MARGIN_S``), without a read every beat: with nodes
-beating every second, one read every 2-3 s (an idle scheduler read the tables twice a
-second, most of its CPU: issue 21). It keeps the set of node addresses alive in the node
-table (a node whose link is open but which stopped heartbeating gets nothing), and marks
-a node that stopped heartbeating dead, which publishes the notice on which every node
-retries what it sent there. The nodes read the tables less often: the global schedulers
-are the ones that notice a silent node first.
+One thread (``NodeWatch``), off the IO thread, so a slow shard never stalls placement. It
+heartbeats every ``BEAT_S`` and reads both registries (``cluster_view``, its heartbeat in
+the same pipeline) only when a read can tell something new: when the stalest node alive
+in the last read would age past ``DEAD_AFTER`` had it not beaten since
+(``next_read_s``), and soon after a node links or reports that the last read did not
+show alive (``heard``: at most once a beat per node). It keeps ``alive``, the node
+addresses alive in the node table (a node linked but not heartbeating gets no task), and
+marks a node whose heartbeat aged out dead, which publishes the notice on which every
+node retries what it sent there. A refused heartbeat, or a read that does not list this
+scheduler, registers it again. Idle cost and reaction times: bench/IDLE.md.
 
-A node's link that closes is a reason to look at once instead of waiting for its
-heartbeat to age: the watch connects to the node's address, and a refused connection (the
-host answers, nothing listens: the daemon died) declares the node dead within
-milliseconds. A connection that is accepted twice, ``PROBE_AGAIN_S`` apart (the link
-dropped, the node lives: it links again; the second try because a process being killed
-closes its sockets one by one, and its link may close a moment before its listener) or
-that times out (the host is unreachable: maybe a partition, maybe slow) leaves
-the verdict to the heartbeats. (A node's address must take connections from its peers
-anyway: they fetch objects from it.)
+A node's link that closes (``link_closed``) makes the watch connect to the node's
+address: a refused connection (the host answers, nothing listens) declares the node
+dead at once. A connection accepted twice, ``PROBE_AGAIN_S`` apart (the second try
+because a process being killed closes its sockets one by one), or one that times out
+(the host unreachable, maybe partitioned), leaves the verdict to the heartbeats.
+
+``_lock`` guards the suspects and the read requests that other threads hand over.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Optional
 
-from dpool.control._interface import ClusterControlStore
-from dpool.control._registry import BEAT_S, next_read_s
+from dpool.control import BEAT_S, ClusterControlStore, next_read_s
 
 log = logging.getLogger("dpool.global_scheduler")
 

@@ -6,26 +6,24 @@
        └──── done-callback ◀───────┘  on the runtime's thread: the result is retrieved
                                        there and the next batch dispatched (as loky's)
 
-Importing this module registers the backend (joblib's ``register_parallel_backend``);
-``dpool.register_joblib()`` imports it. What it does, against joblib's own
-``LokyBackend`` (which it follows wherever dpool allows):
+Importing this module registers the backend (``register_parallel_backend``);
+``dpool.register_joblib()`` imports it. It follows joblib's ``LokyBackend`` wherever
+dpool allows:
 
 - **Executor.** A driver's ``Parallel(n_jobs=k)`` runs on a reusable
-  ``dpool.ProcessPoolExecutor(max_workers=k)`` (loky reuses its executor the same way):
-  kept warm between calls, replaced when ``k`` or the thread caps change, closed after
-  ``idle_worker_timeout`` seconds unused (300, as loky's) or at exit. Its workers cap
-  native thread pools at ``cpu_count // k`` threads (``inner_max_num_threads``), as
-  loky's do.
-- **Nesting.** A ``Parallel`` inside a task (joblib passes the nested backend along with
-  each batch) submits to the task's own worker group through ``dpool.get_executor()``;
-  while it waits it gives its CPU slot back (``retrieval_context``), so nested loops
-  neither oversubscribe (they share the outer ``n_jobs``) nor deadlock. loky runs them
-  on threads instead.
+  ``dpool.ProcessPoolExecutor(max_workers=k)``, kept warm between calls, replaced when
+  ``k`` or the thread caps change, closed after ``idle_worker_timeout`` seconds unused
+  (300, as loky's) or at exit. Its workers cap native thread pools at ``cpu_count // k``
+  threads (``inner_max_num_threads``), as loky's do.
+- **Nesting.** A ``Parallel`` inside a task submits to the task's own worker group
+  (``dpool.get_executor()``) and gives its CPU slot back while it waits
+  (``retrieval_context``), so nested loops neither oversubscribe nor deadlock (loky runs
+  them on threads instead).
 - **n_jobs=-1** is the runtime's CPUs: ``dpool.cpu_count()``, the cluster's with
   ``DPOOL_ADDRESS``.
 - **Abort** (an exception, a ``timeout``, a dropped generator): the call's tasks that
-  have not started are cancelled; if some are still running, the executor's workers are
-  killed and the next call gets a fresh executor (loky kills its workers too).
+  have not started are cancelled; if some still run, the executor's workers are killed
+  and the next call gets a fresh executor (loky kills its workers too).
 """
 
 from __future__ import annotations
@@ -55,9 +53,9 @@ from dpool.integrations._joblib_batch import (
     run_pickled,
     split_batch,
 )
-from dpool.objects import _values
-from dpool.runtime import _current
-from dpool.runtime._api import get, put
+from dpool.objects import values as _values
+from dpool.runtime import current as _current
+from dpool.runtime import get, put
 
 __all__ = ["DpoolBackend", "register", "close_executor"]
 

@@ -16,3 +16,48 @@
 - ``_agent``: heartbeats and load reports, discovery of global schedulers, dead nodes.
 - ``_ids``: cluster-unique id prefixes; ``_workdirs``: the cache of drivers' shipped code.
 """
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.node import _process as process
+    from dpool.node._attach import PeerHandle
+    from dpool.node._links import dial, peer_hello, welcome_message
+    from dpool.node._server import NodeServer
+
+# What other packages use, loaded on first use (PEP 562): importing this package
+# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
+# is the module itself, used as a namespace (``from dpool.node import process as _process``).
+_MODULES = {
+    "process": "dpool.node._process",
+}
+_LAZY = {
+    "PeerHandle": "dpool.node._attach",
+    **dict.fromkeys(("dial", "peer_hello", "welcome_message"), "dpool.node._links"),
+    "NodeServer": "dpool.node._server",
+}
+
+__all__ = [
+    "NodeServer",
+    "PeerHandle",
+    "dial",
+    "peer_hello",
+    "process",
+    "welcome_message",
+]
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_MODULES, *_LAZY})

@@ -31,11 +31,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Optional
 
-from dpool.control import _keys as K
-from dpool.control._interface import ClusterControlStore, Subscription
-from dpool.control._registry import BEAT_S, next_read_s
-from dpool.protocol import _messages as m
-from dpool.scheduling import _resources
+from dpool.control import BEAT_S, ClusterControlStore, Subscription, next_read_s
+from dpool.control import keys as K
+from dpool.protocol import messages as m
+from dpool.scheduling import resources as _resources
 
 if TYPE_CHECKING:
     from dpool.node._daemon import NodeDaemon
@@ -55,7 +54,7 @@ def _pool_cpus(cpus: int) -> int:
     """What drivers attaching here are told the cluster's CPUs are (``cpu_count()``, the
     default ``max_workers``): never 0. A 0-CPU head whose agent has not yet seen the
     node that joined a moment ago would size a driver's pool at 0 workers, and every
-    task of that pool would stay queued on the head for good (issue 17)."""
+    task of that pool would stay queued on the head for good."""
     return max(1, cpus)
 
 
@@ -146,8 +145,8 @@ class ClusterAgent:
 
     def _push_load(self, load: dict) -> None:
         """Send the load to the linked global schedulers: when it changed, to a scheduler
-        linked since the last push, and at least every ``_REFRESH_S`` (an idle node sent
-        the same report ten times a second to each: issue 21)."""
+        linked since the last push, and at least every ``_REFRESH_S`` (an unchanged
+        report is not sent again sooner: an idle node costs no CPU, bench/IDLE.md)."""
         base = (load["queued"], load["cpus_used"], load["cpus_total"], load["avg_task_s"],
                 load["holds"], self._resources())
         received = load.get("received", {})
@@ -179,8 +178,8 @@ class ClusterAgent:
             if not self._control.heartbeat(d.node_id, load):
                 self._register()
             if time.monotonic() < self._next_read and self._beats > 2:
-                return  # (each read: a round trip per shard from a thread woken for it,
-                # most of an idle node's CPU: issue 21)
+                return  # (each read is a round trip per shard: reads are rare so that
+                # an idle node costs no CPU, bench/IDLE.md)
             view = self._control.cluster_view()
             gss = [g for g in view.global_schedulers if g.get("alive")]
             all_nodes = view.nodes
@@ -266,8 +265,8 @@ class ClusterAgent:
 
     def _run(self) -> None:
         """Every ``load_s`` while the node reads input (what changes its load), else
-        asleep until the next heartbeat or the first input (an idle node's agent woke
-        ten times a second: issue 21)."""
+        asleep until the next heartbeat or the first input (an idle node's agent does
+        not wake for nothing: bench/IDLE.md)."""
         io = self._d.scheduler.io
         io.on_input = self._on_input
         next_beat = time.monotonic() + self.beat_s

@@ -48,12 +48,15 @@ from dpool.errors import ObjectStoreFullError, ProtocolError
 from dpool.node._ids import IdPrefixes
 from dpool.node._leases import LeaseDesk
 from dpool.node._workdirs import WorkdirCache
-from dpool.objects import _inline, _payload, _segment, _values
-from dpool.protocol import Channel
-from dpool.protocol import _messages as m
-from dpool.protocol._workdir import map_path
+from dpool.objects import inline as _inline
+from dpool.objects import payload as _payload
+from dpool.objects import segment as _segment
+from dpool.objects import values as _values
+from dpool.protocol import Channel, map_path
+from dpool.protocol import messages as m
 from dpool.scheduling import Group, Handler, SchedulerAPI, WorkerHandle
-from dpool.transfer import _pull, _push
+from dpool.transfer import pull as _pull
+from dpool.transfer import push as _push
 
 log = logging.getLogger("dpool.node")
 

@@ -31,8 +31,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Optional
 
-from dpool.control import InProcessControlStore
-from dpool.control._interface import ClusterControlStore
+from dpool.control import ClusterControlStore, InProcessControlStore
 from dpool.node import _process
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
@@ -43,9 +42,10 @@ from dpool.node._server import NodeServer
 from dpool.node._spill import Spiller
 from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
-from dpool.protocol import _messages as m
-from dpool.scheduling import LocalScheduler, _detect
-from dpool.transfer import _pull
+from dpool.protocol import messages as m
+from dpool.scheduling import LocalScheduler
+from dpool.scheduling import detect as _detect
+from dpool.transfer import pull as _pull
 
 if TYPE_CHECKING:
     from dpool.node._agent import ClusterAgent
@@ -129,7 +129,7 @@ class NodeDaemon:
             self._join_cluster()
 
     def _join_cluster(self) -> None:
-        from dpool.control._redis import RedisControlStore
+        from dpool.control import RedisControlStore
         from dpool.node._agent import ClusterAgent
 
         store = RedisControlStore(self.redis, self.token.decode(), node_id=self.node_id)

@@ -25,9 +25,9 @@ import socket
 import time
 from typing import Optional
 
-from dpool.objects import _segment
+from dpool.objects import segment as _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 from dpool.scheduling import Group, Obj, SchedulerAPI, WorkerHandle
 
 log = logging.getLogger("dpool.node")

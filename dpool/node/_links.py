@@ -21,9 +21,9 @@ from typing import Callable, Optional
 
 from dpool.errors import Error
 from dpool.node._attach import PeerHandle
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, _dial, encode_batch
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import IOLoop
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, IOLoop, encode_batch
+from dpool.protocol import dial as _dial
+from dpool.protocol import messages as m
 
 log = logging.getLogger("dpool.node")
 

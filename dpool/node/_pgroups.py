@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dpool.protocol import _messages as m
-from dpool.scheduling import SchedulerAPI, _resources
+from dpool.protocol import messages as m
+from dpool.scheduling import SchedulerAPI
+from dpool.scheduling import resources as _resources
 
 log = logging.getLogger("dpool.node")
 

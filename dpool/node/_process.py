@@ -52,8 +52,8 @@ class DaemonProcess:
     def run_until_stopped(self, poll_s: float = 5.0) -> None:
         """Sleep until SIGTERM or SIGINT. The main thread waits on the signal wakeup fd,
         which the C-level handler writes whichever thread the signal hits (a wait on a
-        lock would not be interrupted then), so it needs no polling (it woke twice a
-        second: issue 21); ``poll_s`` is a safety net."""
+        lock would not be interrupted then), so it needs no polling; ``poll_s`` is a
+        safety net."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         r, w = os.pipe()

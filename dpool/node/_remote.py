@@ -1,41 +1,26 @@
 """Bottom-up scheduling, the executing node's half: running tasks other nodes spilled.
 
-A ``RemoteTask`` placed here by a global scheduler runs in a *mirror* of its executor's
-worker group (one per origin node and group: same ``max_workers``, initializer,
-start method and ``max_tasks_per_child``; the origin's working directory and
-``sys.path``), under this node's CPU limit like any local task. Its function is
-registered under a local id and the task gets a local id, so ids of different origins
-never collide here. The origin hears ``Accepted`` at once and ``TaskResult`` when it is
-done: the value inline, its local record dropped right after; or, for a result of
-``REFERENCE_MIN`` bytes or more, a reference the origin pulls (the value is *lent*,
-kept here until the origin says ``ReleaseLent`` or ``lend_timeout_s`` passes).
-The origin keeps the lend while it keeps its own copy, and sends the tasks that take
-that result a reference to the lent segment here: such a task placed here runs on the
-lent value itself (pinned while it runs), with no copy; if the lend is gone by then it
-fails with ``ObjectLostError`` naming this node, and the origin sends it again with its
-own copy (``_spill``). Data locality: bench/LOCALITY.md.
+A ``RemoteTask`` placed here runs in a *mirror* of its worker group, one per origin node
+and group (same settings, ``max_workers`` at least 1; the origin's working directory and
+``sys.path``), under this node's CPU limit; its function and the task get local ids, so
+ids of different origins never collide. Mirror groups never spill again and close after
+``idle_retire_s`` idle; each tick offers idle CPUs to those with queued tasks.
 
-Large inputs held by another node are copied into this node's store once, whatever
-number of its tasks need them (``transfer._pull``), and kept for later tasks until
-their holder says the object was freed (``ReleaseLent``, sent by ``_spill``), then freed
-once no task here has them pinned; ``copy_ttl_s`` unused frees them too (a holder that
-went away without saying so).
+The origin hears ``Accepted`` at once and ``TaskResult`` when the task is done: the value
+inline, or, for a stored result of ``REFERENCE_MIN`` (1 MiB) or more, a reference the
+origin pulls; that result is *lent*, kept until the origin says ``ReleaseLent`` or
+``lend_timeout_s`` passes. A task the origin points at a result lent from here runs on
+that segment (pinned while it runs); if the lend is gone it fails with
+``ObjectLostError`` naming this node, and the origin sends it again with its own copy.
 
-Mirror groups never spill again (the global scheduler already chose this node) and are
-retired when idle for ``idle_retire_s``. Tasks that came while another group held every
-CPU wait in their mirror's queue until a CPU comes free (a task that ends offers its CPU
-to every group's queue: ``scheduling._handlers``); each tick also offers idle CPUs to
-every group with queued tasks, a safety net for CPUs freed otherwise (seen stuck for good
-after a node died, before that: its mirror's workers idle, the new origin's tasks queued
-behind them). A worker dying under a remote task retries it here, as for any task, up to
-the group's ``max_attempts``. The origin asks now and then which of the tasks this node
-accepted from it are still here (``TasksQuery``): waiting for code or inputs, queued,
-or on a worker (``tasks_of_locked``); the answer (``TasksKnown``) goes on the link the
-results take, so it never overtakes a result sent before it.
+Inputs held by another node are pulled into this node's store once (``transfer._pull``,
+trying the other copies the object table lists), shared by every task here that needs
+them, pinned while one does, and freed when their holder says ``ReleaseLent`` or after
+``copy_ttl_s`` unused. ``TasksQuery`` is answered (``TasksKnown``) on the link the results
+take, so the answer never overtakes a result sent before it.
 
-Handlers and ``tick_locked`` run with the scheduler's lock held; fetching a driver's
-code or another node's input runs on a thread of its own, which takes the lock to run
-the tasks that waited for it.
+Handlers and ``tick_locked`` run under the scheduler's lock; fetching a driver's code or
+an input runs on a thread of its own, which takes the lock to run the tasks that waited.
 """
 
 from __future__ import annotations
@@ -47,15 +32,19 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dpool.control._interface import ClusterControlStore
+from dpool.control import ClusterControlStore
 from dpool.errors import Error, ObjectLostError
 from dpool.node._attach import PeerHandle
 from dpool.node._workdirs import WorkdirCache
-from dpool.objects import _inline, _payload, _segment, _values
-from dpool.protocol import _messages as m
-from dpool.protocol._workdir import map_path
-from dpool.scheduling import Group, SchedulerAPI, Task, _resources
-from dpool.transfer import _pull
+from dpool.objects import inline as _inline
+from dpool.objects import payload as _payload
+from dpool.objects import segment as _segment
+from dpool.objects import values as _values
+from dpool.protocol import map_path
+from dpool.protocol import messages as m
+from dpool.scheduling import Group, SchedulerAPI, Task
+from dpool.scheduling import resources as _resources
+from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -137,7 +126,7 @@ class RemoteRunner:
         except ValueError:
             ctx = mp.get_context()
         # (at least one worker: a pool its driver sized at 0 CPUs must not strand its
-        # tasks in this node's queue -- issue 17)
+        # tasks in this node's queue)
         g = Group(next(self._ids), max(1, max_workers), ctx, initializer, max_tasks,
                   max_attempts)
         g.cwd = msg.cwd

@@ -30,8 +30,9 @@ import weakref
 from typing import Callable, Optional
 
 from dpool.errors import AuthenticationError, Error, ProtocolError
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, _auth, decode_batch
-from dpool.protocol import _messages as m
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch
+from dpool.protocol import auth as _auth
+from dpool.protocol import messages as m
 
 log = logging.getLogger("dpool.node")
 

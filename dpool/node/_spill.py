@@ -5,42 +5,24 @@
         │ requeue (rejected / GS lost / node lost)                      ▼
     finish_locked(task) ◀── TaskResult ◀── Accepted ◀──────── another node runs it
 
-A node runs a task locally unless it would wait too long for one of the node's CPUs:
-the k-th queued task (with ``free`` CPUs idle, ``cpus`` in all, tasks of ``avg`` s) waits
-about ``(k - free) / cpus * avg``; the ones past ``threshold_s`` go to a global
-scheduler, tail first (the head keeps its place in line). A function never measured may
-be long: what cannot start at once goes. A node with no CPUs spills
-everything. An executor's ``max_workers`` caps its tasks in flight cluster-wide: local
-busy workers plus tasks away.
+``consider_locked`` keeps what the placement policy says (``PlacementPolicy.keep``) and
+sends the rest of a group's queue, tail first, to the linked global schedulers in turn:
+at most ``max_workers`` (times a batch's worth for short tasks) away per group, less its
+busy local workers. Mirror groups and groups whose code cannot be shared never spill.
 
-The task stays this node's: its record (future or owner, pinned inputs, attempts) lives
-here until a ``TaskResult`` comes back; the function, arguments and input values travel
-inline, so the node that runs it needs nothing from here. What can go wrong:
+A spilled task stays this node's (``away``): its record (future or owner, attempts, the
+references that keep its inputs alive) lives here until its outcome comes back. Its
+function and small values travel inline; stored values of ``REFERENCE_MIN`` (256 KiB) or
+more go as ``remote_ref`` references that the executing node pulls. Outcomes:
 
-- no other node can take it (``SpillRejected``): it goes back to the local queue, and
-  spilling pauses briefly;
-- the global scheduler's link closes before any node accepted it, or nobody accepts it
-  within ``place_timeout_s``: back to the local queue, uncharged (it may have started
-  elsewhere after all -- the first result to arrive wins, later ones are dropped);
-- the node running it goes away (its link closes): it is retried, charging the attempt
-  as a worker death does, up to the group's ``max_attempts``;
-- its large result is lent (``_remote``) and this node pulls it; the lender dies or
-  frees it before the pull is complete: the same -- run again, charged, and once the
-  attempts are used the task fails with ``ObjectLostError`` naming the result and node
-  (the pull, not the link's closing, decides: the two race when the lender dies).
+- ``SpillRejected``, or no node accepts it within ``place_timeout_s``, or the global
+  scheduler's link closes first: home, uncharged (the first result to arrive wins);
+- ``RunHere``: it runs here; ``PlacementFailed``: it fails with ``PlacementError``;
+- the executing node is lost, or its lent result cannot be pulled whole: run again,
+  charged, up to ``max_attempts``, then ``WorkerCrashedError`` or ``ObjectLostError``.
 
-Results and their lenders (data locality): ``_spill_results``. Tasks asking for
-resources this node lacks, and the safety nets that keep any task from being held
-where nobody will act on it: ``_spill_waits``.
-
-How many queued tasks a node keeps is the cluster's placement policy's call
-(``PlacementPolicy.keep``; the built-in rule is the formula above), named by
-``$DPOOL_PLACEMENT_POLICY`` (``dpool start --placement-policy`` sets it). A task the
-global scheduler can never place as it asks (``PlacementFailed``: a hard
-``NodeAffinity`` to a node not in the cluster) fails with ``PlacementError``.
-
-Runs under the scheduler's lock (called from its handlers and ticks: the ``_locked``
-methods); ``_pull_result`` runs on a thread of its own and takes the lock.
+Results and lenders: ``_spill_results``; resource waits and safety nets: ``_spill_waits``.
+``_locked`` methods run under the scheduler's lock; ``_pull_result`` on its own thread.
 """
 
 from __future__ import annotations
@@ -62,12 +44,15 @@ from dpool.node._spill_base import (
 )
 from dpool.node._spill_results import SpillResults
 from dpool.node._spill_waits import SpillWaits
-from dpool.objects import _inline, _payload, _values
+from dpool.objects import inline as _inline
+from dpool.objects import payload as _payload
+from dpool.objects import values as _values
 from dpool.placement import HERE, LeastWait, LocalQueue, PlacementPolicy
 from dpool.placement import load as load_policy
-from dpool.protocol import _messages as m
-from dpool.scheduling import Group, SchedulerAPI, Task, _resources
-from dpool.transfer import _pull
+from dpool.protocol import messages as m
+from dpool.scheduling import Group, SchedulerAPI, Task
+from dpool.scheduling import resources as _resources
+from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.scheduling")
 

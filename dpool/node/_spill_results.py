@@ -19,10 +19,13 @@ from typing import Any, Optional
 
 from dpool.errors import ObjectLostError
 from dpool.node._spill_base import SpillBase, _Away
-from dpool.objects import _inline, _payload, _segment, _values
-from dpool.protocol import _messages as m
+from dpool.objects import inline as _inline
+from dpool.objects import payload as _payload
+from dpool.objects import segment as _segment
+from dpool.objects import values as _values
+from dpool.protocol import messages as m
 from dpool.scheduling import Task
-from dpool.transfer import _pull
+from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.scheduling")
 

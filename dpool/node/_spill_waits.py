@@ -9,7 +9,7 @@ every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 
 for such a node to join) it fails with ``ResourceError``, saying what it asked and what
 the nodes offer.
 
-Nothing may hold a task that nobody will act on (issue 17):
+Nothing may hold a task that nobody will act on:
 
 - a node with no CPUs runs nothing itself: a task queued there that no node takes
   (every offer rejected, no global scheduler linked, its code not shareable) fails
@@ -31,9 +31,9 @@ from typing import Any
 
 from dpool.errors import PlacementError
 from dpool.node._spill_base import _BACKOFF_S, SpillBase
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 from dpool.placement import SPREAD, strategy_from_wire
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 from dpool.scheduling import Group, Task
 
 log = logging.getLogger("dpool.scheduling")

@@ -1,43 +1,28 @@
-"""The per-host object store's bookkeeping, owned by the scheduler process.
+"""The per-host object store's bookkeeping (``ObjectStore``): sizes, counts, LRU order.
 
-Reference counting
-------------------
-Each object id has two counts, kept even while the object is not (or no longer) in the
-store, so a handle may be counted before its value exists and across eviction/rebuild:
+Counts. Each object id has two, kept while the object is not (or no longer) stored, so a
+handle may be counted before its value exists and across eviction:
 
-(i)  ``refcount`` -- one per live ObjectRef/Future handle in any process. Processes batch
-     their handle creations and deletions and send them to the scheduler, which calls
-     :meth:`ObjectStore.incref` / :meth:`ObjectStore.decref`. The runtime must make sure an
-     incref for a handle passed between processes reaches the store before the sender's
-     decref can (e.g. the sender keeps its count until the receiver has counted its own).
-(ii) ``pins`` -- one per pending or running task that needs the object as an argument:
-     :meth:`ObjectStore.pin` when the task is queued, :meth:`ObjectStore.unpin` when it has
-     finished (or failed, or been cancelled). A pinned object is never evicted, so a worker
-     that is told to read it finds its segment.
-(iii) Readers currently mapping a segment are NOT counted. Once a process has mapped a
-     segment, unlinking it only removes the name; the pages stay valid in every existing
-     mapping until the last one is unmapped (POSIX semantics), so freeing or evicting an
-     object can never pull memory from under a reader. The only window is between
-     looking up a name and opening it, and pins close that window for task arguments;
-     any other reader that finds the segment gone gets FileNotFoundError and treats the
-     object as evicted (rebuild from lineage, or ObjectLostError).
+- ``refcount`` (``incref``/``decref``): handles; ``HostStore`` holds one per entry of
+  the scheduler's object table.
+- ``pins`` (``pin``/``unpin``): readers that must find the segment: a task on a worker
+  pins each stored input, a queued task its own argument block. Pinned is never evicted.
 
-An object is freed (segment unlinked, no eviction callback) when a :meth:`decref` or
-:meth:`unpin` leaves both counts at zero. An object added while both are zero (no handle
-counted yet) stays until evicted or removed, so a value whose first incref is
-still in flight is never freed early; the runtime can :meth:`remove` it once it knows
-no handle will come.
+Processes that have mapped a segment are not counted: unlinking removes the name and
+existing mappings stay valid (POSIX), so freeing or evicting never pulls memory from a
+reader. An object is freed (``on_free`` may take its segment for reuse, else it is
+unlinked; ``on_evict`` is not called) when ``decref`` or ``unpin`` leaves both counts at
+zero. One added while both are zero stays until evicted or removed: its first incref may
+still be on the way.
 
-Capacity
---------
-``used`` is the sum of the sizes of the stored segments. When an :meth:`add` or
-:meth:`reserve` would exceed ``capacity``, objects are evicted least-recently-used first
-(order of add/:meth:`touch`), skipping pinned ones. Eviction calls ``on_evict(oid)`` (so
-the runtime can mark the object rebuildable from lineage), then unlinks the segment;
-the counts stay. If no eviction makes room, :class:`ObjectStoreFullError` is raised.
+Capacity. ``used`` is the sum of the stored segments' sizes. When ``add`` or ``reserve``
+would pass ``capacity``, unpinned objects are evicted least-recently-used first (order
+of ``add``/``touch``): ``on_evict(oid)`` runs (a failure is logged), then the segment is
+unlinked; the counts stay. When the pinned objects leave no room, or the object alone
+exceeds the capacity, ``ObjectStoreFullError`` is raised, nothing is evicted, and ``add``
+unlinks the segment it was given.
 
-This is a plain data structure: no threads, no I/O besides unlinking segments; the
-runtime calls it under its own lock.
+A plain data structure: no threads, no I/O but unlinking; its caller holds the lock.
 """
 
 from __future__ import annotations
@@ -234,7 +219,7 @@ class ObjectStore:
         return self._lower(self._refs, object_id, n, "decref", "count")
 
     def pin(self, object_id: int, n: int = 1) -> None:
-        """Protect ``object_id`` from eviction for ``n`` more pending tasks."""
+        """Protect ``object_id`` from eviction for ``n`` more readers (tasks on workers)."""
         if n < 0:
             raise ValueError(f"pin by a negative count {n}")
         if n:

@@ -1,35 +1,26 @@
 """The host's object store as the scheduler uses it: adopt, pin, drop, spill, restore.
 
-``ObjectStore`` (``_accounting``) does the accounting; this layer speaks in *payloads*
-(``_values``), so the scheduler never parses one itself, and it implements eviction as
-spilling: an evicted object's segment is copied to a spill directory on disk and brought
-back into shared memory when a task or a reader needs it again. Nothing is lost to
-eviction; ``ObjectStoreFullError`` comes only when the pinned objects (inputs of pending
-tasks) alone leave no room, or an object is bigger than the whole store (a task whose
-inputs find no room waits for pins to go instead: ``scheduling._objtable``; a result
-rebuilt from lineage goes straight to disk: ``adopt_or_spill``). A spill file
-deleted under the store (a tmp cleaner) makes ``restore`` raise ``ObjectLostError``; the
-scheduler then rebuilds the value from lineage (``scheduling._lineage``).
+It speaks in *payloads* (``_values``), so the scheduler never parses one; the accounting
+(``ObjectStore``, ``_accounting``) and the pool of freed pages (``_recycle``) are made
+with the first stored value. Eviction is spilling: an evicted segment is copied to a
+spill file (``<tmp>/dpool-spill-<pid>-*/``) and unlinked, and ``restore`` brings it back
+when a task or a reader needs it. ``ObjectStoreFullError`` comes only when pinned values
+alone leave no room or a value is bigger than the whole store (``adopt_or_spill``, for a
+rebuilt result, writes it straight to a spill file instead). A spill file that is gone or
+cut short makes ``restore`` raise ``ObjectLostError``; the scheduler rebuilds the value
+from lineage (``scheduling._lineage``).
 
-Reference counting, end to end (who keeps an object alive):
+Who keeps a stored value alive:
 
-- The scheduler's object table entry (``Obj.refs``) counts the *handles*: the driver
-  ``Future``/``ObjectRef`` that created it (released from ``__del__`` through a lock-free
-  queue the scheduler drains), a worker's nested future or ``put`` ref (released by a
-  ``Release`` message sent with the worker's next results, or when the worker dies), and
-  one per pending task that takes it as an argument (released when that task finishes).
-- When ``Obj.refs`` reaches zero and the value is ready, the entry is dropped and
-  ``drop`` unlinks the segment (or deletes its spill file). A task's own stored argument
-  block has no entry: it lives exactly as long as the task.
-- Here, below that: one store reference per table entry (``adopt`` .. ``drop``) and one
-  pin per pending reader (``pin`` .. ``unpin``) so eviction never takes an input from
-  under a task that is about to map it.
-- Processes that have mapped a segment are not counted: unlinking removes the name, and
-  existing mappings stay valid (POSIX), so a freed object never pulls memory from a
-  reader. Copies of a ref unpickled in another process *borrow* it (not counted).
-- A freed large segment goes to the pool of ``_recycle`` rather than being unlinked; its
-  pages are reused only once no process holds a view of it (readers' ``flock``, see
-  ``_mapping``). The scheduler tells workers (``Forget``) to unmap cached mappings of it.
+- the scheduler's object table entry (``Obj.refs``: live handles, and pending tasks that
+  take it as an argument) holds one store reference, ``adopt`` .. ``drop``; at zero the
+  segment (or its spill file) is freed;
+- a task on a worker pins each stored input (``pin`` .. ``unpin``); a task's own stored
+  argument block has no entry: pinned from ``adopt(pin=True)`` to ``drop(unpin=True)``;
+- processes that mapped a segment are not counted (a freed name leaves their mappings
+  valid), nor are refs unpickled in another process (they *borrow*);
+- a freed large segment goes to the segment pool, whose pages count against the capacity
+  until claimed; the scheduler tells workers (``Forget``) to drop cached mappings of it.
 
 Called under the scheduler's lock.
 """
@@ -202,8 +193,8 @@ class HostStore:
 
     def adopt_or_spill(self, payload: Optional[bytes]) -> None:
         """``adopt`` a value that must not fail for want of room *now* (a result rebuilt
-        from lineage, which no caller asked for at this moment): when pinned inputs of
-        pending tasks leave no room, it goes straight to a spill file, as if evicted at
+        from lineage, which no caller asked for at this moment): when pinned values leave
+        no room, it goes straight to a spill file, as if evicted at
         once, and its readers bring it back -- waiting for room -- as for any spilled
         value. Raises ``ObjectStoreFullError`` only when it can never fit, or the spill
         file cannot be written (the segment is unlinked, as ``adopt`` leaves it)."""
@@ -294,7 +285,7 @@ class HostStore:
             self._prune = True
 
     def pin(self, payload: Optional[bytes]) -> None:
-        """A pending task will read this value: bring it back if spilled, keep it mapped."""
+        """A task sent to a worker will read this value: bring it back if spilled, keep it."""
         info = _values.stored(payload)
         if info is not None:
             self.restore(info[0])

@@ -1,35 +1,28 @@
 """Objects of the main script travel by reference, with a by-value fallback.
 
 The stdlib pickles a function or class of ``__main__`` by name, and the worker looks the
-name up in its own main module: under ``fork`` that is the parent's ``__main__``; under
-``spawn``/``forkserver`` the main script is re-imported as ``__mp_main__`` (behind
-``if __name__ == "__main__":``). So the functions of the script share the module's globals
-in the worker: an initializer's ``global MODEL; MODEL = load()`` is seen by the tasks, and
-a class whose body holds a lock is never pickled itself.
+name up in its own main module (the parent's under ``fork``; under ``spawn`` and
+``forkserver`` the script re-imported as ``__mp_main__``), so the script's functions
+share the module's globals in the worker. dpool does the same, and falls back to
+pickling by value where the stdlib fails:
 
-dpool does the same, and falls back to pickling by value where the stdlib fails:
-
-- A function or class of the main namespace that can be found there under its
-  ``__qualname__`` is pickled as a *reference*: an index into a table that travels in
-  front of the pickle stream (see :func:`frame`). Each table entry holds the name, a
-  signature (kind; for functions the first line and a CRC of the bytecode; under
-  ``fork`` also the object's ``id``) and a by-value pickle of the object as fallback (or
-  the error that pickling by value raised). The receiver uses the object of its own main
-  namespace when one with that name and signature is there, else it unpickles the
-  fallback and binds the name to it in its main namespace.
+- A function or class of the main namespace found there under its ``__qualname__`` is
+  pickled as a *reference*: an index into a table that travels in front of the pickle
+  stream (:func:`frame`). Each entry holds the name, a signature (kind; for functions the
+  first line and a CRC of the bytecode; under ``fork`` also the object's ``id``) and a
+  by-value pickle of the object as fallback (or the error that pickling it raised). The
+  receiver uses the object of its own main namespace when one with that name and
+  signature is there, else it unpickles the fallback and binds the name to it.
 - A function of the main namespace that cannot be found by name (a lambda, a closure, a
-  function defined after the worker started) is pickled by value, but its ``__globals__``
-  is the receiver's main namespace, not a dict of its own: all such functions, and the
-  script's own, share one namespace per process. The globals a function refers to travel
-  with it and replace the namespace's values, except where the worker assigned the name
-  itself since it started (or since the driver's value arrived) or already holds a newer
-  value from the driver (a function's pickle is made once and may arrive late). So state set in the
-  worker (an initializer's ``MODEL``) is never overwritten by the driver's value, and a
-  lambda submitted after the driver changed a global it reads sees the new value.
+  function defined after the worker started) is pickled by value with the receiver's
+  main namespace as its ``__globals__``. The globals it refers to travel with it and
+  replace the namespace's values, except a name the worker assigned itself since it
+  started (or since the driver's value arrived), or for which it holds a newer value from
+  the driver. So an initializer's ``MODEL`` is never overwritten, and a lambda submitted
+  after the driver changed a global sees the new value.
 
-The *main namespace* of a process is the driver's ``__main__`` module's dict; in a worker
-it is set at start-up by :func:`set_worker_namespace` (under ``spawn`` the globals of the
-re-imported script, which runpy keeps in a dict of its own).
+The *main namespace* is the driver's ``__main__`` module's dict; in a worker it is set at
+start-up by :func:`set_worker_namespace` (under ``spawn``, the re-imported script's).
 """
 
 from __future__ import annotations

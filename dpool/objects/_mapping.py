@@ -1,40 +1,29 @@
 """This process's read mappings of large object segments: lend views, mark use, cache.
 
 ``_segment.read_object`` maps a segment ``MAP_PRIVATE`` (copy-on-write) and hands out
-views onto the mapping. For segments of at least ``LARGE`` bytes it goes through here:
+views onto the mapping; segments of at least ``LARGE`` bytes go through :func:`lend`:
 
-Lending. Each read wraps the mapping in a fresh ctypes exporter, and every view that
-read produces (numpy arrays, memoryviews, slices of them) derives its buffer from that
-exporter. A weakref callback on the exporter therefore fires exactly when the last
-view of that read is gone, whichever thread drops it.
+Lending. Each lend wraps the mapping in a fresh ctypes exporter from which every view of
+that read (numpy arrays, memoryviews, slices of them) derives its buffer, so a weakref
+callback on the exporter fires exactly when the last view is gone, in whichever thread.
 
-In use. While views of a read are alive, this process holds a shared ``flock`` on the
-segment (through a descriptor kept with the mapping, so a live or cached mapping holds
-two: that one and the mmap's own; the soft ``RLIMIT_NOFILE`` is raised to the hard
-limit on first use). ``_recycle`` reuses
-the pages of a freed segment only if it can take the exclusive lock, so it never
-rewrites pages a reader can still see. A lend also checks, once locked, that the name
-still refers to the inode it opened: an object that was freed while being opened is
-reported missing, not misread.
+In use. While views of a lend are alive, this process holds a shared ``flock`` on the
+segment, through a descriptor kept with the mapping (the soft ``RLIMIT_NOFILE`` is
+raised to the hard limit on first use). ``_recycle`` reuses a freed segment's pages only
+if it takes the exclusive lock, so it never rewrites pages a reader can still see. Once
+locked, a lend checks that the name still refers to the inode it opened: an object freed
+while being opened raises ``FileNotFoundError``, never reads wrong bytes.
 
-Cache. When the last view is gone, the mapping is kept (``CACHE_ENTRIES``, LRU) so the
-next read of the same object here -- a worker running many tasks on one big argument --
-reuses its page tables instead of faulting every page in again (a good part of the time
-of a task that only reads it). It also serves the next object that reuses the same
-pages (``_recycle`` keeps the inode): a private mapping whose pages were never written
-maps the file's own pages, so it shows whatever the file holds now. A
-cached mapping is reused only if (1) the segment is the same inode with the same size
-and (2) no page of the mapping was written: copy-on-write gives a written page a private
-anonymous copy, and ``/proc/self/pagemap`` tells those from the file's pages. Otherwise
-it is unmapped and the object mapped afresh, so a task never sees another task's
-writes. Mappings whose inode has no name left (freed, not pooled) are never kept: they
-go when their views go, on :func:`forget`/:func:`prune` (the owner announces frees,
-spills and pool expiry), when the cache is full, and in a forked child.
+Cache. When the last view is gone the mapping is kept (``CACHE_ENTRIES``, LRU), found
+by name or by inode (a recycled segment keeps its inode and pages). It is reused only if
+the segment has the same inode and size and no page of the mapping was written
+(``/proc/self/pagemap`` tells private copies from file pages), so a task never sees
+another task's writes. Mappings whose inode has no name left are not kept: they go on
+:func:`forget`/:func:`prune` (the owner announces frees, spills and pool expiry).
 
-Fork. A flock belongs to the open file description, which a forked child shares with
-its parent; the parent's unlock would drop the protection of the child's copies of the
-views. So a child takes its own description and lock for each view alive at the fork
-(:func:`_after_fork_in_child`).
+Fork. A flock belongs to the open file description, which a forked child shares, so a
+child takes its own descriptor and lock for each view alive at the fork
+(``_after_fork_in_child``). Callbacks take no lock; the cache is guarded by ``_lock``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ and reaping the segments of one that died.
 Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
 the segments of a store whose owner died can be found and unlinked: by the owner's
 workers before they exit (:func:`reap_owner`), and by :func:`reap_orphans` when any
-runtime starts or creates an executor. Split from ``_segment`` (which writes and reads
-the segments and re-exports these names) so that starting a runtime, which reaps, does
+runtime starts or creates an executor. ``_segment`` (which writes and reads segments)
+re-exports these names; they live apart so that starting a runtime, which reaps, does
 not load the store's writing and mapping machinery a program may never use.
 """
 

@@ -1,11 +1,11 @@
 """Payloads: how arguments, results, errors and functions become bytes, and back.
 
-Everything is pickle protocol 5. Small, plain values (top-level ints, floats, strings,
-bytes, None) go through the C pickler directly -- cloudpickle's setup per call would be
-most of a no-op task's budget. Anything else goes through cloudpickle, so
-lambdas and closures travel by value, functions and classes of the main script by
-reference with a by-value fallback (``objects._mainref``), and values with large buffers
-(numpy arrays) go through the shared-memory store (``objects._values``).
+Everything is pickle protocol 5. Plain top-level values (ints, floats, strings, bytes,
+bools, None, and calls whose positional arguments are all such) go to ``pickle.dumps``
+directly, with no pickler to set up. Anything else goes through ``_serialization`` (the
+stdlib's pickler, cloudpickle where it cannot), so lambdas and closures travel by value,
+functions and classes of the main script by reference with a by-value fallback
+(``_mainref``), and values with large buffers go through the store (``_values``).
 
 An error travels as ``(exception, traceback text)``; the receiver attaches the text as
 ``__cause__`` (a ``RemoteTraceback``), as ``concurrent.futures`` does, so the user sees

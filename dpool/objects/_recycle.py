@@ -1,35 +1,26 @@
 """Reuse the pages of freed large segments for the next large write.
 
-Allocating shared-memory pages is most of the cost of writing a large object on a VM:
-``posix_fallocate`` (a page at a time) takes longer than the copy into the allocated
-pages. So when an object of at least
-``_mapping.LARGE`` bytes is freed, its store does not unlink the segment at once but
-:meth:`SegmentPool.retire` moves it into the host's pool, a directory of its own
-(``/dev/shm/dpool_<owner>_pool/<n>``, so finding one costs a listing of the pool only).
-The next large write in *any* process of the runtime (a ``put`` in the driver, a result
-in a worker) :func:`claim` s a pool segment by renaming it to its own new name -- rename
-is atomic, so two writers never get the same one -- resizes it and writes over its pages.
+When an object of at least ``_mapping.LARGE`` bytes is freed, its store does not unlink
+the segment: :meth:`SegmentPool.retire` moves it into the owner's pool, a directory of its
+own (``/dev/shm/dpool_<owner>_pool/<n>``). The next large write in *any* process of the
+runtime (a ``put`` in the driver, a result in a worker) :func:`claim` s one by renaming it
+to a name of its own (atomic: two writers never get the same one), then resizes it,
+publishes it under the object's name and writes over its pages, which saves allocating
+fresh shared-memory pages. A write takes a pool segment at most ``_MAX_SHRINK`` times its
+size, the smallest that is big enough first. Why and by how much: bench/TRANSFER.md.
 
-Safety: a freed segment may still be mapped by a reader holding a view of the old object
-(an array the user got back, an argument a task stashed away). Readers of large segments
-hold a shared ``flock`` while any view is alive (``_mapping``); :func:`claim` takes the
-exclusive lock without blocking and unlinks, instead of reusing, a segment that is still
-read. A reader that opened the old name just before the rename finds, once it holds its
-lock, that the name no longer refers to its inode, and reports the object missing.
+Safety: a freed segment may still be mapped by a reader holding a view of the old object.
+Readers of large segments hold a shared ``flock`` while any view is alive (``_mapping``);
+:func:`claim` takes the exclusive lock without blocking and unlinks, instead of reusing,
+a segment that is still read. A reader that opened the old name just before the rename
+finds, once locked, that the name no longer refers to its inode, and reports the object
+missing.
 
-Pool segments live at most ``DPOOL_SEGMENT_POOL_TTL`` seconds (default 0.5; 0 disables
-recycling) plus ``LINGER_S_PER_GIB`` per GiB of the segment (4.5 s for 1 GiB), and take
-at most ``max_bytes``. The linger: a program makes its next large value in about the
-time it made the last, which grows with its size (filling 1 GiB with numpy takes a
-second or more here), and a segment unlinked meanwhile leaves the next writer fresh
-pages -- on a VM that reports freed memory to its host (free page reporting, as this one
-does), pages the host must fault in again (1 GB written into fresh tmpfs pages took
-0.36-3.6 s here, into a freed segment's 0.26-0.45 s; bench/TRANSFER.md). A write is
-given a pool segment at most twice its size: cutting most of a big one away costs more
-than fresh pages, and takes the pages the next big value wants. A timer thread of the
-owner unlinks expired ones, :meth:`SegmentPool.purge` unlinks all (shutdown, or the
-store needs the room), and
-``_segment.reap_owner`` / ``reap_orphans`` cover an owner that died.
+Pool segments live ``DPOOL_SEGMENT_POOL_TTL`` seconds (default 0.5; 0 disables recycling)
+plus ``LINGER_S_PER_GIB`` per GiB of their size, and take at most ``max_bytes``. The
+owner's timer thread unlinks expired ones, :meth:`SegmentPool.purge` and :func:`release`
+unlink all (shutdown, or the store needs the room), and ``_owners.reap_owner`` /
+``reap_orphans`` cover an owner that died. ``_cond`` guards the owner's entries.
 """
 
 from __future__ import annotations
@@ -116,10 +107,9 @@ class SegmentPool:
     def _pooled_locked(self) -> int:
         """Bytes of the entries still in the pool (called with ``_cond`` held). Entries
         no longer there are forgotten first: a writer claimed them (their pages hold its
-        object now), or a claim found one still read and unlinked it. Counted until their
-        expiry (seconds), a claimed 1 GiB segment made the next freed one go over budget
-        and be unlinked instead of pooled (every other large write got fresh pages), and
-        the store counted it twice."""
+        object now, which the store counts), or a claim found one still read and unlinked
+        it. So a claimed segment never counts against the pool's budget, nor twice
+        against the store's capacity."""
         gone = [p for p in self._entries if not os.path.exists(p)]
         for p in gone:
             del self._entries[p]

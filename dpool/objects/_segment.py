@@ -7,26 +7,21 @@ Layout of a segment (all integers little-endian)::
     meta     the pickle stream (meta_len bytes), right after the table
     buffers  each out-of-band buffer at a 64-byte-aligned offset
 
-Writing (:func:`write_object`) allocates a small segment's pages up front with
-``posix_fallocate`` and copies each buffer once with ``pwrite``; a full ``/dev/shm`` is
-an :class:`ObjectStoreFullError`, never a SIGBUS later. A large segment's pages are
-allocated by the ``pwrite`` that fills them (no zeroing first, which costs 0.1-0.2 s
-per GB here): every page is written, so no reader finds a hole. A large write first
-tries to reuse the pages of a freed segment (``_recycle``), which saves the allocation;
-it copies into those through a mapping (``_writemaps``), a plain memory copy.
-Reading (:func:`read_object`) maps the segment ``MAP_PRIVATE`` with ``PROT_READ|PROT_WRITE``:
-arrays come back as writable views onto the mapping, nothing is copied until a page is
-written, and a write only ever changes this process's private copy of that page, never
-the shared object. The mapping lives as long as any view onto it; unlinking the segment
-does not invalidate it. Large segments are mapped through ``_mapping``, which marks them
-in use while views are alive and caches their mappings for the next read of the same
-object.
+Writing (:func:`write_object`) first tries to reuse a freed segment's pages
+(``_recycle``) and copies into them through a mapping (``_writemaps``); else it creates
+the segment, allocating a small one's pages up front (``posix_fallocate``), a large
+one's by the ``pwrite`` that fills every page. A full ``/dev/shm`` is an
+:class:`ObjectStoreFullError` when the segment is written, never a SIGBUS later; on a full
+one the owner's pool is given back and the write retried for a while. A failed write
+leaves nothing under the name.
 
-Segment names are ``/dpool_<ownerpid>_<hex object id>`` (:func:`segment_name`), so that
-the segments of a store whose owner died can be found and unlinked: by the owner's
-workers before they exit (:func:`reap_owner`), and by :func:`reap_orphans` when any
-runtime starts or creates an executor.
-Linux-specific bits (``/dev/shm``, ``posix_fallocate``) are used where available.
+Reading (:func:`read_object`) maps the segment ``MAP_PRIVATE`` with
+``PROT_READ|PROT_WRITE``: arrays come back as writable views onto the mapping, nothing is
+copied until a page is written, and a write changes only this process's private copy of
+that page. The mapping lives as long as any view onto it, also after the segment is
+unlinked. Large segments are mapped through ``_mapping`` (in-use locks, cache).
+
+Segment names and reaping a dead owner's segments are ``_owners``' (re-exported here).
 """
 
 from __future__ import annotations

@@ -1,37 +1,27 @@
 """Serialization of task functions, arguments, results and stored objects.
 
-The stdlib's C pickler first, cloudpickle for what it cannot take (lambdas, closures,
-classes defined in functions, ...), with pickle protocol 5: buffers that support
-out-of-band pickling (numpy arrays, ``pickle.PickleBuffer``) of at least
-``oob_threshold`` bytes are not copied into the pickle stream; they are handed back as
-raw memoryviews so the caller can place them (in a shared-memory segment, see
-``_segment``) and give them back to :func:`deserialize` without any further copy.
-Smaller buffers stay in-band, so a small object costs one pickle stream and nothing else.
+Pickle protocol 5: buffers that support out-of-band pickling (numpy arrays,
+``pickle.PickleBuffer``) of at least ``oob_threshold`` bytes are not copied into the
+pickle stream; :func:`serialize` hands them back as raw memoryviews onto the original
+memory, so the caller can place them (in a segment, ``_segment``) and give them to
+:func:`deserialize` without another copy. Smaller buffers stay in-band.
 
-Details beyond plain ``cloudpickle.dumps``:
+- The stdlib's C pickler goes first; cloudpickle (with ``inspect``, ``ast``, ``typing``
+  ... that it imports) loads only for an object the stdlib's pickler cannot take. Where
+  the stdlib's pickler succeeds, the result is what cloudpickle would make: importable
+  functions and classes by reference, the main script's as ``_mainref`` says, their
+  by-value fallback from ``_byvalue``. Once any module is registered with
+  ``cloudpickle.register_pickle_by_value``, cloudpickle pickles everything.
+- Plain data (scalars, and tuples, lists and dicts of them up to ``_FAST_MAX_ITEMS``
+  items) goes to ``pickle.dumps`` directly: the same bytes, no pickler to set up.
+- A large non-contiguous numpy array is made contiguous once so that it too goes out of
+  band; value, dtype and shape round-trip, the strides do not (as with pickle).
+- A payload that carries ``_mainref``'s reference table starts with ``_mainref.TAG``
+  instead of pickle's 0x80; :func:`deserialize` reads both.
 
-- cloudpickle (and ``inspect``, ``ast``, ``platform``, ``typing``... that it imports) is
-  loaded only when an object needs it: an object is pickled with the stdlib's pickler
-  first, and again with cloudpickle's if that fails. Where the stdlib's pickler succeeds,
-  the result is what cloudpickle would have made: functions and classes by reference
-  (cloudpickle pickles importable ones by name too), the script's own functions as
-  ``_mainref`` says, their by-value fallback from ``_byvalue``. Once a module is
-  registered with ``cloudpickle.register_pickle_by_value``, cloudpickle pickles
-  everything, as it must.
-- Plain data (scalars, strings, bytes and small tuples/lists/dicts of them) is pickled
-  with ``pickle.dumps`` directly: the result is the same, without a pickler to set up.
-- numpy only pickles C- or Fortran-contiguous arrays out-of-band. A large non-contiguous
-  array (a column slice, a strided view) is made contiguous once here so that it too goes
-  out-of-band and reads back zero-copy; ordinary pickle would copy it into the stream and
-  again on load. The value, dtype and shape round-trip; the strides do not (pickle does
-  not keep them either).
-- Functions and classes of the main script travel by reference, with a by-value
-  fallback, and functions pickled by value share the receiver's main namespace, as
-  ``_mainref`` describes; such a payload starts with ``_mainref.TAG`` instead of pickle's
-  0x80, and :func:`deserialize` reads it.
-
-``bytes``/``bytearray``/``str`` are always pickled in-band by the pickle protocol itself;
-wrap a large bytes-like object in ``pickle.PickleBuffer`` to store it out-of-band.
+``bytes``, ``bytearray`` and ``str`` are always pickled in-band; wrap a large bytes-like
+object in ``pickle.PickleBuffer`` to keep it out of band. A ``Serialized``'s buffers
+alias the caller's objects: keep them unchanged until the buffers are written out.
 """
 
 from __future__ import annotations
@@ -70,8 +60,8 @@ class Serialized:
     original objects' memory (no copy was made): keep the original object unchanged until
     the buffers have been written out.
 
-    (Written out rather than a ``@dataclass``, which costs every program's start-up
-    time for each class: bench/NOTES.md.)
+    (A plain class, not a ``@dataclass``: no ``dataclasses`` on the start-up path;
+    docs/architecture.md, "Import cost".)
     """
 
     __slots__ = ("meta", "buffers")

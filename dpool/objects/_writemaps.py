@@ -2,30 +2,25 @@
 
 A recycled segment's pages are allocated (``_recycle.claim``), so a large write copies
 into them through a shared mapping (:func:`mapped`): a plain memory copy, where
-``pwrite`` or ``splice`` pays the file system's work per 4 KiB page. Filling a new
-mapping's page tables costs about as much as the copy again (1 GB here: ~0.1 s each).
-The pool hands the same pages to the next large write again and again -- a program that
-puts a value of the same size in a loop, a node that fetches one value after another --
-most often to the same process. So a process keeps its last ``KEEP`` mappings, keyed by
-inode, and the next write into the same inode reuses one: no page-table fill.
+``pwrite`` or ``splice`` pays the file system's work per page. Filling a new mapping's
+page tables costs about as much as the copy, and the pool hands the same pages to the
+next large write again and again, most often in the same process. So a process keeps its
+last ``KEEP`` mappings, keyed by inode, and the next write into the same inode reuses one.
 
-Lifetime. An entry holds a descriptor of the inode (so that ``fstat`` tells when it has
-no name left, and so that its inode number cannot be reused while the entry lives) and
-the mapping. Both pin the pages, so an entry goes once its inode has no name left (the
-object was freed, or the pool expired the segment): checked on each use and by a timer
-thread that runs while entries exist (once a second). An entry is taken out of the
-table while a write uses it, so nothing closes a mapping under a writer.
+Lifetime. An entry holds a descriptor of the inode (so ``fstat`` tells when it has no
+name left, and its inode number cannot be reused while the entry lives) and the mapping.
+Both pin the pages, so an entry goes once its inode has no name left (the object was
+freed, or the pool expired the segment): checked on each use and by a timer thread that
+runs while entries exist. An entry is out of the table while a write uses it, so nothing
+closes a mapping under a writer.
 
-Fork. The mappings are made with ``mmap(2)`` through ctypes, not as ``mmap.mmap``
-objects (which keep a duplicate descriptor that a forked child would inherit and that
-would pin the pages for the child's life), and marked ``MADV_DONTFORK``: a forked child
-gets neither them nor their pages. It closes the entries' descriptors and forgets the
-entries, never unmapping them: their address ranges are holes in the child, which its
-allocator may have reused by then.
+Fork. The mappings are made with ``mmap(2)`` through ctypes, not as ``mmap.mmap`` objects
+(whose duplicate descriptor a child would inherit), and marked ``MADV_DONTFORK``: a
+forked child gets neither them nor their pages. It closes the entries' descriptors and
+forgets the entries without unmapping them (their ranges are holes in the child).
 
-A mapping is unmapped when its entry goes, so :func:`mapped`'s caller must drop every
-view of the memory it was given before its block ends (nothing could tell a view still
-alive: a store through it would hit unmapped memory).
+:func:`mapped`'s caller must drop every view of the memory it was given before its block
+ends: the mapping may be unmapped then, and nothing could tell a view still alive.
 """
 
 from __future__ import annotations

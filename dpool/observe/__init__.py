@@ -15,4 +15,54 @@
 from dpool.observe._progress import progress
 from dpool.observe._timeline import timeline
 
-__all__ = ["progress", "timeline"]
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.observe import _logs as logs
+    from dpool.observe._cluster import NoClusterError, node_status, open_store
+    from dpool.observe._live import LiveLine
+    from dpool.observe._objects import format_rows, object_rows
+    from dpool.observe._timeline import cluster_trace, parse_duration
+
+# What other packages use, loaded on first use (PEP 562): importing this package
+# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
+# is the module itself, used as a namespace (``from dpool.observe import logs as _logs``).
+_MODULES = {
+    "logs": "dpool.observe._logs",
+}
+_LAZY = {
+    **dict.fromkeys(("NoClusterError", "node_status", "open_store"), "dpool.observe._cluster"),
+    "LiveLine": "dpool.observe._live",
+    **dict.fromkeys(("format_rows", "object_rows"), "dpool.observe._objects"),
+    **dict.fromkeys(("cluster_trace", "parse_duration"), "dpool.observe._timeline"),
+}
+
+__all__ = [
+    "LiveLine",
+    "NoClusterError",
+    "cluster_trace",
+    "format_rows",
+    "logs",
+    "node_status",
+    "object_rows",
+    "open_store",
+    "parse_duration",
+    "progress",
+    "timeline",
+]
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_MODULES, *_LAZY})

@@ -12,10 +12,10 @@ import os
 from typing import Any
 
 from dpool.errors import Error
-from dpool.protocol import _messages as m
 from dpool.protocol import decode_batch, encode_batch
-from dpool.runtime import _address
-from dpool.runtime._cluster import connect
+from dpool.protocol import messages as m
+from dpool.runtime import address as _address
+from dpool.runtime import connect
 
 
 class NoClusterError(Error):
@@ -61,7 +61,7 @@ def node_status(target: _address.Target) -> dict:
 def open_store(address: str | None = None) -> tuple[Any, dict]:
     """A ``RedisControlStore`` on the cluster's shards (close it after use), and the
     cluster's status."""
-    from dpool.control._redis import RedisControlStore
+    from dpool.control import RedisControlStore
 
     status, target = cluster_status(address)
     shards = [s["address"] for s in status.get("shards", [])]

@@ -57,9 +57,9 @@ class LiveLine:
             cpus = " ".join(f"{n['node_id']} {n['cpus_used']}/{n['cpus_total']}"
                             for n in status["nodes"] if n.get("alive"))
         else:
-            from dpool.runtime._current import driver
+            from dpool.runtime import current as _current
 
-            events, _fns = driver().control.event_log(self.t0)  # type: ignore[attr-defined]
+            events, _fns = _current.driver().control.event_log(self.t0)  # type: ignore[attr-defined]
             c = counts(events)
             cpus = f"this host {c['running']}/{os.cpu_count()}"
             return self._format(c, cpus)

@@ -61,10 +61,10 @@ def cluster_trace(address: str | None = None,
 
 def local_trace(last: None | float | str = None) -> dict[str, Any]:
     """The trace of the tasks this process's embedded runtime ran."""
-    from dpool.runtime._current import driver
+    from dpool.runtime import current as _current
 
     since = _since(last)
-    control = driver().control  # type: ignore[attr-defined]
+    control = _current.driver().control  # type: ignore[attr-defined]
     events, fns = control.event_log(since)
     return build_trace(events, fns, control.function_names(fns.values()))
 

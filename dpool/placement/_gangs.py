@@ -8,25 +8,21 @@ cluster) or the embedded runtime (one host). All bundles or none, in two phases.
          all ok: "ready" (nodes reported)    one refused: free all, wait again
     remove(pg): free every bundle            node_lost: "lost" (others freed)
 
-The decision (``_bundles.place_bundles``) counts what the bundles take from the nodes
-before any is held, and this table takes it off the loads it decided on (``pending``
-CPUs, ``free`` resources) until the nodes' next reports show it -- and gives back what
-it frees, so that a group waiting for a removed one is placed at once, not at the
-nodes' next reports; so two groups that
-together do not fit never both start holding: the first holds all it needs, the second
-waits for its ``remove``. A node checks each hold against what it really has (its load
-report may be old, another replica may have placed something): a refusal frees what
-the attempt holds elsewhere and the group waits again -- never a partial hold that
-stays.
+The decision (``_bundles.place_bundles``) counts what the bundles take before any is
+held; this table takes it off the loads it decided on (``pending`` CPUs, ``free``
+resources) until the nodes' next reports show it, and gives back what it frees at once.
+So two groups that together do not fit never both start holding, and a group waiting for
+a removed one is placed without waiting for the next reports. A node checks each hold
+against what it really has: a refusal frees what the attempt holds elsewhere and the
+group waits again, so no partial hold stays. ``attempt`` numbers each try; a late answer
+to an abandoned try is ignored.
 
-``attempt`` numbers each try, so that a late answer to an abandoned try is ignored.
+A node lost while holding a bundle of a ready group makes the group "lost" (reported to
+its origin, its other bundles freed) until it is removed; one lost while the group is
+still holding makes it try again. Groups whose origin node is lost are removed.
 
-A node that dies holding a bundle of a ready group: the group is "lost" (reported to
-its origin, its other bundles freed); it stays so until removed, and the user reserves
-a new one. The origin node of a group dying (its drivers with it) removes its groups.
-
-Plain state machine over callbacks: no processes, no locks (the caller's), unit-tested
-with fake nodes (tests/placement/test_gangs.py).
+A plain state machine over callbacks (``hold``, ``free``, ``report``): no processes, no
+locks of its own (the caller's), unit-tested with fake nodes.
 """
 
 from __future__ import annotations

@@ -6,29 +6,23 @@
     global scheduler ──place(Demand, [NodeLoad])──▶ policy: a node, or None (wait),
                                                     or raise PlacementError (never)
 
-Both halves of bottom-up scheduling ask one object: the node's decision to keep or
-spill (``node._spill.Spiller``) calls ``keep``; the global scheduler's placement
-(``global_scheduler._daemon``) calls ``place``. The built-in rule is one policy among
-others (``LeastWait``); a cluster loads another one with
-``dpool start --head --placement-policy module:Class`` (``load``), and a new policy
-needs no change to the core: implement the two methods (or subclass ``LeastWait`` and
-override one).
+Both halves of bottom-up scheduling ask one object: the node's ``Spiller`` calls
+``keep``, the global scheduler (``global_scheduler._daemon``) calls ``place``. The
+built-in rule is ``LeastWait``; ``dpool start --head --placement-policy module:Class``
+loads another (``load``), which implements the two methods (or subclasses ``LeastWait``).
 
 ``place`` gets a task's demands (``Demand``: its resource request, its large inputs by
-reference -- holder, segment and size -- the bytes that travel inline, and the
-strategy the task asked for) and the nodes' load and resources (``NodeLoad``, from
-their heartbeats). It returns a node, or ``None``: not now -- the origin keeps the task
-and offers it again later, as when no node had room. It raises ``PlacementError`` when
-the task can never be placed as asked (a hard ``NodeAffinity`` to a node that is not
-in the cluster): the task fails with it.
+reference -- holder, segment and size --, the bytes that travel inline, and its
+strategy) and the nodes' loads and resources (``NodeLoad``, from their reports). It
+returns a node, or ``None``: not now (the origin keeps the task and offers it again). It
+raises ``PlacementError`` when the task can never be placed as asked (a hard
+``NodeAffinity`` to a node not in the cluster); the task fails with it.
 
-Strategies (``Demand.strategy``): ``None`` (the default rule), ``"spread"``
-(round-robin over the nodes that fit) and ``NodeAffinity(node, soft)``. A task in a
-placement group's bundle (``InBundle``) never reaches a policy: the global scheduler
-that reserved the group sends it to the bundle's node (``global_scheduler._groups``).
+Strategies (``Demand.strategy``): ``None`` (the default rule), ``"spread"`` (round-robin
+over the nodes that fit) and ``NodeAffinity(node, soft)``. A task in a placement group's
+bundle (``InBundle``) never reaches a policy (``global_scheduler._groups``).
 
-Pure functions and small classes over plain data: unit-tested with fake nodes, no
-processes.
+Pure functions and small classes over plain data: no processes, threads or I/O.
 """
 
 from __future__ import annotations

@@ -18,4 +18,73 @@
 from dpool.protocol._channel import Channel, ChannelClosed
 from dpool.protocol._codec import PROTOCOL_VERSION, decode_batch, encode_batch
 
-__all__ = ["PROTOCOL_VERSION", "encode_batch", "decode_batch", "Channel", "ChannelClosed"]
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.protocol import _auth as auth
+    from dpool.protocol import _dial as dial
+    from dpool.protocol import _messages as messages
+    from dpool.protocol import _running as running
+    from dpool.protocol import _workdir as workdir
+    from dpool.protocol._dial import DialError, parse_hostport
+    from dpool.protocol._ioloop import SPIN_S, IOLoop
+    from dpool.protocol._record import field, record
+    from dpool.protocol._startup import WorkerConfig, preload_worker, start_worker
+    from dpool.protocol._workdir import map_path
+
+# What other packages use, loaded on first use (PEP 562): importing this package
+# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
+# is the module itself, used as a namespace (``from dpool.protocol import messages as m``).
+_MODULES = {
+    "auth": "dpool.protocol._auth",
+    "dial": "dpool.protocol._dial",
+    "messages": "dpool.protocol._messages",
+    "running": "dpool.protocol._running",
+    "workdir": "dpool.protocol._workdir",
+}
+_LAZY = {
+    **dict.fromkeys(("DialError", "parse_hostport"), "dpool.protocol._dial"),
+    **dict.fromkeys(("SPIN_S", "IOLoop"), "dpool.protocol._ioloop"),
+    **dict.fromkeys(("field", "record"), "dpool.protocol._record"),
+    **dict.fromkeys(("WorkerConfig", "preload_worker", "start_worker"), "dpool.protocol._startup"),
+    "map_path": "dpool.protocol._workdir",
+}
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SPIN_S",
+    "Channel",
+    "ChannelClosed",
+    "DialError",
+    "IOLoop",
+    "WorkerConfig",
+    "auth",
+    "decode_batch",
+    "dial",
+    "encode_batch",
+    "field",
+    "map_path",
+    "messages",
+    "parse_hostport",
+    "preload_worker",
+    "record",
+    "running",
+    "start_worker",
+    "workdir",
+]
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_MODULES, *_LAZY})

@@ -16,8 +16,8 @@ The tick: ``on_tick`` runs every ``_TICK_S`` while it has periodic work (it retu
 whether it still has: releases queued, tasks waiting for resources, spilled tasks away,
 writes to flush...), at the latest ``_TICK_S`` after any input. When it has none, the
 loop sleeps until woken -- input, a command, ``poke()`` -- or ``_IDLE_TICK_S`` passes (a
-safety net): an idle process costs next to nothing (issue 21: a node daemon that ticked
-20 times a second). Whoever queues tick work from another thread calls ``poke()``,
+safety net): an idle process costs next to nothing (bench/IDLE.md). Whoever queues
+tick work from another thread calls ``poke()``,
 which costs an attribute read while the loop ticks anyway (``idle`` is False).
 """
 

@@ -2,8 +2,8 @@
 
 Every dpool program creates the wire messages and a few records (a worker group, its
 configuration, a task-table row) when it imports the runtime. ``dataclasses`` compiles
-three methods per class when the class is created, which made them a large part of the
-start-up of a short program (issue 21; figures in bench/NOTES.md).
+three methods per class when the class is created, a large part of a short program's
+start-up (figures: bench/NOTES.md).
 
 A ``@record`` class has what ``@dataclass`` (``eq=True``, not frozen) gives it --
 ``__init__`` with the fields positional in order (defaults and

@@ -12,9 +12,8 @@ The board is a memory file of ``SLOTS`` 8-byte slots (``memfd_create``: in memor
 path), made by the scheduler before it forks any process (the fork server included), so
 every forked worker shares its descriptor; ``WorkerConfig.slot`` says which slot is a
 worker's (-1: none, e.g. a spawned worker, whose death charges the first task it held).
-A slot is written with one ``pwrite`` (~0.3 us), not through a shared mapping: the
-``mmap`` module costs every program's first task more than that saves (an extension
-module, kept off the import path: tests/test_import_cost.py).
+A slot is written with one ``pwrite``, not through a shared mapping: the ``mmap``
+module (an extension module) stays off the import path (tests/test_import_cost.py).
 """
 
 from __future__ import annotations

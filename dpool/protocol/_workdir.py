@@ -29,7 +29,7 @@ from typing import Optional
 
 from dpool.errors import Error
 
-_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache",
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache",
                         ".pytest_cache", ".ruff_cache", "node_modules", ".venv", "venv",
                         ".eggs"})
 DEFAULT_FILE_LIMIT = 16 << 20
@@ -60,7 +60,7 @@ def _files(root: str, file_limit: int) -> list[tuple[str, str]]:
     """(relative path, absolute path) of the files to ship, sorted."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
                              and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))
                              and not os.path.islink(os.path.join(dirpath, d)))
         for name in filenames:

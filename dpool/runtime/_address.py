@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dpool.errors import Error
-from dpool.protocol._dial import parse_hostport
+from dpool.protocol import parse_hostport
 
 
 def state_dir() -> str:

@@ -17,7 +17,7 @@ import sys
 import threading
 import weakref
 
-from dpool.objects import _values
+from dpool.objects import values as _values
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

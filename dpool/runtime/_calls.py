@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from dpool import errors
 from dpool._task_future import ObjectRef, TaskFuture, collect_refs
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

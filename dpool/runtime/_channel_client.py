@@ -15,7 +15,7 @@ from collections import deque
 
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.futures import Future
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 from dpool.runtime._functions import FunctionTable
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)

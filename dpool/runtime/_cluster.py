@@ -5,22 +5,17 @@
 
 It is a ``Driver`` (``_client``), as the embedded runtime is, so executors and Pools work
 unchanged; no worker runs in this process. What it shares with a worker's client (ids,
-gets, releases) is in ``_channel_client``. It connects over the node's unix socket
-when the node is on this host (``dpool start``'s record says so), else over TCP; both
-start with the token handshake.
+gets, releases) is in ``_channel_client``. It connects over the node's unix socket when
+the node is on this host (``dpool start``'s record says so), else over TCP; both start
+with the token handshake. On the node's host, large values go through the node's store,
+zero-copy both ways; over TCP, through ``_tcp_objects``. A TCP driver whose node dies
+moves to a live node (``_move``); an attached driver fails its unfinished futures with
+``NodeLostError``.
 
-A driver over TCP whose node dies moves to a live node and resubmits its unfinished
-tasks from its own records (``_move``); a driver on its node's host does not (its node
-was its host's).
-
-On the node's host, large values go through the node's store, zero-copy both ways.
-Over TCP, small values go inline and large ones on transfer connections of their own
-(``_tcp_objects``): pushed into the node's store before the message that names them, and
-pulled by a fetch thread when a result is one.
-
-Releases and the closing of collected executors are queued without a lock (they may
-come from ``__del__`` during garbage collection) and sent by a flusher thread, or with
-the next message.
+Messages go out under ``_send_lock``, in the order they were queued or sent, from any
+thread. Releases and the closing of collected executors are queued without a lock (they
+may come from ``__del__`` during garbage collection) and sent by the flusher thread, or
+with the next message.
 
 Cancelling: ``Future.cancel()`` succeeds while the driver has no result, and tells the
 node to drop the task if it has not started (compat/DIFFERENCES.md). ``shutdown(
@@ -48,17 +43,13 @@ from dpool.errors import (
     SerializationError,
 )
 from dpool.futures import Future
-from dpool.objects import _mapping, _payload, _values
-from dpool.protocol import (
-    PROTOCOL_VERSION,
-    Channel,
-    ChannelClosed,
-    _dial,
-    _workdir,
-    decode_batch,
-    encode_batch,
-)
-from dpool.protocol import _messages as m
+from dpool.objects import mapping as _mapping
+from dpool.objects import payload as _payload
+from dpool.objects import values as _values
+from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
+from dpool.protocol import dial as _dial
+from dpool.protocol import messages as m
+from dpool.protocol import workdir as _workdir
 from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._channel_client import ChannelClient
@@ -67,8 +58,8 @@ from dpool.runtime._move import Mover, TaskRecord
 from dpool.runtime._output import OutputPrinter
 from dpool.runtime._remote_group import RemoteGroup
 from dpool.runtime._tcp_objects import TcpValues
-from dpool.scheduling import _resources
-from dpool.transfer import _pull
+from dpool.scheduling import resources as _resources
+from dpool.transfer import pull as _pull
 
 log = _log.getLogger("dpool.runtime")
 

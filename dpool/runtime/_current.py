@@ -52,12 +52,12 @@ def cluster_cpus() -> int:
     set (``max_workers=None``, ``cpu_count()``), else this machine's (as the stdlib)."""
     if os.environ.get("DPOOL_ADDRESS") and _worker is None:
         # never 0: a 0-CPU head that has not yet seen a node that just joined says 0
-        # (a pool of 0 workers would keep its tasks queued for good: issue 17)
+        # (a pool of 0 workers would keep its tasks queued for good)
         return max(1, _cluster_driver().cluster_cpus)
     if os.environ.get("DPOOL_NUM_CPUS"):
-        from dpool.scheduling._detect import embedded_cpus
+        from dpool.scheduling import detect as _detect
 
-        return embedded_cpus() or 1
+        return _detect.embedded_cpus() or 1
     return os.cpu_count() or 1
 
 

@@ -18,7 +18,8 @@ import weakref
 from dpool import _log
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.control import InProcessControlStore
-from dpool.objects import _owners, _payload
+from dpool.objects import owners as _owners
+from dpool.objects import payload as _payload
 from dpool.runtime import _calls
 from dpool.runtime._functions import FunctionTable
 from dpool.scheduling import GroupConfig, LocalScheduler

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

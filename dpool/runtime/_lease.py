@@ -25,17 +25,17 @@ from typing import Any, Optional
 
 from dpool import _log, errors
 from dpool.errors import Error, ProtocolError
-from dpool.objects import _values
+from dpool.objects import values as _values
 from dpool.protocol import (
     PROTOCOL_VERSION,
     Channel,
     ChannelClosed,
-    _auth,
+    IOLoop,
     decode_batch,
     encode_batch,
 )
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import IOLoop
+from dpool.protocol import auth as _auth
+from dpool.protocol import messages as m
 
 log = _log.getLogger("dpool.runtime")
 

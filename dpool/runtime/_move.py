@@ -2,7 +2,7 @@
 
     node A dies ──EOF──▶ reader (or a send, or a pull) ──▶ Mover.move
         candidates: DPOOL_ADDRESS's other addresses, then the live nodes the node table
-        listed (``StatusRequest`` every few seconds)
+        listed (``StatusRequest`` every ``STATUS_EVERY_S``)
         connect + attach to the first that answers (a new id prefix: new ids from there)
         replay, in one batch, from this driver's own records:
             functions, working directories, groups (``CreateGroup``),
@@ -12,29 +12,18 @@
             driver holds goes as that value), the group's close, pending gets
         a new reader thread; nothing of the user's sees the move
 
-What the driver keeps for this (TCP drivers only, nothing on a unix-attached driver):
-each unfinished task's function, arguments and group (as the stdlib's executor keeps its
-work items until they are done), and each live ``put``'s payload when it was small; all
-dropped when the future is set or the ref released. Recording is a dict insert on submit
-and a pop on the result, done while the send lock is held anyway.
+The records (TCP drivers only): each unfinished task's function, arguments and group
+(``TaskRecord``), and each live ``put``'s payload when it was small; dropped when the
+future is set or the ref released; written under the runtime's send lock. What cannot be
+replayed fails typed: a large ``put`` value (held only by the dead node:
+``ObjectLostError``, and every task and get that takes it), a task of a ``no_rebuild``
+function (``ObjectLostError``), a task lost with its node ``max_attempts`` times, and
+every future when no node answers within ``MOVE_TIMEOUT_S`` (``NodeLostError``).
 
-What cannot survive the move fails with a typed error naming it:
-
-- a large ``put`` value was uploaded into the dead node's store only: it is gone
-  (``ObjectLostError`` with ``object_id`` and ``node``), and so is every task and get
-  that takes it; put it again;
-- a task of a function marked ``dpool.no_rebuild`` is not run again
-  (``ObjectLostError``): it may have run, and its result is lost;
-- a task lost with its node ``max_attempts`` times fails with ``NodeLostError``;
-- no other node is known (a one-node cluster), or none answers within
-  ``MOVE_TIMEOUT_S``: every future fails with ``NodeLostError``, as before this module.
-
-Results: a result the driver had been sent but not yet pulled (a large one) is pulled
-from the node that had it; when that node is the dead one, the task runs again on the
-new node (``lost_result``): a rebuild of a value whose only copy was lost, through its
-inputs (an input that is itself an unfinished task of this driver runs again before it).
-A task may therefore run twice when its node dies after running it and before its result
-reached the driver: the reason for ``no_rebuild``.
+A result the driver was told of but had not pulled from the dead node is made again by
+the replayed task (``lost_result``), through its inputs; so a task may run twice when
+its node dies between running it and the driver's pull. One move runs at a time
+(``_lock``); ``moved`` wakes threads waiting for it.
 """
 
 from __future__ import annotations
@@ -49,9 +38,9 @@ from dpool import _log
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.errors import Error, NodeLostError, ObjectLostError
 from dpool.futures import Future
-from dpool.protocol import ChannelClosed, _workdir, encode_batch
-from dpool.protocol import _messages as m
-from dpool.protocol._dial import parse_hostport
+from dpool.protocol import ChannelClosed, encode_batch, parse_hostport
+from dpool.protocol import messages as m
+from dpool.protocol import workdir as _workdir
 from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._rebuild import rebuilds

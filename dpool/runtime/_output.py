@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 
 
 class OutputPrinter:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpool.placement import GangTable, NodeLoad
-from dpool.scheduling import _resources
+from dpool.scheduling import resources as _resources
 
 _RETRY_S = 0.05
 HOST = "local"

@@ -24,7 +24,7 @@ from dpool.errors import PlacementError
 from dpool.futures import Future
 from dpool.placement import STRATEGIES
 from dpool.runtime import _current
-from dpool.scheduling import _resources
+from dpool.scheduling import resources as _resources
 
 __all__ = ["PlacementGroup", "placement_group"]
 

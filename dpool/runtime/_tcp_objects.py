@@ -9,28 +9,18 @@
     Fetches: up to _FETCHERS threads ── FetchSegment ranges ──▶ node (``transfer._pull``)
        ──▶ recv_into memory of this process ──▶ unpickled onto it ──▶ future set
 
-A large result is pulled by a fetch thread, not by the reader: the reader is the only
-thread that takes the node's messages, so the time a large pull takes there would hold
-up every other result, and the output and group notices behind it. Nor by the thread
-that waits in ``result()``: a future is also waited on through ``as_completed``,
-``wait``, callbacks and Pools, where nobody calls ``result()``; a fetch thread serves
-them all, and the hand-off costs one thread wake-up, noise next to moving the value.
+A large result is pulled by a fetch thread, never by the reader (the only thread that
+takes the node's messages, which a long pull would hold up) nor by a thread in
+``result()`` (futures are also waited on through ``as_completed``, ``wait``, callbacks
+and Pools). It is pulled from the node the driver was attached to when the reference
+came, with no Python-level copy, into this process's memory (``_inline.private_memory``).
 
-A result that comes this way crosses once, with no Python-level copy (``bench/cluster.py``,
-get64_tcp, against a result that came inline in its message). A result of a task on
-another node makes a second hop first: the driver's node pulls it from the node that
-ran the task (``node._spill``) before this driver pulls it from there (into huge pages:
-``_inline.private_memory``).
-
-The node keeps the segment while this driver holds a handle (future or ref) to the
-object, and the fetch thread holds the future until it is set: the value is there to
-pull. It may have been spilled to the node's disk meanwhile (the store was full); the
-node does not keep a spilled segment in ``/dev/shm``, so the driver asks for the value
-again (``GetObjects``), and the node brings it back and sends a fresh reference.
-
-A pull is made from the node that sent the reference, also after the driver moved to
-another node (``_move``); one that fails because that node died leaves the result to
-the task run again on the new node (``Mover.lost_result``).
+The node keeps the segment while this driver holds a handle to the object, and the fetch
+thread holds the future until it is set. A segment found gone (spilled to the node's
+disk meanwhile) is asked for again with ``GetObjects``, up to ``_ASK_AGAIN`` times: the
+node brings it back and sends a fresh reference. A pull that fails because its node died
+leaves the result to the task run again after the move (``Mover.lost_result``); else the
+future fails with the error (``NodeLostError`` once the node is lost).
 """
 
 from __future__ import annotations
@@ -42,10 +32,11 @@ from typing import Any, Optional
 from dpool import _log
 from dpool.errors import DeserializationError, NodeLostError
 from dpool.futures import Future
-from dpool.objects import _inline
-from dpool.objects._serialization import Serialized
-from dpool.protocol import _messages as m
-from dpool.transfer import _pull, _push
+from dpool.objects import Serialized
+from dpool.objects import inline as _inline
+from dpool.protocol import messages as m
+from dpool.transfer import pull as _pull
+from dpool.transfer import push as _push
 
 log = _log.getLogger("dpool.runtime")
 

@@ -31,6 +31,8 @@ from dpool.scheduling._scheduler import GroupConfig, LocalScheduler
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
+    from dpool.scheduling import _detect as detect
+    from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
         DriverService,
         Handler,
@@ -39,7 +41,20 @@ if TYPE_CHECKING:
         SpillService,
     )
 
-_API = frozenset(("DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"))
+# What other packages use, loaded on first use (PEP 562): importing this package
+# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
+# is the module itself, used as a namespace
+# (``from dpool.scheduling import resources as _resources``).
+# The services' interfaces are typing.Protocols, which only type checkers and the
+# node's modules need: the embedded runtime does not import typing for them (issue 21).
+_MODULES = {
+    "detect": "dpool.scheduling._detect",
+    "resources": "dpool.scheduling._resources",
+}
+_LAZY = {
+    **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"),
+                    "dpool.scheduling._api"),
+}
 
 __all__ = [
     "BatchPolicy",
@@ -54,14 +69,23 @@ __all__ = [
     "SpillService",
     "Task",
     "WorkerHandle",
+    "detect",
+    "resources",
 ]
 
 
 def __getattr__(name: str) -> object:
-    # The services' interfaces are typing.Protocols, which only type checkers and the
-    # node's modules need: the embedded runtime does not import typing for them (issue 21).
-    if name in _API:
-        from dpool.scheduling import _api
+    import importlib
 
-        return getattr(_api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *_MODULES, *_LAZY})

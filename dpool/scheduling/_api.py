@@ -26,9 +26,9 @@ from collections.abc import Iterable, ValuesView
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from dpool.control import ControlStore
-from dpool.objects._hoststore import HostStore
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import IOLoop
+from dpool.objects import HostStore
+from dpool.protocol import IOLoop
+from dpool.protocol import messages as m
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger

@@ -18,8 +18,8 @@ import socket
 import threading
 from collections import deque
 
-from dpool.objects._hoststore import HostStore
-from dpool.protocol._ioloop import IOLoop
+from dpool.objects import HostStore
+from dpool.protocol import IOLoop
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
 from dpool.scheduling._resources import Ledger

@@ -67,7 +67,7 @@ def fork_server() -> Any:
 
     if not _zygote.usable():
         return None
-    from dpool.objects import _mainref
+    from dpool.objects import mainref as _mainref
 
     _mainref.mark_fork_point()
     return _zygote.Zygote()

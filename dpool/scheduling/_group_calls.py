@@ -10,7 +10,7 @@ import time
 from collections import deque
 
 from dpool import _log
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task
 from dpool.scheduling._workers import _reap

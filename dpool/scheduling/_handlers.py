@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dpool import _log, errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
-from dpool.objects import _payload
-from dpool.objects._values import stored_size
-from dpool.protocol import _messages as m
+from dpool.objects import payload as _payload
+from dpool.objects import stored_size
 from dpool.protocol import decode_batch
+from dpool.protocol import messages as m
 from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task, WorkerHandle

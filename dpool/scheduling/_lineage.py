@@ -60,7 +60,8 @@ from __future__ import annotations
 
 from dpool import _log
 from dpool.errors import ObjectLostError
-from dpool.objects import _payload, _values
+from dpool.objects import payload as _payload
+from dpool.objects import values as _values
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Obj, Task
 from dpool.scheduling._states import READY, WAIT, transition

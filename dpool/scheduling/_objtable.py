@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dpool import errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError
-from dpool.objects import _payload
-from dpool.objects._values import stored_size
-from dpool.protocol import _messages as m
+from dpool.objects import payload as _payload
+from dpool.objects import stored_size
+from dpool.protocol import messages as m
 from dpool.scheduling._lineage import Lineage
 from dpool.scheduling._records import Obj, Task, WorkerHandle
 from dpool.scheduling._states import WAIT, transition
@@ -267,7 +267,8 @@ class ObjectTable(Lineage):
     def _forget_mappings_locked(self) -> None:
         """Large segments were freed or spilled, or pooled pages given back: workers (and
         this process) unmap cached mappings nobody can use any more."""
-        from dpool.objects import _mapping, _writemaps  # (the store's: news came from it)
+        from dpool.objects import mapping as _mapping  # (the store's: news came from it)
+        from dpool.objects import writemaps as _writemaps
 
         names = self.store.take_news()
         _mapping.prune()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from dpool.protocol import Channel
-from dpool.protocol._record import field, record
+from dpool.protocol import Channel, field, record
 from dpool.scheduling._states import (
     CLOSED,
     HELLO,

@@ -36,8 +36,8 @@ from collections import deque
 
 from dpool import _log
 from dpool.errors import PlacementError, ResourceError
-from dpool.objects import _payload
-from dpool.protocol import _messages as m
+from dpool.objects import payload as _payload
+from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request

@@ -58,13 +58,10 @@ from collections.abc import ValuesView
 from dpool import _log, errors
 from dpool._task_future import completes_anywhere
 from dpool.errors import ObjectLostError, ObjectStoreFullError
-from dpool.objects import _payload
-from dpool.objects._hoststore import HostStore
-from dpool.objects._values import stored_size
-from dpool.protocol import _messages as m
-from dpool.protocol._ioloop import SPIN_S, IOLoop
-from dpool.protocol._record import record
-from dpool.protocol._startup import preload_worker
+from dpool.objects import HostStore, stored_size
+from dpool.objects import payload as _payload
+from dpool.protocol import SPIN_S, IOLoop, preload_worker, record
+from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages

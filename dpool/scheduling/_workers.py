@@ -29,10 +29,11 @@ import time
 
 from dpool import _log, errors
 from dpool.errors import Error
-from dpool.objects import _owners, _payload
-from dpool.protocol import Channel, ChannelClosed, _running, encode_batch
-from dpool.protocol import _messages as m
-from dpool.protocol._startup import WorkerConfig, start_worker
+from dpool.objects import owners as _owners
+from dpool.objects import payload as _payload
+from dpool.protocol import Channel, ChannelClosed, WorkerConfig, encode_batch, start_worker
+from dpool.protocol import messages as m
+from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Group, Task, WorkerHandle

@@ -108,7 +108,7 @@ class Zygote:
         if pid == 0:  # pragma: no cover - the zygote (covered through its workers)
             code = 1
             try:
-                from dpool.objects import _mainref
+                from dpool.objects import mainref as _mainref
 
                 _mainref.forked_server()
                 ours.close()
@@ -250,7 +250,7 @@ class _Server:
         # workers get the program's handler back); the driver's end stops it
         self.sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:  # what every worker would import first, imported once here (as before, in
-            from dpool.protocol._startup import preload_worker  # the driver)
+            from dpool.protocol import preload_worker  # the driver)
 
             preload_worker()
         except Exception:  # noqa: BLE001 - the worker reports it when it starts

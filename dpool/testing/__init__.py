@@ -6,3 +6,7 @@ imports nothing but pytest until ``--dpool`` is given. The rest -- the controlle
 execnet starts (``_bridge``) and the worker-side wrapper of xdist's remote module
 (``_remote``) -- loads only then. See ``_controller`` for how the pieces fit.
 """
+
+# Nothing here is for other packages: pytest loads the plugin through its entry point
+# (``dpool.testing._plugin``).
+__all__: list[str] = []

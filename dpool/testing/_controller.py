@@ -5,26 +5,24 @@
                                                 │        └ python -u -c <bootstrap>
     listener (unix; TCP in cluster mode) ◀──────┴── authenticated connection ──┘
 
-- ``start`` opens the listener (dpool's mutual HMAC handshake with a fresh random token
-  on every connection; a unix socket in a 0700 directory for the bridges, and for the
-  tasks on the embedded runtime; a TCP port on the address this host reaches the
-  cluster by, in cluster mode), creates an executor (``max_attempts=1``; the cluster's
-  nodes run it when ``DPOOL_ADDRESS`` is set, with pytest's rootdir as the working
-  directory that ships to them) and submits every task at once, so the test workers'
-  interpreters start in parallel.
+- ``start`` opens the listener (dpool's mutual HMAC handshake, a fresh random token;
+  a unix socket in a 0700 directory for the bridges and, on the embedded runtime, the
+  tasks; in cluster mode a TCP port on the address this host reaches the cluster by),
+  creates an executor (``max_attempts=1``; with ``DPOOL_ADDRESS`` the cluster's nodes
+  run it, with pytest's rootdir as the shipped working directory) and submits every task
+  at once, so the test workers' interpreters start in parallel.
 - It rewrites xdist's gateway specs to ``popen//python=<bridge>``. execnet starts the
   bridge; the bridge authenticates, and the controller passes it the file descriptor of
-  a task's connection (``SCM_RIGHTS``) -- no byte of test traffic goes through the
-  controller's own threads. Any ready task serves any bridge; a bridge with none ready
+  a task's connection (``SCM_RIGHTS``): no byte of test traffic goes through the
+  controller's threads. Any ready task serves any bridge; a bridge with none ready
   (xdist replacing a crashed worker) has a new task submitted for it.
-- A test worker that dies closes its connection: the bridge exits, xdist reports the
-  crash and starts a replacement as it would with plain xdist.
+- A test worker that dies closes its connection: the bridge exits, and xdist reports the
+  crash and starts a replacement as with plain xdist.
 - ``close`` (at ``pytest_unconfigure``, also after Ctrl-C or ``-x``) closes the
-  listeners and unclaimed connections, removes the directory, lets the tasks end (their
-  test workers got EOF), and terminates what is still running: the test workers die
-  with their dpool workers. A controller killed outright (SIGKILL) runs no ``close``: its
-  dpool workers exit (they watch their parent), their test workers with them
-  (``PR_SET_PDEATHSIG``), the bridges at EOF; its directory is removed by the next run.
+  listeners and unclaimed connections, removes the directory, lets the tasks end, and
+  terminates what still runs. A controller killed outright runs no ``close``: its dpool
+  workers exit (they watch their parent), their test workers with them
+  (``PR_SET_PDEATHSIG``), the bridges at EOF; the next run removes its directory.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from collections import deque
 from typing import Any, Optional
 
 from dpool.errors import AuthenticationError
-from dpool.protocol import _auth
+from dpool.protocol import auth as _auth
 
 log = logging.getLogger("dpool.testing")
 
@@ -111,7 +109,7 @@ class Backend:
     # -- start -------------------------------------------------------------------------
     def start(self, n: int) -> None:
         import dpool.executor
-        from dpool.runtime import _current
+        from dpool.runtime import current as _current
 
         base = tempfile.gettempdir()
         if len(base) > 60:  # a unix socket path has at most 107 bytes

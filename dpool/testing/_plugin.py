@@ -177,7 +177,7 @@ def _check_shipped(config: pytest.Config) -> None:
     """In cluster mode the nodes get pytest's rootdir as dpool ships it, which leaves out
     virtual environments, caches and version control: running from, or naming tests in,
     such a directory would run something else on the nodes. Say so instead."""
-    from dpool.protocol._workdir import _SKIP_DIRS
+    from dpool.protocol import workdir as _workdir
 
     root = str(config.rootpath)
     for path in _paths(config):
@@ -189,7 +189,7 @@ def _check_shipped(config: pytest.Config) -> None:
             if part in ("", "."):
                 continue
             here = os.path.join(here, part)
-            if part in _SKIP_DIRS or os.path.exists(os.path.join(here, "pyvenv.cfg")):
+            if part in _workdir.SKIP_DIRS or os.path.exists(os.path.join(here, "pyvenv.cfg")):
                 raise pytest.UsageError(
                     f"--dpool ships pytest's rootdir {root} to the cluster's nodes without "
                     f"{here} (dpool skips virtual environments, caches and version "

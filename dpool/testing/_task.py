@@ -33,7 +33,7 @@ import subprocess
 import sys
 from typing import Optional, Union
 
-from dpool.protocol import _auth
+from dpool.protocol import auth as _auth
 
 # execnet's popen bootstrap line (execnet.gateway_io.popen_bootstrapline), after making
 # the test worker die with the dpool worker that started it.

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from dpool.protocol import _dial
+from dpool.protocol import dial as _dial
 
 IDLE_S = 20.0  # a kept connection unused this long is closed (the holder waits 30 s)
 _PER_HOLDER = 4  # connections kept per holder (one per transfer running at once)

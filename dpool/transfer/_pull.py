@@ -7,27 +7,21 @@ that holds it, into a segment of its own store.
          ◀── per range: size, then raw bytes (sendfile from /dev/shm) ──┘
        splice socket -> pipe -> segment at the range's offset (a thread per range)
 
-A stored value is one segment whose layout is self-describing (``_segment``), so a copy
-is the segment's bytes, verbatim: A sends them with ``sendfile`` from the tmpfs file, B
-splices them from the socket into its new segment (``_ranges.receive``: the kernel copies
-each byte once, into B's pages) -- no copy of the value in Python memory on either side,
-and nothing unpickled. Transfers have
-connections of their own, authenticated like any other (``protocol._auth``), so a large
-one never holds up a node's control messages; ``_conns`` keeps them for the next
-transfer from the same node (a handshake costs more than copying 1 MB).
+A copy is the segment's bytes, verbatim (``_segment``'s layout describes itself): A sends
+them with ``sendfile``, B splices them into its new segment (``_ranges.receive``); no copy
+of the value in Python memory on either side, nothing unpickled. Transfers run on
+connections of their own, authenticated like any other (``protocol._auth``) and kept for
+the next transfer (``_conns``), so a large one never holds up control messages.
 
 A fetch that fails part-way (the holder died, the connection broke) removes the partial
 segment; the reader then tries the other nodes that keep a copy (the object table lists
 them; a node serves its copy under the holder's segment name), and raises
 ``ObjectLostError`` naming the object and the node when none can give it: a torn value
 is never used. A kept connection the holder had closed is retried once on a fresh one.
-The ranges, their threads and the kept connections are ``_ranges``' (``_push`` uploads
-the same way); this module holds what only a pull does: the request and its answer, the
-holder's ``sendfile``, the receive loops, the other copies to try.
 
 A spilled task refers to its large inputs by ``remote_ref`` payloads (the holder's
-address and segment name) instead of carrying their bytes; the executing node fetches
-each once, however many of its tasks need it (``node._remote``).
+address, segment name and size); the executing node fetches each once, however many of
+its tasks need it (``node._remote``). ``fetch_into`` pulls into a TCP driver's memory.
 """
 
 from __future__ import annotations
@@ -44,10 +38,13 @@ from typing import Optional
 
 from dpool import errors
 from dpool.errors import AuthenticationError, Error, ObjectLostError, ObjectStoreFullError
-from dpool.objects import _forkguard, _segment, _values, _writemaps
-from dpool.protocol import PROTOCOL_VERSION, _auth
-from dpool.protocol import _messages as m
-from dpool.protocol._dial import parse_hostport
+from dpool.objects import _segment
+from dpool.objects import forkguard as _forkguard
+from dpool.objects import values as _values
+from dpool.objects import writemaps as _writemaps
+from dpool.protocol import PROTOCOL_VERSION, parse_hostport
+from dpool.protocol import auth as _auth
+from dpool.protocol import messages as m
 from dpool.transfer import _conns, _ranges
 
 log = logging.getLogger("dpool.objects")

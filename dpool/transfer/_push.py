@@ -12,28 +12,15 @@ segment of the node's store, off the control connection.
                                                                  scheduler adopts it, as
                                                                  a local driver's value
 
-A large value goes in ranges on up to four connections at once (one per core, 16 MB or
-more each: ``_ranges.split``), as node-to-node fetches do: the range at offset 0 is
-asked for first and creates the segment; once the node said go ahead to it, the others
-are asked for on connections of their own, each written by its own node thread at its
-offset; the first range's thread waits for them all and answers last, with the name.
-The ranges, their threads and the kept connections are ``_ranges``' (``_pull`` fetches
-the same way); this module holds what only an upload does.
-
-Before this, a TCP driver's large value went inline in its control message: joined
-(one copy), pickled into the frame (another), sent on the one connection every other
-message waits behind, unpickled and written into the store by the node under its
-scheduler lock. The bytes now cross once, from the user's array into the node's
-segment, with no Python-level copy on either side (``bench/cluster.py``, put64_tcp).
-
-The bytes are the segment, verbatim (``_segment``'s self-describing layout), so the node
-unpickles nothing and needs none of the user's modules. Which segment is the node's
-choice: ``segment_name(its store owner, object id)``, never a name from the wire; the id
-must be one of an attached TCP driver's (``node._attach`` checks that and the
-size). The node answers before the bytes come ("go ahead") so a value that cannot fit
-is refused without sending it, and the connection's framing (``protocol._channel``, which
-reads ahead) never sees raw bytes. A transfer that breaks part-way leaves no segment
-behind (the node unlinks its partial copy) and fails the driver's call with
+The bytes sent are the segment, verbatim (``_segment``'s layout): the node unpickles
+nothing. A large value goes in ranges (``_ranges.split``), each on a connection of its
+own: the range at offset 0 is asked for first and creates the segment; the others follow
+once the node said go ahead, each written by its own node thread at its offset; the first
+range's thread waits for them all and answers last, with the name. The node names the
+segment (``segment_name(its store owner, object id)``, never a name from the wire) and
+``node._attach`` checks the id and size. The node answers before the bytes come, so a
+value that cannot fit is refused unsent and the framing (``protocol._channel``) never
+sees raw bytes. A transfer that breaks part-way leaves no segment and fails the call with
 ``NodeLostError``; a full store fails it with ``ObjectStoreFullError``.
 """
 
@@ -50,11 +37,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from dpool.errors import Error, NodeLostError, ObjectStoreFullError, ProtocolError
-from dpool.objects import _forkguard, _segment, _values
-from dpool.objects._serialization import Serialized
-from dpool.protocol import PROTOCOL_VERSION, _auth
-from dpool.protocol import _messages as m
-from dpool.protocol._dial import DialError
+from dpool.objects import Serialized, _segment
+from dpool.objects import forkguard as _forkguard
+from dpool.objects import values as _values
+from dpool.protocol import PROTOCOL_VERSION, DialError
+from dpool.protocol import auth as _auth
+from dpool.protocol import messages as m
 from dpool.transfer import _conns, _ranges
 
 PUSH_TIMEOUT = 30.0  # a push that moves no byte for this long fails

@@ -32,7 +32,8 @@ import threading
 from typing import Any, Callable, Optional
 
 from dpool.errors import Error
-from dpool.objects import _forkguard, _segment
+from dpool.objects import _segment
+from dpool.objects import forkguard as _forkguard
 from dpool.protocol import encode_batch
 from dpool.transfer import _conns
 

@@ -7,3 +7,7 @@
 - ``_output``: a node's worker sends its stdout/stderr to the driver.
 - ``_watchdog``: the worker exits, and cleans up, when its driver dies.
 """
+
+# Nothing here is for other packages: the worker is a process of its own, started by
+# its module's name (``protocol.WORKER_ENTRY``).
+__all__: list[str] = []

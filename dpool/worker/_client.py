@@ -21,11 +21,12 @@ import queue
 import threading
 
 from dpool._task_future import ObjectRef, TaskFuture
-from dpool.objects import _mapping, _payload
+from dpool.objects import mapping as _mapping
+from dpool.objects import payload as _payload
 from dpool.protocol import ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _messages as m
-from dpool.runtime import _calls
-from dpool.runtime._channel_client import ChannelClient
+from dpool.protocol import messages as m
+from dpool.runtime import ChannelClient
+from dpool.runtime import calls as _calls
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

@@ -20,11 +20,12 @@ from typing import Any, Optional
 
 from dpool.errors import ProtocolError
 from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 
 
 def _unlink_stored(payload: bytes) -> None:
-    from dpool.objects import _segment, _values
+    from dpool.objects import segment as _segment
+    from dpool.objects import values as _values
 
     info = _values.stored(payload)
     if info is not None:

@@ -26,17 +26,17 @@ from collections import deque
 
 from dpool import _log, errors
 from dpool._task_future import stdlib_cause
-from dpool.objects import _payload
+from dpool.objects import payload as _payload
 from dpool.protocol import (
     PROTOCOL_VERSION,
     Channel,
     ChannelClosed,
-    _running,
+    WorkerConfig,
     decode_batch,
     encode_batch,
 )
-from dpool.protocol import _messages as m
-from dpool.protocol._startup import WorkerConfig
+from dpool.protocol import messages as m
+from dpool.protocol import running as _running
 from dpool.worker import _watchdog
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -250,17 +250,17 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None,
     for p in reversed(cfg.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
-    from dpool.objects import _mainref
-    from dpool.runtime import _current
+    from dpool.objects import mainref as _mainref
+    from dpool.runtime import current as _current
 
     _current.enter_worker(cfg)
-    from dpool.scheduling import _resources
+    from dpool.scheduling import resources as _resources
 
     # A function pickled by value keeps its @dpool.resources, but its module's decorator
     # never ran here: nested submits look for requests on every function.
     _resources.decorated = True
     _mainref.set_worker_namespace()  # the script's globals, shared by its functions here
-    from dpool.objects import _values
+    from dpool.objects import values as _values
 
     _values.set_capacity_limit(cfg.store_capacity)
     _watchdog.start(cfg.parent_pid)

@@ -1,28 +1,24 @@
 """A node's worker sends what it writes to the driver whose tasks it runs.
 
 On the embedded runtime workers share the driver's terminal, as the stdlib's do. Under a
-node daemon they would write into the node's log instead, so there (``capture_output``)
-the worker points its file descriptors 1 and 2 at pipes and a thread per pipe sends what
-comes out as ``Output`` messages over the worker's connection: Python's ``print``, the
-``logging`` module and C code writing to fd 1/2 all reach the driver, whose node and
-worker pid prefix each line when the task ran on another host. ``sys.stdout`` becomes
-line-buffered, so lines arrive as they are printed, and logging starts unconfigured, as
+node daemon (``capture_output``) the worker points its file descriptors 1 and 2 at pipes
+and a thread per pipe sends what comes out as ``Output`` messages over the worker's
+connection: Python's ``print``, the ``logging`` module and C code writing to fd 1/2 all
+reach the driver, which prefixes each line with node and worker pid when the task ran on
+another host. ``sys.stdout`` becomes line-buffered, and logging starts unconfigured, as
 in a fresh process (not in the node daemon's format).
 
-A line is sent whole, by one path. What a worker writes may reach the driver by two --
-the node's connection (relayed) or a lease's (direct) -- and a line may be written in
-many pieces: under ``PYTHONUNBUFFERED=1`` (or ``-u``) ``print("init")`` is two writes,
-``"init"`` and ``"\\n"``. Sent as they were read, the pump sent ``"init"`` to the node
-while a lent worker's initializer ran, and ``drain()`` sent the ``"\\n"`` over the lease
-with ``LeaseReady``; the driver got the newline first and printed a blank line, then
-held ``"init"`` until it closed (a CI failure in tests/cluster/test_leases.py). So the
-pump sends only up to the last newline it has; the rest of the line (``_tails``, per
-stream) waits for its newline, or for ``drain()``, which sends everything ahead of a
-result or ``LeaseReady`` on the connection that carries them (the driver has it before
-it sees that message, and the path changes only there: a lease begins with its
-``LeaseReady`` and ends after the driver has seen its last result), or for the worker's
-exit; a line longer than ``_CHUNK`` goes in pieces. Whole lines printed around a change
-of path may reach the driver in another order than they were printed in.
+A line is sent whole, on one path. Output may go to the driver by two paths (the node's
+connection, or a lease's while the worker is lent) and a line may be written in pieces
+(under ``-u``, ``print("x")`` is two writes). So a pump sends only up to the last newline
+it has; the rest of the line (``_tails``, per stream) waits for its newline, for
+``drain()`` -- which sends everything ahead of a result or ``LeaseReady`` on the
+connection that carries them, the only moments the path changes -- or for the worker's
+exit. A line longer than ``_CHUNK`` goes in pieces. Whole lines written around a change
+of path may reach the driver in another order than they were written in.
+
+Each stream's lock is held while its pipe is read and what was read is sent, so the
+pump's and ``drain()``'s sends stay in order.
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ import threading
 from typing import Any
 
 from dpool.protocol import ChannelClosed, encode_batch
-from dpool.protocol import _messages as m
+from dpool.protocol import messages as m
 
 _CHUNK = 1 << 16
 

@@ -19,7 +19,7 @@ import os
 import time
 
 from dpool import _log
-from dpool.objects import _owners
+from dpool.objects import owners as _owners
 
 log = _log.getLogger("dpool.worker")
 
