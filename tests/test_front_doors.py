@@ -104,7 +104,9 @@ def test_importing_a_package_loads_none_of_its_modules(package):
         [sys.executable, "-c", "import sys; before = set(sys.modules); "
          f"import {package}; print('\\n'.join(sorted(set(sys.modules) - before)))"],
         capture_output=True, text=True, timeout=30, check=True)
-    assert set(out.stdout.split()) == {"dpool", package}
+    # (dpool's modules only: a package off the fast path may import typing, say --
+    # tests/test_fast_import_rule.py)
+    assert {n for n in out.stdout.split() if n.split(".")[0] == "dpool"} == {"dpool", package}
 
 
 @pytest.mark.parametrize("package", [p for p in PACKAGES

@@ -20,7 +20,8 @@ The cluster's processes do nothing for the dashboard: it reads what they record 
 off every task's path. ``cli/_dashboard`` starts it.
 """
 
-TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from dpool.dashboard._collect import Collector
     from dpool.dashboard._server import DashboardServer

@@ -17,7 +17,8 @@
 - ``_ids``: cluster-unique id prefixes; ``_workdirs``: the cache of drivers' shipped code.
 """
 
-TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from dpool.node import _process as process
     from dpool.node._attach import PeerHandle
