@@ -18,7 +18,7 @@ one ``transfer._pull.fetch``, which logs ``fetched <segment> from node <address>
 (<n> bytes ...)`` in the receiving node's ``node.log`` (objects of 1 MiB or more). The
 bench sums those lines per (from, to) hop, read before and after the timed run; it also
 classifies them: a pull *into the head* is a spilled task's result going back to its
-origin (``node._spill._pull_result``), a pull *into a worker node* is a task's input
+origin (``node._spillback._pull_result``), a pull *into a worker node* is a task's input
 sent by reference (``node._remote``). Wall time: from the first submit to the last
 result, in the driver. Each run repeats the whole workload; the median is reported.
 """

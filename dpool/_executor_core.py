@@ -26,7 +26,7 @@ from dpool._task_future import TaskFuture
 from dpool.objects import payload as _payload
 from dpool.runtime import DriverRuntime  # noqa: F401 - its import cost at import time, as the stdlib
 from dpool.runtime import current as _current
-from dpool.scheduling import GroupConfig
+from dpool.scheduling import WorkerGroupConfig
 from dpool.scheduling import resources as _resources
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -155,7 +155,7 @@ class ExecutorCore:
         if offer is not None:
             driver.set_resource_offer(offer)
         self._group: Any = driver.add_group(
-            GroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
+            WorkerGroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
                         max_attempts, working_dir, inherited),
             self,
         )

@@ -237,7 +237,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 
 def _package(module: str) -> str:
     """The package under ``dpool/`` that ``module`` is or lies in: ``dpool.node`` for
-    ``dpool.node._spill``; ``dpool`` for the root's own modules (``dpool._log``)."""
+    ``dpool.node._spillback``; ``dpool`` for the root's own modules (``dpool._log``)."""
     top = ".".join(module.split(".")[:2])
     return top if top in MODULES and MODULES[top][1] else "dpool"
 
@@ -281,7 +281,7 @@ from dpool.objects import _payload
 from dpool.objects._values import stored
 import dpool.objects._segment
 from dpool.objects import payload
-from dpool.node import _spill_base
+from dpool.node import _spillback_base
 from dpool._log import get_logger
 from dpool.errors import Error
 
@@ -293,7 +293,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from dpool.runtime._client import Client
 """
-    found = {imp.target for imp in _reaches_in(_imports("dpool.node._spill", source))}
+    found = {imp.target for imp in _reaches_in(_imports("dpool.node._spillback", source))}
     assert found == {"dpool.objects._payload", "dpool.objects._values",
                      "dpool.objects._segment", "dpool.protocol._messages",
                      "dpool.runtime._client"}

@@ -234,19 +234,19 @@ def test_a_record_with_init_false_keeps_its_own_init(slots):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: __import__("dpool.scheduling._records", fromlist=["Group"]).Group(
+    lambda: __import__("dpool.scheduling._records", fromlist=["WorkerGroup"]).WorkerGroup(
         1, 2, None, None, None, 3),
     lambda: __import__("dpool.protocol._startup", fromlist=["WorkerConfig"]).WorkerConfig(
         1, 2, 3),
-], ids=["Group", "WorkerConfig"])
+], ids=["WorkerGroup", "WorkerConfig"])
 def test_a_hand_written_record_init_gives_each_field_its_declared_default(make):
-    """``Group`` and ``WorkerConfig`` write their own ``__init__`` (``init=False``): a field
+    """``WorkerGroup`` and ``WorkerConfig`` write their own ``__init__`` (``init=False``): a field
     added to the class but not to it would be missing, or keep another default."""
     from dpool.protocol import _record
 
     x = make()
     names, defaults, factories = _record._SPECS[type(x)]
-    given = 6 if type(x).__name__ == "Group" else 3
+    given = 6 if type(x).__name__ == "WorkerGroup" else 3
     for n in names[given:]:
         expected = factories[n]() if n in factories else defaults[n]
         assert getattr(x, n) == expected and type(getattr(x, n)) is type(expected), n

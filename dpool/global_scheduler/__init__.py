@@ -9,7 +9,7 @@
 - ``_watch``: its heartbeat and its watch over the nodes: which are alive in the node
   table, and declaring dead those that stopped heartbeating or whose link closed with
   nothing listening at their address any more.
-- ``_groups``: placement groups owned by this replica: all bundles of a group placed at
+- ``_placement_groups``: placement groups owned by this replica: all bundles of a group placed at
   once (``placement.GangTable``), held on the nodes, and the tasks in a bundle forwarded
   to the node holding it.
 """

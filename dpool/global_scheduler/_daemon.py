@@ -1,7 +1,7 @@
 """The global scheduler: a stateless replica that places the tasks nodes spill.
 
     node A ──RemoteTask──▶ GlobalScheduler ──RemoteTask──▶ node B (least estimated wait)
-    nodes ──Load (when it changes)───▶ │           └──SpillRejected──▶ A (no other node)
+    nodes ──Load (when it changes)───▶ │           └──SpillbackRejected──▶ A (no other node)
 
 Every node links to every global scheduler (finding them in the control store) and
 pushes its load over the link; placement uses those reports, through the cluster's
@@ -24,7 +24,7 @@ from typing import Optional
 
 from dpool.control import ClusterControlStore
 from dpool.errors import PlacementError
-from dpool.global_scheduler._groups import Groups
+from dpool.global_scheduler._placement_groups import PlacementGroupTable
 from dpool.global_scheduler._watch import NodeWatch
 from dpool.node import NodeServer, PeerHandle, welcome_message
 from dpool.node import process as _process
@@ -63,7 +63,8 @@ class GlobalScheduler:
         self._watch = None if control is None else NodeWatch(
             control, self.gs_id, lambda: control.register_global_scheduler(self.gs_id,
                                                                            self.address))
-        self.groups = Groups(self._send_to)  # the placement groups it reserved (``_groups``)
+        # the placement groups it reserved (``_placement_groups``)
+        self.placement_groups = PlacementGroupTable(self._send_to)
 
     def serve(self) -> None:
         self.server.start()
@@ -109,7 +110,7 @@ class GlobalScheduler:
             entry = self._nodes.get(h.address)
             if entry is not None and entry[0] is h:
                 del self._nodes[h.address]
-                self.groups.node_lost(h.address, self._loads_locked())
+                self.placement_groups.node_lost(h.address, self._loads_locked())
                 if self._watch is not None:
                     self._watch.link_closed(h.peer_id, h.address)
         h.mark_closed()
@@ -159,19 +160,20 @@ class GlobalScheduler:
                             # node counted, or crossing the report): still pending there
                             load.pending = 0 if msg.received < 0 else \
                                 max(0, entry[0].tasks_out - msg.received)
-                            self.groups.on_load(self._loads_locked())
+                            self.placement_groups.on_load(self._loads_locked())
                     if self._watch is not None:
                         self._watch.heard(h.address)
-                elif isinstance(msg, (m.PGReserve, m.PGRemove, m.BundleHeld)):
+                elif isinstance(msg, (m.PlacementGroupReserve, m.PlacementGroupRemove,
+                                      m.BundleHeld)):
                     with self._lock:
-                        self.groups.on_message(msg, self._loads_locked())
+                        self.placement_groups.on_message(msg, self._loads_locked())
                 else:
                     raise ValueError(f"global scheduler got unexpected {type(msg).__name__}")
         for target, msgs in out.items():
             if not self._send(target, msgs) and target is not h:
                 # the chosen node's link closed under it: its origin tries again now
                 # rather than after its place timeout
-                back = [m.SpillRejected(x.task_id, f"node {target.address} went away as "
+                back = [m.SpillbackRejected(x.task_id, f"node {target.address} went away as "
                                         "the task was sent to it")
                         for x in msgs if isinstance(x, m.RemoteTask)]
                 if back:
@@ -179,7 +181,7 @@ class GlobalScheduler:
 
     def _place(self, origin: PeerHandle, msg: m.RemoteTask) -> tuple:
         """(where to send, what): the chosen node and the task, or the origin and a
-        ``SpillRejected``."""
+        ``SpillbackRejected``."""
         size = 0
         inputs = []  # large inputs by reference: (holder, segment, size)
         for p in [msg.args, *(p for _, ok, p in msg.deps or () if ok)]:
@@ -195,12 +197,12 @@ class GlobalScheduler:
         demand = Demand(msg.origin, req, tuple(inputs), size, strategy)
         with self._lock:
             if isinstance(strategy, InBundle):  # to the node holding its bundle
-                node, why = self.groups.place(strategy, msg.origin)
+                node, why = self.placement_groups.place(strategy, msg.origin)
                 entry = self._nodes.get(node) if node is not None else None
                 self.rejected += 1
                 if node == msg.origin:  # (spilled from its queue before it was routed:
                     # back home, where its bundle is -- not RunHere, which drops it)
-                    return origin, m.SpillRejected(msg.task_id, "its bundle is on its origin")
+                    return origin, m.SpillbackRejected(msg.task_id, "its bundle is on its origin")
                 if entry is None:
                     return origin, m.PlacementFailed(msg.task_id, why or (
                         f"the node holding its bundle ({node}) is not linked"))
@@ -235,10 +237,10 @@ class GlobalScheduler:
             if req is not None:
                 offers = "; ".join(f"{n.address} {n.describe()}"
                                    for n in sorted(loads, key=lambda n: n.address))
-                return origin, m.SpillRejected(
+                return origin, m.SpillbackRejected(
                     msg.task_id, f"the task asks for {req} but no node has it (the nodes "
                     f"offer: {offers or 'none linked'})")
-            return origin, m.SpillRejected(
+            return origin, m.SpillbackRejected(
                 msg.task_id, "no other node with CPUs is linked to this global scheduler")
         self.placed += 1
         if home:

@@ -5,10 +5,10 @@
   scheduler daemons share as processes (token, readiness, signals, logging).
 - Services plugged into the scheduler (``scheduling.SchedulerAPI``): ``_attach``
   (drivers attached over the unix socket or TCP), ``_leases`` (workers lent to drivers
-  of this host), ``_spill`` (tasks sent to other nodes through a global scheduler;
-  with ``_spill_waits``: tasks asking for resources this node lacks, and the safety
-  nets; ``_spill_results``: outcomes and lent results coming back; ``_spill_base``:
-  what those parts share), ``_remote`` (tasks other nodes sent here), ``_pgroups``
+  of this host), ``_spillback`` (tasks sent to other nodes through a global scheduler;
+  with ``_spillback_waits``: tasks asking for resources this node lacks, and the safety
+  nets; ``_spillback_results``: outcomes and lent results coming back; ``_spillback_base``:
+  what those parts share), ``_remote`` (tasks other nodes sent here), ``_placement_groups``
   (placement groups: its drivers' groups relayed to a global scheduler, bundles held).
 - Connections: ``_server`` (the listeners: authentication, hand-off, object transfers;
   used by the global scheduler too), ``_links`` (outgoing links to global schedulers and

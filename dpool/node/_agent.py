@@ -258,8 +258,8 @@ class ClusterAgent:
         log.warning("node %s %s: declared dead", address, why)
         s = d.scheduler
         with s.lock:
-            if d.spiller is not None:
-                d.spiller.node_lost_locked(address)
+            if d.spillback is not None:
+                d.spillback.node_lost_locked(address)
             out = s.take_out_locked()
         s.deliver(out)
 

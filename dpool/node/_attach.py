@@ -54,7 +54,7 @@ from dpool.objects import segment as _segment
 from dpool.objects import values as _values
 from dpool.protocol import Channel, map_path
 from dpool.protocol import messages as m
-from dpool.scheduling import Group, Handler, SchedulerAPI, WorkerHandle
+from dpool.scheduling import Handler, SchedulerAPI, WorkerGroup, WorkerHandle
 from dpool.transfer import pull as _pull
 from dpool.transfer import push as _push
 
@@ -116,7 +116,7 @@ class DriverSessions:
         # (this node's status) -> the cluster's, if any
         self.cluster_status: Optional[Callable[[dict], dict]] = None
         # mirror group -> (origin node, its group id), None for the node's own groups
-        self.remote_origin: Optional[Callable[[Group], Optional[tuple]]] = None
+        self.remote_origin: Optional[Callable[[WorkerGroup], Optional[tuple]]] = None
         self.send_to_node: Optional[Callable[[str, list], None]] = None  # a peer link's send
         # keeps what this node's workers print (worker id, pid, stream, data): dpool logs
         self.output_log: Optional[Callable[[int, int, int, bytes], None]] = None
@@ -284,7 +284,7 @@ class DriverSessions:
 
     def _publish(self, digest: str, archive: bytes) -> None:
         """Store the code where other nodes find it; until then this node keeps the
-        tasks that need it (``can_spill``), so no node looks for it before it is there."""
+        tasks that need it (``allows_spillback``), so no node looks for it before it is there."""
         try:
             if self.publish_workdir is not None:
                 self.publish_workdir(digest, archive)
@@ -295,7 +295,7 @@ class DriverSessions:
             return
         self.published.add(digest)
 
-    def can_spill(self, g: Group) -> bool:
+    def allows_spillback(self, g: WorkerGroup) -> bool:
         """Whether other nodes can have ``g``'s code (its working directory published)."""
         return not g.workdir or g.workdir[0] in self.published
 
@@ -304,7 +304,7 @@ class DriverSessions:
             ctx = mp.get_context(msg.start_method or None)
         except ValueError:
             ctx = mp.get_context()
-        g = Group(msg.group_id, msg.max_workers, ctx, msg.initializer, msg.max_tasks,
+        g = WorkerGroup(msg.group_id, msg.max_workers, ctx, msg.initializer, msg.max_tasks,
                   msg.max_attempts)
         g.cwd = d.cwd
         g.sys_path = d.sys_path
@@ -319,7 +319,7 @@ class DriverSessions:
         self._s.insert_group_locked(g)
         d.groups.add(g.group_id)
 
-    def _group_locked(self, d: DriverHandle, group_id: int) -> Optional[Group]:
+    def _group_locked(self, d: DriverHandle, group_id: int) -> Optional[WorkerGroup]:
         if group_id not in d.groups:
             return None
         return self._s.group(group_id)
@@ -351,7 +351,7 @@ class DriverSessions:
         else:
             raise ValueError(f"unknown group operation {msg.op!r}")
 
-    def _notify_exited(self, d: DriverHandle, g: Group) -> None:
+    def _notify_exited(self, d: DriverHandle, g: WorkerGroup) -> None:
         s = self._s
         s.wait_group_exited(g)
         with s.lock:

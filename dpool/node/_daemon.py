@@ -11,7 +11,7 @@ One per host. It owns the host's CPUs (``--num-cpus``: at most that many tasks r
 once, over every driver's executors), its workers and its shared-memory store; drivers
 attach to it instead of starting workers of their own. In a cluster (``--redis`` on the
 head, ``--join`` elsewhere) it registers in the node table, heartbeats its load, links to
-the global schedulers, spills what would wait too long here (``node._spill``) and
+the global schedulers, spills what would wait too long here (``node._spillback``) and
 runs what others spill (``node._remote``).
 
 Started by ``dpool start`` as ``python -m dpool.node ...`` with the token in
@@ -36,10 +36,10 @@ from dpool.node import _process
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
-from dpool.node._pgroups import PlacementGroups
+from dpool.node._placement_groups import NodePlacementGroups
 from dpool.node._remote import RemoteRunner
 from dpool.node._server import NodeServer
-from dpool.node._spill import Spiller
+from dpool.node._spillback import Spillback
 from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
 from dpool.protocol import messages as m
@@ -117,8 +117,8 @@ class NodeDaemon:
         self.sessions.send_to_node = self.links.send
         self.control: Optional[ClusterControlStore] = None
         self.agent: Optional[ClusterAgent] = None
-        self.spiller: Optional[Spiller] = None
-        self.pgroups: Optional[PlacementGroups] = None  # placement groups (in a cluster)
+        self.spillback: Optional[Spillback] = None
+        self.placement_groups: Optional[NodePlacementGroups] = None  # (in a cluster)
         self.prefixes: Optional[IdPrefixes] = None
         if join:  # the head tells a joining node where the control store is
             chan, welcome = dial(join, token, peer_hello(self.node_id, self.address,
@@ -142,14 +142,15 @@ class NodeDaemon:
         self.sessions.prefixes = self.prefixes
         self.runner.set_id_base(self.prefixes.take() << 40)
         self.agent = ClusterAgent(self, store)
-        self.spiller = Spiller(
+        self.spillback = Spillback(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers,
-            local_groups=lambda g: self.runner.is_mirror(g) or not self.sessions.can_spill(g),
+            local_groups=lambda g: (self.runner.is_mirror(g)
+                                    or not self.sessions.allows_spillback(g)),
             mirror=self.runner.is_mirror)
-        self.spiller.token = self.token
-        self.pgroups = PlacementGroups(self.scheduler, self.address, self.links.send,
-                                       self.agent.linked_schedulers)
-        self.sessions.driver_closed_hooks.append(self.pgroups.driver_closed_locked)
+        self.spillback.token = self.token
+        self.placement_groups = NodePlacementGroups(
+            self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
+        self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)
         self.sessions.cluster_status = self._cluster_status
@@ -239,16 +240,16 @@ class NodeDaemon:
     def _peer_closed_locked(self, h: PeerHandle) -> None:
         if h.outgoing:
             self.links.forget(h)
-        if self.spiller is not None:
-            self.spiller.peer_closed_locked(h)
-        if self.pgroups is not None:
-            self.pgroups.peer_closed_locked(h)
+        if self.spillback is not None:
+            self.spillback.peer_closed_locked(h)
+        if self.placement_groups is not None:
+            self.placement_groups.peer_closed_locked(h)
 
     def _unreachable(self, address: str, msgs: list) -> None:
         s = self.scheduler
         with s.lock:
-            if self.spiller is not None:
-                self.spiller.unreachable_locked(address, msgs)
+            if self.spillback is not None:
+                self.spillback.unreachable_locked(address, msgs)
             out = s.take_out_locked()
         s.deliver(out)
 

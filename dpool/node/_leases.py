@@ -28,7 +28,7 @@ from typing import Optional
 from dpool.objects import segment as _segment
 from dpool.protocol import Channel, ChannelClosed, encode_batch
 from dpool.protocol import messages as m
-from dpool.scheduling import Group, Obj, SchedulerAPI, WorkerHandle
+from dpool.scheduling import ObjectEntry, SchedulerAPI, WorkerGroup, WorkerHandle
 
 log = logging.getLogger("dpool.node")
 
@@ -42,7 +42,7 @@ class LeaseDesk:
         self._s = scheduler
         self.lent: dict[int, WorkerHandle] = {}  # worker id -> lent worker
         self._recalled: set[int] = set()
-        self.resubmitted: dict[int, Obj] = {}  # leased tasks the driver sends here again
+        self.resubmitted: dict[int, ObjectEntry] = {}  # leased tasks the driver sends here again
         scheduler.register_handler(m.LeasedResult.CODE, self._on_leased_result_locked)
         scheduler.register_handler(m.LeasedTask.CODE, self._on_leased_task_locked)
         scheduler.register_handler(m.LeasedLost.CODE, self._on_leased_lost_locked)
@@ -87,7 +87,7 @@ class LeaseDesk:
             pass
         sock.close()
 
-    def _refusal_locked(self, g: Optional[Group]
+    def _refusal_locked(self, g: Optional[WorkerGroup]
                         ) -> tuple[Optional[str], Optional[WorkerHandle]]:
         """Why ``g`` gets no lease now (or None), and the idle worker to stop for it
         when the group has all its workers already (a lent worker is a new process: its
@@ -105,7 +105,7 @@ class LeaseDesk:
             return "workers of this group exit after max_tasks_per_child tasks", None
         if g.queue:
             return "tasks of the group are queued", None
-        if g.rq:
+        if g.by_request:
             return "tasks of the group wait for resources", None
         if s.cpu_limit is not None and s.busy_cpus_locked() >= s.cpu_limit:
             return "the node's CPUs are all in use", None

@@ -5,7 +5,7 @@ through the IO loop's non-blocking channel; otherwise the messages wait in a per
 queue while a connector thread connects, runs the token handshake, says ``PeerHello``
 and reads ``PeerWelcome``, then hands the link to the IO loop (whose handlers receive
 what the peer sends back) and writes the queue. A peer that cannot be reached within the
-connect timeout gets its queued messages handed to ``on_unreachable`` -- the spiller
+connect timeout gets its queued messages handed to ``on_unreachable`` -- the spillback
 takes its tasks back -- and is tried afresh by the next ``send``.
 
 Lock rule: ``self._lock`` guards the link table only; it is never held while calling
@@ -123,7 +123,7 @@ class Links:
         if msgs:
             # The IO loop saw the link close before it was published (its closed hooks
             # ran already, and ``forget`` found nothing to forget): written to it, these
-            # would be lost without a trace. The spiller takes their tasks back.
+            # would be lost without a trace. The spillback takes their tasks back.
             log.warning("dpool: the link to %s closed as it opened", address)
             self._on_unreachable(address, msgs)
             return

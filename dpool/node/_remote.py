@@ -42,7 +42,7 @@ from dpool.objects import segment as _segment
 from dpool.objects import values as _values
 from dpool.protocol import map_path
 from dpool.protocol import messages as m
-from dpool.scheduling import Group, SchedulerAPI, Task
+from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
 from dpool.scheduling import resources as _resources
 from dpool.transfer import pull as _pull
 
@@ -76,7 +76,7 @@ class RemoteRunner:
         self._send = send
         self.idle_retire_s = idle_retire_s
         self._ids = itertools.count(_LOCAL_IDS)
-        self._groups: dict[tuple, Group] = {}  # (origin, group id) -> mirror group
+        self._groups: dict[tuple, WorkerGroup] = {}  # (origin, group id) -> mirror group
         self._last_used: dict[int, float] = {}
         self._fns: dict[tuple, int] = {}  # (origin, fn id) -> local fn id
         self.mirror_ids: set[int] = set()
@@ -108,14 +108,14 @@ class RemoteRunner:
         """Ids from ``base`` on (a cluster-unique prefix of the node's)."""
         self._ids = itertools.count(base)
 
-    def is_mirror(self, g: Group) -> bool:
+    def is_mirror(self, g: WorkerGroup) -> bool:
         return g.group_id in self.mirror_ids
 
-    def origin_of(self, g: Group) -> "tuple | None":
+    def origin_of(self, g: WorkerGroup) -> "tuple | None":
         """(origin node address, the origin's group id) of a mirror group, else None."""
         return self._origin.get(g.group_id)
 
-    def _group_locked(self, msg: m.RemoteTask) -> Group:
+    def _group_locked(self, msg: m.RemoteTask) -> WorkerGroup:
         key = (msg.origin, msg.group_id)
         g = self._groups.get(key)
         if g is not None and self._s.group(g.group_id) is not None and not g.closed:
@@ -127,7 +127,7 @@ class RemoteRunner:
             ctx = mp.get_context()
         # (at least one worker: a pool its driver sized at 0 CPUs must not strand its
         # tasks in this node's queue)
-        g = Group(next(self._ids), max(1, max_workers), ctx, initializer, max_tasks,
+        g = WorkerGroup(next(self._ids), max(1, max_workers), ctx, initializer, max_tasks,
                   max_attempts)
         g.cwd = msg.cwd
         g.sys_path = list(msg.sys_path)
@@ -200,7 +200,7 @@ class RemoteRunner:
 
     def _own_lent(self, ref: tuple) -> bool:
         """Whether remote reference ``ref`` names a result this node lends: its origin
-        pulled it and points the tasks that take it here (``_spill.lent_copies``)."""
+        pulled it and points the tasks that take it here (``_spillback.lent_copies``)."""
         return ref[1] == self.address and ref[2] in self._lent
 
     def _start_fetch_locked(self, key: tuple, size: int) -> None:
@@ -261,7 +261,7 @@ class RemoteRunner:
                 err = copy.error if isinstance(copy.error, ObjectLostError) else \
                     ObjectLostError(f"input {failed[2]} of this task, held by node "
                                     f"{failed[1]}, could not be fetched: {copy.error}")
-            elif gone is not None:  # (its origin sends it again with its copy: _spill)
+            elif gone is not None:  # (its origin sends it again with its copy: _spillback)
                 err = ObjectLostError(f"input {gone[2]} of this task is no longer lent "
                                       f"by this node", node=self.address)
             for key in keys:  # the task's own argument copy goes with it
@@ -415,7 +415,7 @@ class RemoteRunner:
 
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here
-        (``_spill``'s safety net): answered on the link its results take, after them."""
+        (``_spillback``'s safety net): answered on the link its results take, after them."""
         have = self.tasks_of_locked(msg.origin)
         known = tuple(t for t in msg.task_ids if t in have)
         unknown = tuple(t for t in msg.task_ids if t not in have)
@@ -437,7 +437,7 @@ class RemoteRunner:
             if self._origin.get(g.group_id, ("",))[0] != origin:
                 continue
             here.update(t.task_id for t in g.queue)
-            for waiting in g.rq.values():
+            for waiting in g.by_request.values():
                 here.update(t.task_id for t in waiting)
             for w in g.workers:
                 here.update(w.inflight)
@@ -454,7 +454,7 @@ class RemoteRunner:
             threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
                              daemon=True, name="dpool-drop-group").start()
 
-    def _forget_locked(self, g: Group) -> None:
+    def _forget_locked(self, g: WorkerGroup) -> None:
         """A mirror group ends: drop what this runner kept for it."""
         self._last_used.pop(g.group_id, None)
         self._origin.pop(g.group_id, None)

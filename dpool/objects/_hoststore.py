@@ -12,7 +12,7 @@ from lineage (``scheduling._lineage``).
 
 Who keeps a stored value alive:
 
-- the scheduler's object table entry (``Obj.refs``: live handles, and pending tasks that
+- the scheduler's object table entry (``ObjectEntry.refs``: live handles, and pending tasks that
   take it as an argument) holds one store reference, ``adopt`` .. ``drop``; at zero the
   segment (or its spill file) is freed;
 - a task on a worker pins each stored input (``pin`` .. ``unpin``); a task's own stored
@@ -263,7 +263,7 @@ class HostStore:
     def _free(self, name: str, size: int) -> bool:
         """A stored object was freed: recycle its segment's pages if it is large."""
         if self.on_freed is not None:
-            self.on_freed(name)  # (a node tells the nodes that copied it: node._spill)
+            self.on_freed(name)  # (a node tells the nodes that copied it: node._spillback)
         from dpool.objects import _mapping  # (loaded: a stored value was freed)
 
         if size >= _mapping.LARGE:

@@ -17,8 +17,9 @@ hold, ``strict_spread`` with more bundles than such nodes).
 
 Pure function over ``NodeLoad`` (free amounts from the nodes' load reports, minus what
 was placed since) and the bundles' ``Amounts``: unit-tested with fake nodes. Its caller:
-``_gangs.GangTable``, for the embedded runtime's reservations (``runtime._pgroups``) and
-a global scheduler's (``global_scheduler._groups``), behind ``dpool.placement_group``.
+``_gangs.GangTable``, for the embedded runtime's reservations
+(``runtime._placement_groups_local``) and a global scheduler's
+(``global_scheduler._placement_groups``), behind ``dpool.placement_group``.
 """
 
 from __future__ import annotations

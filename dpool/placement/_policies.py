@@ -1,12 +1,12 @@
 """Placement policies: where a task runs, behind one small ``Protocol``.
 
     node's queue ──keep(LocalQueue)──▶ policy: how many queued tasks stay here
-          │ the rest spill (node._spill)
+          │ the rest spill (node._spillback)
           ▼
     global scheduler ──place(Demand, [NodeLoad])──▶ policy: a node, or None (wait),
                                                     or raise PlacementError (never)
 
-Both halves of bottom-up scheduling ask one object: the node's ``Spiller`` calls
+Both halves of bottom-up scheduling ask one object: the node's ``Spillback`` calls
 ``keep``, the global scheduler (``global_scheduler._daemon``) calls ``place``. The
 built-in rule is ``LeastWait``; ``dpool start --head --placement-policy module:Class``
 loads another (``load``), which implements the two methods (or subclasses ``LeastWait``).
@@ -20,7 +20,7 @@ raises ``PlacementError`` when the task can never be placed as asked (a hard
 
 Strategies (``Demand.strategy``): ``None`` (the default rule), ``"spread"`` (round-robin
 over the nodes that fit) and ``NodeAffinity(node, soft)``. A task in a placement group's
-bundle (``InBundle``) never reaches a policy (``global_scheduler._groups``).
+bundle (``InBundle``) never reaches a policy (``global_scheduler._placement_groups``).
 
 Pure functions and small classes over plain data: no processes, threads or I/O.
 """
@@ -144,7 +144,7 @@ class InBundle:
 
     pg_id: int
     index: int = -1
-    soft: bool = False  # (read by the node's spiller as for every strategy)
+    soft: bool = False  # (read by the node's spillback as for every strategy)
 
 
 SPREAD = "spread"

@@ -74,7 +74,7 @@ class RemoteTask(Slotted):
     req: Optional[tuple] = None  # its resource request (``_resources.to_wire``); None: 1 CPU
 
 
-class SpillRejected(Slotted):
+class SpillbackRejected(Slotted):
     """G->N no other node can take this spilled task now: run or retry it at home."""
 
     CODE: ClassVar[int] = 29
@@ -176,10 +176,10 @@ class RunHere(Slotted):
     task_id: int
 
 
-class PGReserve(Slotted):
+class PlacementGroupReserve(Slotted):
     """D->N->G reserve a placement group (``dpool.placement_group``): all its bundles
     or none. The node fills in ``origin`` (its address) and forwards it to one global
-    scheduler, which answers with ``PGState``."""
+    scheduler, which answers with ``PlacementGroupState``."""
 
     CODE: ClassVar[int] = 102
     pg_id: int
@@ -188,7 +188,7 @@ class PGReserve(Slotted):
     strategy: str  # "pack" | "spread" | "strict_spread"
 
 
-class PGRemove(Slotted):
+class PlacementGroupRemove(Slotted):
     """D->N->G free a placement group's bundles (or stop waiting for them)."""
 
     CODE: ClassVar[int] = 103
@@ -196,7 +196,7 @@ class PGRemove(Slotted):
     origin: str
 
 
-class PGState(Slotted):
+class PlacementGroupState(Slotted):
     """G->N->D (and in a node) what became of a placement group: ``state`` is
     "ready" (``nodes``: the node holding each bundle), "failed" (it can never be
     reserved: ``reason``) or "lost" (a node holding a bundle died: ``reason``)."""
@@ -235,7 +235,7 @@ class BundleHeld(Slotted):
 
 class TasksQuery(Slotted):
     """N->N the origin asks a node that accepted these spilled tasks (the origin's task
-    ids) a while ago which of them it still has (``node._spill``'s safety net)."""
+    ids) a while ago which of them it still has (``node._spillback``'s safety net)."""
 
     CODE: ClassVar[int] = 120
     origin: str
@@ -439,7 +439,7 @@ CLUSTER_MESSAGES = (
     PeerWelcome,
     Load,
     RemoteTask,
-    SpillRejected,
+    SpillbackRejected,
     Accepted,
     TaskResult,
     DropGroup,
@@ -449,9 +449,9 @@ CLUSTER_MESSAGES = (
     PushSegment,
     PlacementFailed,
     RunHere,
-    PGReserve,
-    PGRemove,
-    PGState,
+    PlacementGroupReserve,
+    PlacementGroupRemove,
+    PlacementGroupState,
     BundleHold,
     BundleHeld,
     TasksQuery,
@@ -462,8 +462,9 @@ __all__ = [
     "CLUSTER_MESSAGES", "Accepted", "Attach", "Attached", "BundleHeld", "BundleHold",
     "CancelTask", "CreateGroup", "DropGroup", "FetchSegment", "GroupBroken", "GroupExited",
     "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost", "LeaseReady", "LeaseRecall",
-    "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask", "Load", "PGRemove", "PGReserve",
-    "PGState", "PeerHello", "PeerWelcome", "PlacementFailed", "PushSegment", "ReleaseLent",
-    "RemoteTask", "RunHere", "SpillRejected", "StatusReply", "StatusRequest", "TaskResult",
-    "TasksKnown", "TasksQuery", "WorkingDir",
+    "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask", "Load", "PeerHello",
+    "PeerWelcome", "PlacementFailed", "PlacementGroupRemove", "PlacementGroupReserve",
+    "PlacementGroupState", "PushSegment", "ReleaseLent", "RemoteTask", "RunHere",
+    "SpillbackRejected", "StatusReply", "StatusRequest", "TaskResult", "TasksKnown",
+    "TasksQuery", "WorkingDir",
 ]

@@ -15,8 +15,9 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
   workers), ``_tcp_objects`` (large values over TCP), ``_move`` (moving to a live node
   when its node dies) and ``_address`` (where the cluster is).
 - ``_rebuild``: ``no_rebuild``, the per-function opt-out of running a task again.
-- ``_placement_groups``: ``dpool.placement_group`` and ``PlacementGroup``; ``_pgroups``:
-  ``LocalGroups``, their reservations on the embedded runtime.
+- ``_placement_groups``: ``dpool.placement_group`` and ``PlacementGroup``;
+  ``_placement_groups_local``: ``LocalPlacementGroups``, their reservations on the
+  embedded runtime.
 - ``_calls``, ``_functions``, ``_argcache``: turning a ``submit`` into what the scheduler
   takes: the argument payload and dependencies, function ids, large arguments stored
   once.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Group(Protocol):
+class WorkerGroup(Protocol):
     """A driver's worker group, as an executor reads it (the scheduler's or the node's)."""
 
     broken: Optional[str]  # why it cannot run tasks (None while it can)
@@ -44,7 +44,7 @@ class Client(FutureClient, Protocol):
 
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
                req: Any, future_type: type[TaskFuture]) -> TaskFuture:
-        """Run ``fn(*args, **kwargs)`` in ``group`` (a driver's ``Group``; inside a task,
+        """Run ``fn(*args, **kwargs)`` in ``group`` (a driver's ``WorkerGroup``; inside a task,
         the id of the group running it), asking ``req`` (a resource request) if not None.
         The future is a ``future_type`` (``dpool.futures.Future`` for an executor, the
         plain ``TaskFuture`` for a ``Pool``), except where the client needs its own kind
@@ -72,8 +72,8 @@ class Driver(Client, Protocol):
 
     pid: int  # the process it was started in (a fork starts its own)
 
-    def add_group(self, cfg: Any, executor: object) -> Group:
-        """A new worker group for ``executor`` (as ``cfg``, a ``scheduling.GroupConfig``,
+    def add_group(self, cfg: Any, executor: object) -> WorkerGroup:
+        """A new worker group for ``executor`` (as ``cfg``, a ``scheduling.WorkerGroupConfig``,
         says); the executor is shut down when the driver closes. The calls below take the
         group this returned."""
 

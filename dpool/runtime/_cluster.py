@@ -318,17 +318,18 @@ class ClusterRuntime(ChannelClient):
         log.debug("runtime_resources is the node's (`dpool start --num-gpus/--resources`); "
                   "ignored on a cluster driver")
 
-    # -- placement groups: the node relays them to a global scheduler (``node._pgroups``) --
+    # -- placement groups: the node relays them to a global scheduler ----------------------
+    # (``node._placement_groups``)
     def reserve_placement_group(self, pg_id: int, bundles: list, strategy: str,
                                 on_state: Callable[[str, tuple, str], None]) -> None:
         self._pg_states[pg_id] = on_state
-        self._send([m.PGReserve(pg_id, "", tuple(_resources.to_wire(b) for b in bundles),
-                                strategy)])
+        self._send([m.PlacementGroupReserve(
+            pg_id, "", tuple(_resources.to_wire(b) for b in bundles), strategy)])
 
     def remove_placement_group(self, pg_id: int) -> None:
         if self._pg_states.pop(pg_id, None) is not None and self._lost is None:
             try:
-                self._send([m.PGRemove(pg_id, "")])
+                self._send([m.PlacementGroupRemove(pg_id, "")])
             except (NodeLostError, OSError):
                 pass  # its node is gone, and the group with it
 
@@ -508,7 +509,7 @@ class ClusterRuntime(ChannelClient):
                 g.cancelled.set()
         elif code == m.StatusReply.CODE and self.mover is not None:  # the node table
             self.mover.learn(msg.status)
-        elif code == m.PGState.CODE:  # what became of a placement group
+        elif code == m.PlacementGroupState.CODE:  # what became of a placement group
             cb = self._pg_states.get(msg.pg_id)
             if cb is not None:
                 cb(msg.state, tuple(msg.nodes), msg.reason)

@@ -22,7 +22,7 @@ from dpool.objects import owners as _owners
 from dpool.objects import payload as _payload
 from dpool.runtime import _calls
 from dpool.runtime._functions import FunctionTable
-from dpool.scheduling import GroupConfig, LocalScheduler
+from dpool.scheduling import LocalScheduler, WorkerGroupConfig
 
 log = _log.getLogger("dpool.runtime")
 
@@ -53,14 +53,15 @@ class DriverRuntime:
         self._arg_cache_lock = threading.Lock()
         self._executors: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closed = False
-        self._groups: Any = None  # placement groups (``_pgroups.LocalGroups``), on first use
+        # placement groups (``_placement_groups_local.LocalPlacementGroups``), on first use
+        self._placement_groups: Any = None
         atexit.register(self.close)
 
     def new_id(self) -> int:
         return next(self._ids)
 
     # -- groups ------------------------------------------------------------------------------
-    def add_group(self, cfg: GroupConfig, executor: Any) -> Any:
+    def add_group(self, cfg: WorkerGroupConfig, executor: Any) -> Any:
         now = time.monotonic()
         if now - self._reaped_at >= _REAP_EVERY_S:  # a long-running driver reaps too
             self._reaped_at = now
@@ -104,20 +105,20 @@ class DriverRuntime:
     def set_resource_offer(self, spec: Optional[dict]) -> None:
         self.scheduler.set_resource_offer(spec)
 
-    # -- placement groups (``_pgroups``) ---------------------------------------------------------
+    # -- placement groups (``_placement_groups_local``) --------------------------------------
     def reserve_placement_group(self, pg_id: int, bundles: list, strategy: str,
                                 on_state: Callable[[str, tuple, str], None]) -> None:
-        groups = self._groups
+        groups = self._placement_groups
         if groups is None:
             from dpool.runtime._current import cluster_cpus
-            from dpool.runtime._pgroups import LocalGroups
+            from dpool.runtime._placement_groups_local import LocalPlacementGroups
 
-            groups = self._groups = LocalGroups(self.scheduler, cluster_cpus())
+            groups = self._placement_groups = LocalPlacementGroups(self.scheduler, cluster_cpus())
         groups.reserve(pg_id, bundles, strategy, on_state)
 
     def remove_placement_group(self, pg_id: int) -> None:
-        if self._groups is not None:
-            self._groups.remove(pg_id)
+        if self._placement_groups is not None:
+            self._placement_groups.remove(pg_id)
 
     # -- the task API --------------------------------------------------------------------------
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,

@@ -6,10 +6,10 @@ run tasks in them (``executor.options(placement_group=pg, bundle=i)``).
     ex.options(placement_group=pg, bundle=0).submit(train, 0)
     pg.remove()                    # frees them (or: ``with pg: ...``)
 
-Who decides: on a cluster, a global scheduler (``global_scheduler._groups``), which
+Who decides: on a cluster, a global scheduler (``global_scheduler._placement_groups``), which
 sees every node's free resources and holds the bundles on the nodes in two phases
 (``placement.GangTable``); on the embedded runtime, this process, against this host
-(``_pgroups``). Either way the same ``PlacementGroup`` answers: ``state``,
+(``_placement_groups_local``). Either way the same ``PlacementGroup`` answers: ``state``,
 ``bundle_nodes``, ``ready()``, ``remove()``.
 """
 

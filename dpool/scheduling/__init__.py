@@ -4,30 +4,31 @@
   built from ``_workers`` (dispatch, worker processes, deaths; under the ``fork`` start
   method forked by ``_forkproc``, from the fork server ``_zygote``), ``_handlers`` (what
   workers and attached drivers send), ``_group_calls`` (cancel, close, wait for,
-  terminate a group), ``_resdispatch`` (tasks with resource requests)
-  and ``_objtable`` (the object table, with ``_lineage``: values whose spill file was
+  terminate a group), ``_resource_dispatch`` (tasks with resource requests)
+  and ``_object_table`` (the object table, with ``_lineage``: values whose spill file was
   lost are made again), over the state ``_core`` declares.
 - ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and
-  what the scheduler calls on them (``DriverService``, ``SpillService``,
+  what the scheduler calls on them (``DriverService``, ``SpillbackService``,
   ``LeaseService``), and the lock rule (``_locked`` names expect the lock held). Its
   names load from this package on first use: they are ``typing.Protocol`` classes, and
   the embedded runtime does not import ``typing``.
-- ``_records``: tasks, objects, worker handles, groups; ``_policy``: how many tasks a
-  worker may hold (``BatchPolicy``).
+- ``_records``: tasks, object table entries, worker handles, worker groups
+  (``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``); ``_policy``: how many
+  tasks a worker may hold (``BatchPolicy``).
 - ``_resources``: resource requests and a runtime's ledger; ``_detect``: CPUs, GPUs
   and memory of this host.
 - ``_bundle_ledger``: the placement-group bundles this scheduler holds, and what of them
   its tasks use.
 
-Whether a task runs on this host at all is the node's business (``node._spill``), and
+Whether a task runs on this host at all is the node's business (``node._spillback``), and
 where a spilled one goes, the global scheduler's (``dpool.global_scheduler``). The
 policies both ask, strategies' wire form and placement groups' reservation are
 ``dpool.placement``'s: a layer below this package, which imports nothing from here.
 """
 
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
-from dpool.scheduling._scheduler import GroupConfig, LocalScheduler
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         Handler,
         LeaseService,
         SchedulerAPI,
-        SpillService,
+        SpillbackService,
     )
 
 # What other packages use, loaded on first use (PEP 562): importing this package
@@ -52,22 +53,22 @@ _MODULES = {
     "resources": "dpool.scheduling._resources",
 }
 _LAZY = {
-    **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"),
-                    "dpool.scheduling._api"),
+    **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI",
+                     "SpillbackService"), "dpool.scheduling._api"),
 }
 
 __all__ = [
     "BatchPolicy",
     "DriverService",
-    "Group",
-    "GroupConfig",
     "Handler",
     "LeaseService",
     "LocalScheduler",
-    "Obj",
+    "ObjectEntry",
     "SchedulerAPI",
-    "SpillService",
+    "SpillbackService",
     "Task",
+    "WorkerGroup",
+    "WorkerGroupConfig",
     "WorkerHandle",
     "detect",
     "resources",

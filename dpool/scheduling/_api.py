@@ -2,9 +2,9 @@
 
 A node daemon builds its cluster services around one ``LocalScheduler``: the attached
 drivers (``node._attach``), worker leases (``node._leases``), spilling to other nodes
-(``node._spill``), running what other nodes spilled (``node._remote``), the node's agent
+(``node._spillback``), running what other nodes spilled (``node._remote``), the node's agent
 and the daemon itself. They see the scheduler only through ``SchedulerAPI``; the
-scheduler sees them only through ``DriverService``, ``SpillService`` and
+scheduler sees them only through ``DriverService``, ``SpillbackService`` and
 ``LeaseService``, registered with ``attach_services``, and through the message handlers
 they add to its dispatch table (``register_handler``). Neither side reaches the other's
 private members, so each can change on its own, and a service can be unit-tested with a
@@ -30,7 +30,7 @@ from dpool.objects import HostStore
 from dpool.protocol import IOLoop
 from dpool.protocol import messages as m
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import Ledger
 
 # A message handler: (the connection it came on, the message), called on the IO thread
@@ -62,18 +62,18 @@ class DriverService(Protocol):
 
 
 @runtime_checkable
-class SpillService(Protocol):
-    """Sends tasks this node should not run to other nodes (``node._spill.Spiller``)."""
+class SpillbackService(Protocol):
+    """Sends tasks this node should not run to other nodes (``node._spillback.Spillback``)."""
 
-    def consider_locked(self, g: Group) -> None:
+    def consider_locked(self, g: WorkerGroup) -> None:
         """``g``'s queue grew: spill the tasks that would wait too long here."""
         ...
 
-    def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:
+    def unmet_locked(self, g: WorkerGroup, t: Task, reason: str) -> bool:
         """``t`` asks for resources this node never has; False: fail it here."""
         ...
 
-    def fail_group_locked(self, g: Group, err: bytes) -> None:
+    def fail_group_locked(self, g: WorkerGroup, err: bytes) -> None:
         """``g`` broke: its tasks away fail with ``err``."""
         ...
 
@@ -109,7 +109,7 @@ class LeaseService(Protocol):
 class SchedulerAPI(Protocol):
     """The local scheduler as the node's services and daemons use it (``LocalScheduler``).
 
-    Records (``Group``, ``Task``, ``Obj``, ``WorkerHandle``) are plain data, read and
+    Records (``WorkerGroup``, ``Task``, ``ObjectEntry``, ``WorkerHandle``) are plain data, read and
     written under ``lock``; what changes more than one record, or the tables, is a
     method here.
     """
@@ -157,7 +157,7 @@ class SchedulerAPI(Protocol):
         ...
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
-                        spiller: Optional[SpillService] = None,
+                        spillback: Optional[SpillbackService] = None,
                         leases: Optional[LeaseService] = None) -> None:
         """Plug in the node's services (those given; the others stay as they were)."""
         ...
@@ -167,7 +167,7 @@ class SchedulerAPI(Protocol):
         ...
 
     # -- any thread ----------------------------------------------------------------------
-    def group(self, group_id: int) -> Optional[Group]:
+    def group(self, group_id: int) -> Optional[WorkerGroup]:
         """The group with this id, if it exists (a dict read: no lock needed)."""
         ...
 
@@ -183,28 +183,28 @@ class SchedulerAPI(Protocol):
         """Drop one handle's reference to an object (no lock; applied later)."""
         ...
 
-    def terminate_group(self, group: Group, reason: str) -> None:
+    def terminate_group(self, group: WorkerGroup, reason: str) -> None:
         """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
         ...
 
-    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+    def wait_group_exited(self, group: WorkerGroup, timeout: float = 30.0) -> None:
         """Block until the closed ``group`` is idle and its workers exited."""
         ...
 
     # -- lock held: groups ---------------------------------------------------------------
-    def groups_locked(self) -> ValuesView[Group]:
+    def groups_locked(self) -> ValuesView[WorkerGroup]:
         """Every group (a live view: copy it before changing groups while iterating)."""
         ...
 
-    def insert_group_locked(self, g: Group) -> None:
+    def insert_group_locked(self, g: WorkerGroup) -> None:
         """Add a group built by a service (an attached driver's, a mirror group)."""
         ...
 
-    def close_group_locked(self, g: Group) -> None:
+    def close_group_locked(self, g: WorkerGroup) -> None:
         """No more submissions to ``g``; its workers stop once its work is done."""
         ...
 
-    def fail_group_locked(self, g: Group, reason: str) -> None:
+    def fail_group_locked(self, g: WorkerGroup, reason: str) -> None:
         """Fail every queued, waiting and running task of ``g`` with ``reason``."""
         ...
 
@@ -260,7 +260,7 @@ class SchedulerAPI(Protocol):
         ...
 
     # -- lock held: workers and connections ----------------------------------------------
-    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+    def spawn_locked(self, g: WorkerGroup, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
         """Start a worker of ``g`` (``lease``: a driver's connection it is lent to)."""
         ...
@@ -279,11 +279,11 @@ class SchedulerAPI(Protocol):
         ...
 
     # -- lock held: objects --------------------------------------------------------------
-    def object_locked(self, oid: int) -> Optional[Obj]:
+    def object_locked(self, oid: int) -> Optional[ObjectEntry]:
         """The object table's entry for ``oid``, if any."""
         ...
 
-    def pending_object_locked(self, oid: int) -> Obj:
+    def pending_object_locked(self, oid: int) -> ObjectEntry:
         """A new entry for a value computed elsewhere (a lent worker's task): not
         ready, one reference (its owner's handle); ``resolve_object_locked`` sets it."""
         ...
@@ -293,7 +293,7 @@ class SchedulerAPI(Protocol):
         for an entry released meanwhile is discarded)."""
         ...
 
-    def take_object_locked(self, oid: int) -> Optional[Obj]:
+    def take_object_locked(self, oid: int) -> Optional[ObjectEntry]:
         """Remove ``oid``'s entry from the table and return it (nothing is freed)."""
         ...
 
@@ -302,4 +302,4 @@ class SchedulerAPI(Protocol):
         ...
 
 
-__all__ = ["DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillService"]
+__all__ = ["DriverService", "Handler", "LeaseService", "SchedulerAPI", "SpillbackService"]

@@ -4,8 +4,8 @@
 responsibility -- ``_workers.WorkerPool`` (dispatch, worker processes, deaths),
 ``_handlers.WorkerMessages`` (what workers and attached drivers send),
 ``_group_calls.GroupCalls`` (cancel, close, wait for, terminate a group),
-``_resdispatch.ResourceDispatch`` (tasks with resource requests) and
-``_objtable.ObjectTable`` (the object table) -- over the records and the lock that
+``_resource_dispatch.ResourceDispatch`` (tasks with resource requests) and
+``_object_table.ObjectTable`` (the object table) -- over the records and the lock that
 ``LocalScheduler.__init__`` creates. This base names that shared state and the methods
 the parts call on one another, so each part type-checks on its own; it has no
 behaviour. (What the node's services may use is ``_api.SchedulerAPI``, a narrower view.)
@@ -21,7 +21,7 @@ from collections import deque
 from dpool.objects import HostStore
 from dpool.protocol import IOLoop
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import Ledger
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
     from dpool.control import ControlStore
-    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
+    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
 
 
 class SchedulerCore:
@@ -44,19 +44,19 @@ class SchedulerCore:
     id_prefix: Optional[Callable[[], int]]
     ledger: Optional[Ledger]
     ledger_spec: Optional[dict]
-    _groups: dict[int, Group]
-    _room_waiters: dict[int, None]  # inputs tasks wait on for room (``_objtable``)
-    _objects: dict[int, Obj]
+    _groups: dict[int, WorkerGroup]
+    _room_waiters: dict[int, None]  # inputs tasks wait on for room (``_object_table``)
+    _objects: dict[int, ObjectEntry]
     _functions: dict[int, bytes]
     _worker_ids: itertools.count
     _releases: deque
     _out: list
     _exited: threading.Condition
     _closing: deque  # groups of collected executors, closed by the IO thread
-    _refill: list[Group]
+    _refill: list[WorkerGroup]
     _handlers: dict[int, Handler]
     _sessions: Optional[DriverService]
-    _spiller: Optional[SpillService]
+    _spillback: Optional[SpillbackService]
     _leases: Optional[LeaseService]
 
     # -- LocalScheduler --------------------------------------------------------------------
@@ -68,15 +68,15 @@ class SchedulerCore:
     def _build_deps_locked(self, t: Task) -> bool: raise NotImplementedError
     def only_to_idle_locked(self, t: Task) -> bool: raise NotImplementedError
     def inputs_locked(self, t: Task) -> tuple: raise NotImplementedError
-    def _wake_waiters_locked(self, obj: Obj, oid: int) -> None: raise NotImplementedError
+    def _wake_waiters_locked(self, obj: ObjectEntry, oid: int) -> None: raise NotImplementedError
     def take_out_locked(self) -> list: raise NotImplementedError
-    def close_group_locked(self, g: Group) -> None: raise NotImplementedError
+    def close_group_locked(self, g: WorkerGroup) -> None: raise NotImplementedError
     def deliver(self, out: list) -> None: raise NotImplementedError
 
     # -- ObjectTable -----------------------------------------------------------------------
     def decref_locked(self, oid: int, n: int = 1) -> None: raise NotImplementedError
     def _drain_releases_locked(self) -> None: raise NotImplementedError
-    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: ObjectEntry) -> None:
         raise NotImplementedError
     def rebuilding_locked(self, t: Task) -> bool: raise NotImplementedError
     def wait_for_room_locked(self, t: Task, oid: int) -> bool: raise NotImplementedError
@@ -84,16 +84,16 @@ class SchedulerCore:
     def fail_stuck_room_waiters_locked(self) -> None: raise NotImplementedError
 
     # -- WorkerPool ------------------------------------------------------------------------
-    def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
+    def _dispatch_locked(self, g: WorkerGroup, idle_only: bool = False) -> None:
         raise NotImplementedError
     def send_locked(self, w: WorkerHandle, msgs: list) -> None: raise NotImplementedError
-    def fail_group_locked(self, g: Group, reason: str) -> None: raise NotImplementedError
-    def break_group_locked(self, g: Group, reason: str) -> None: raise NotImplementedError
+    def fail_group_locked(self, g: WorkerGroup, reason: str) -> None: raise NotImplementedError
+    def break_group_locked(self, g: WorkerGroup, reason: str) -> None: raise NotImplementedError
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         raise NotImplementedError
     def busy_cpus_locked(self) -> int: raise NotImplementedError
-    def _try_spawn_locked(self, g: Group) -> bool: raise NotImplementedError
-    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+    def _try_spawn_locked(self, g: WorkerGroup) -> bool: raise NotImplementedError
+    def spawn_locked(self, g: WorkerGroup, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
         raise NotImplementedError
 
@@ -106,14 +106,14 @@ class SchedulerCore:
     def resources_locked(self) -> Ledger: raise NotImplementedError
     def spawn_env_locked(self) -> tuple[Optional[dict], Optional[frozenset]]:
         raise NotImplementedError
-    def _route_res_locked(self, g: Group, t: Task) -> None: raise NotImplementedError
-    def _dispatch_res_locked(self, g: Group) -> None: raise NotImplementedError
+    def _route_res_locked(self, g: WorkerGroup, t: Task) -> None: raise NotImplementedError
+    def _dispatch_res_locked(self, g: WorkerGroup) -> None: raise NotImplementedError
     def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
         raise NotImplementedError
     def _fence_locked(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
     def _retire_worker_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
-    def slots_used_locked(self, g: Group) -> int: raise NotImplementedError
-    def _fail_waiting_res_locked(self, g: Group, err: bytes) -> None:
+    def slots_used_locked(self, g: WorkerGroup) -> int: raise NotImplementedError
+    def _fail_waiting_res_locked(self, g: WorkerGroup, err: bytes) -> None:
         raise NotImplementedError
     def _on_blocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
     def _on_unblocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError

@@ -12,7 +12,7 @@ from collections import deque
 from dpool import _log
 from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import Group, Task
+from dpool.scheduling._records import Task, WorkerGroup
 from dpool.scheduling._workers import _reap
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -23,10 +23,10 @@ log = _log.getLogger("dpool.scheduling")
 
 
 class GroupCalls(SchedulerCore):
-    def cancel_queued(self, group: Group) -> None:
+    def cancel_queued(self, group: WorkerGroup) -> None:
         """``shutdown(cancel_futures=True)``: cancel every task of the group not started."""
         with self.lock:
-            for queue in [group.queue, *group.rq.values()]:
+            for queue in [group.queue, *group.by_request.values()]:
                 keep: deque = deque()
                 for t in queue:
                     if t.future is not None and not t.started and t.future.cancel():
@@ -35,8 +35,8 @@ class GroupCalls(SchedulerCore):
                         keep.append(t)
                 queue.clear()
                 queue.extend(keep)
-            for req in [r for r, q in group.rq.items() if not q]:
-                del group.rq[req]
+            for req in [r for r, q in group.by_request.items() if not q]:
+                del group.by_request[req]
             # Tasks still waiting for their inputs: cancel their futures now; dispatch
             # skips them once their inputs are ready.
             for obj in self._objects.values():
@@ -47,7 +47,7 @@ class GroupCalls(SchedulerCore):
             out = self.take_out_locked()
         self.deliver(out)
 
-    def start_workers(self, group: Group, n: int) -> None:
+    def start_workers(self, group: WorkerGroup, n: int) -> None:
         """Start workers of ``group`` until ``n`` of them run (at most its ``max_workers``).
 
         Workers otherwise start when work needs them; this is for code that reads
@@ -62,20 +62,20 @@ class GroupCalls(SchedulerCore):
             out = self.take_out_locked()  # (a start that broke the group fails its tasks)
         self.deliver(out)
 
-    def close_group_soon(self, group: Group) -> None:
+    def close_group_soon(self, group: WorkerGroup) -> None:
         """``close_group`` from a finalizer: no lock taken here (GC may run while this
         thread holds it); the IO thread closes the group within a tick."""
         self._closing.append(group)
         self.io.poke()
 
-    def close_group(self, group: Group, on_idle: Optional[Callable[[], None]] = None) -> None:
+    def close_group(self, group: WorkerGroup, on_idle: Optional[Callable[[], None]] = None) -> None:
         """No more submissions to ``group``; its workers stop once its work is done."""
         with self.lock:
             if on_idle is not None:
                 group.on_idle.append(on_idle)
             self.close_group_locked(group)
 
-    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+    def wait_group_exited(self, group: WorkerGroup, timeout: float = 30.0) -> None:
         """Block until the closed ``group`` is idle and every one of its workers exited."""
         deadline = None
         with self.lock:
@@ -91,7 +91,7 @@ class GroupCalls(SchedulerCore):
             log.warning("worker %d did not exit when asked; killing it", w.worker_id)
             _reap(w, kill_after=0)
 
-    def terminate_group(self, group: Group, reason: str) -> None:
+    def terminate_group(self, group: WorkerGroup, reason: str) -> None:
         """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
         with self.lock:
             group.closed = True

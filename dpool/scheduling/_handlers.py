@@ -19,7 +19,7 @@ from dpool.protocol import decode_batch
 from dpool.protocol import messages as m
 from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import Obj, Task, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerHandle
 
 log = _log.getLogger("dpool.scheduling")
 
@@ -46,7 +46,7 @@ class WorkerMessages(SchedulerCore):
                 refill = self._refill
                 while refill:
                     g = refill.pop(0)
-                    if g.queue or g.rq:
+                    if g.queue or g.by_request:
                         self._dispatch_locked(g)
             return self.take_out_locked()
 
@@ -62,14 +62,14 @@ class WorkerMessages(SchedulerCore):
             self.store.discard(msg.payload if msg.ok else None)
             return
         w.load = w.load - t.est if w.inflight else 0.0
-        if t.alloc is not None:  # it held resources (``_resdispatch``)
+        if t.alloc is not None:  # it held resources (``_resource_dispatch``)
             self._release_res_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
         ok, payload = self._adopt_result_locked(msg.ok, msg.payload,
                                                 self.rebuilding_locked(t))
         self.finish_locked(t, ok, payload)
         g = w.group
-        if (g.queue or g.rq) and g not in self._refill:
+        if (g.queue or g.by_request) and g not in self._refill:
             # Refilled once the whole read is handled (``_handle_frames``): one frame to
             # each worker for the room a batch of results freed, not one per result (one
             # send() each: a large share of the IO thread's time in a burst of no-ops,
@@ -173,7 +173,7 @@ class WorkerMessages(SchedulerCore):
                 self.decref_locked(oid)
 
     def _on_put_locked(self, w: WorkerHandle, msg: m.PutObject) -> None:
-        obj = Obj()
+        obj = ObjectEntry()
         obj.ready = True
         obj.payload = msg.payload
         obj.refs = 1  # the putting worker's ref

@@ -21,7 +21,7 @@ Under memory pressure. A rebuild happens when the store is full, and the tasks r
 meanwhile pin what is in it (a queued task pins nothing until it is sent to a worker): a
 rebuilt result that finds no room goes straight to a spill file
 (``HostStore.adopt_or_spill``), and its readers bring it back when room comes, as for any
-spilled value -- a task whose inputs find no room waits for it (``_objtable``). Neither
+spilled value -- a task whose inputs find no room waits for it (``_object_table``). Neither
 fails with ``ObjectStoreFullError`` for want of room *now*.
 
 What is kept, and for how long. Only results stored in shared memory (at least the store
@@ -63,7 +63,7 @@ from dpool.errors import ObjectLostError
 from dpool.objects import payload as _payload
 from dpool.objects import values as _values
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import Obj, Task
+from dpool.scheduling._records import ObjectEntry, Task
 from dpool.scheduling._states import READY, WAIT, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -173,7 +173,7 @@ class Lineage(SchedulerCore):
                         stack.append(dep)
 
     # -- a lost value (restore failed) -----------------------------------------------------
-    def recover_locked(self, oid: int, obj: Obj,
+    def recover_locked(self, oid: int, obj: ObjectEntry,
                        lost: ObjectLostError) -> Optional[tuple[bool, bytes]]:
         """``oid``'s stored value is gone (``lost`` says how). Rebuild it: None, the entry
         is pending again (wait on it as on any pending object). Otherwise the entry
@@ -207,7 +207,7 @@ class Lineage(SchedulerCore):
         else:
             self.finish_locked(t, False, got[1])
 
-    def _start_rebuild_locked(self, oid: int, obj: Obj) -> Optional[str]:
+    def _start_rebuild_locked(self, oid: int, obj: ObjectEntry) -> Optional[str]:
         """Admit ``oid``'s task again; the reason why not, if it cannot be."""
         rec = self._lineage.get(oid)
         if rec is None:
@@ -260,7 +260,7 @@ class Lineage(SchedulerCore):
         """An input of a task being rebuilt left the object table: put an entry back
         (with no handle: the task's own reference, taken next, holds it) -- its small
         value as kept, or a rebuild of its own, or the reason it cannot be had."""
-        obj = self._objects[dep] = Obj()
+        obj = self._objects[dep] = ObjectEntry()
         kept = rec.inputs.get(dep)
         if kept is not None:
             obj.ready = True

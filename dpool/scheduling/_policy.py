@@ -3,7 +3,7 @@
 Short tasks are sent in batches (a worker holding ~2 ms of work amortizes the
 per-message cost without hurting balance); long ones go one at a time so no task waits
 behind another on a busy worker while a different worker is free. (Whether a task runs
-on this node at all is ``_spill``'s decision, on a node of a cluster.)
+on this node at all is ``_spillback``'s decision, on a node of a cluster.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scheduler's in-memory records: tasks, objects, worker handles, worker groups."""
+"""The local scheduler's records: tasks, object table entries, worker handles, worker groups."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Task:
                  "alloc", "bounced", "state")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
-                 dep_ids: Optional[tuple], group: "Group", owner: Optional["WorkerHandle"],
+                 dep_ids: Optional[tuple], group: "WorkerGroup", owner: Optional["WorkerHandle"],
                  future: Any) -> None:
         self.task_id = task_id
         self.fn_id = fn_id
@@ -52,7 +52,7 @@ class Task:
         self.state = NEW  # ``_states``: where it is (waiting, queued, running, ...)
 
 
-class Obj:
+class ObjectEntry:
     """An object table entry (the value of a task's result or of a put)."""
 
     __slots__ = ("ready", "ok", "payload", "refs", "waiters")
@@ -80,7 +80,7 @@ class WorkerHandle:
                  "sees", "rcpus", "leased", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
-    def __init__(self, worker_id: int, group: "Group", process: Any, chan: Channel) -> None:
+    def __init__(self, worker_id: int, group: "WorkerGroup", process: Any, chan: Channel) -> None:
         self.worker_id = worker_id
         self.group = group
         self.process = process
@@ -94,7 +94,7 @@ class WorkerHandle:
         self.pid = getattr(process, "pid", None)
         self.state = W_STARTING
         self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
-        # Resources (``_resdispatch``): a fenced worker takes no task without a resource
+        # Resources (``_resource_dispatch``): a fenced worker takes no task without a resource
         # request -- it is bound to GPUs (``gpus``: device indexes, for good), runs a task
         # that holds resources, or can see a GPU another task holds (``sees``: the
         # devices visible to it; None: all of them, as the stdlib's workers).
@@ -137,7 +137,7 @@ class WorkerHandle:
 
 
 @record(init=False)  # (its own ``__init__``, below: no compiling at run time)
-class Group:
+class WorkerGroup:
     """The workers of one executor (or Pool): its own size, initializer and limits."""
 
     group_id: int
@@ -157,14 +157,15 @@ class Group:
     sys_path: Optional[list] = None
     owner: Any = None  # the attached driver whose group this is (cluster mode)
     workdir: tuple = ()  # (digest, driver's directory) of the driver's shipped code
-    inherited: Optional[tuple] = None  # initargs given to each worker's Process (GroupConfig)
-    # Resources (``_resdispatch``): tasks with a request wait in ``rq`` until what they
-    # need is free; ``extra`` is the CPUs their running tasks hold beyond one worker each,
-    # ``n_fenced`` the workers that take no task without a request.
-    rq: dict = field(default_factory=dict)  # Request -> deque of tasks asking it
+    # initargs given to each worker's Process (``WorkerGroupConfig``)
+    inherited: Optional[tuple] = None
+    # Resources (``_resource_dispatch``): tasks with a request wait in ``by_request`` until
+    # what they need is free; ``extra`` is the CPUs their running tasks hold beyond one
+    # worker each, ``n_fenced`` the workers that take no task without a request.
+    by_request: dict = field(default_factory=dict)  # Request -> deque of tasks asking it
     extra: int = 0
     n_fenced: int = 0
-    starved: bool = False  # a task in ``rq`` waits for CPUs or a worker slot only
+    starved: bool = False  # a task in ``by_request`` waits for CPUs or a worker slot only
     # workers that died by themselves before saying Hello since one last did
     # (``_workers._died_starting_locked``: at a limit the group breaks)
     start_failures: int = 0
@@ -190,7 +191,7 @@ class Group:
         self.owner = None
         self.workdir = ()
         self.inherited = None
-        self.rq = {}
+        self.by_request = {}
         self.extra = 0
         self.n_fenced = 0
         self.starved = False

@@ -39,7 +39,7 @@ deadlock. A worker that dies has the task it was running retried up to ``max_att
 This module holds the public calls, the accept/finish path and delivery; its parts:
 ``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (worker and driver
 messages), ``_group_calls`` (cancel, close, wait for, terminate a group),
-``_resdispatch`` (tasks with resource requests), ``_objtable`` (the object table, and
+``_resource_dispatch`` (tasks with resource requests), ``_object_table`` (the object table, and
 ``_lineage`` below it: rebuilding values whose spill file was lost), ``_core`` (their
 shared state, declared for the type checker). On a node daemon the node's services
 (``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what they may call,
@@ -66,10 +66,10 @@ from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
-from dpool.scheduling._objtable import ObjectTable
+from dpool.scheduling._object_table import ObjectTable
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import Group, Obj, Task, WorkerHandle
-from dpool.scheduling._resdispatch import ResourceDispatch
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._resource_dispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
 from dpool.scheduling._states import (
     FINISH,
@@ -88,13 +88,13 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
     from dpool.control import ControlStore
-    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
+    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
 
 log = _log.getLogger("dpool.scheduling")
 
 
 @record
-class GroupConfig:
+class WorkerGroupConfig:
     max_workers: int
     mp_context: Any
     initializer: Optional[bytes] = None
@@ -114,8 +114,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.init_forking()  # (first: before anything could fork)
         self.lock = threading.Lock()
         self.control = control
-        self._groups: dict[int, Group] = {}
-        self._objects: dict[int, Obj] = {}
+        self._groups: dict[int, WorkerGroup] = {}
+        self._objects: dict[int, ObjectEntry] = {}
         self._functions: dict[int, bytes] = {}
         self._group_ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
@@ -124,21 +124,21 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self._closing: deque = deque()  # groups of collected executors, closed by the IO thread
         self.closed = False
         self._out: list = []  # completions gathered under the lock, delivered after it
-        self._refill: list[Group] = []  # groups to dispatch once a read is handled (lock held)
+        self._refill: list[WorkerGroup] = []  # to dispatch once a read is handled (lock held)
         self._exited = threading.Condition(self.lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
         self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
         self._fn_refusals = {}  # fn id -> why its tasks may not run again, or None
-        self._room_waiters = {}  # inputs tasks wait on for room in the store (``_objtable``)
+        self._room_waiters = {}  # inputs tasks wait on for room in the store (``_object_table``)
         # A node daemon's services (``attach_services``); None on the embedded runtime.
         self._sessions: Optional[DriverService] = None
-        self._spiller: Optional[SpillService] = None
+        self._spillback: Optional[SpillbackService] = None
         self._leases: Optional[LeaseService] = None
         # A node's CPUs: at most this many workers run tasks at once, over every group
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
-        # GPUs, memory, custom resources (``_resdispatch``): detected on the first task
+        # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
         self.ledger_spec: Optional[dict] = None
@@ -162,12 +162,12 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     # ================================================================ public (any thread)
 
-    def add_group(self, cfg: GroupConfig) -> Group:
+    def add_group(self, cfg: WorkerGroupConfig) -> WorkerGroup:
         if _forkproc.uses_light_fork(cfg.mp_context):  # (outside the lock: an import)
             preload_worker()  # its workers will be forked (here or by a fork server that
             # is a copy of this process): their code is loaded once, before
         with self.lock:
-            g = Group(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
+            g = WorkerGroup(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)
             g.inherited = cfg.inherited
             self._groups[g.group_id] = g
@@ -188,7 +188,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             self._functions[fn_id] = payload
         self.control.register_function(fn_id, name, payload)
 
-    def submit(self, group: Group, task_id: int, fn_id: int, args: Optional[bytes],
+    def submit(self, group: WorkerGroup, task_id: int, fn_id: int, args: Optional[bytes],
                dep_ids: Optional[tuple], future: Any, req: Optional[Request] = None) -> None:
         t = Task(task_id, fn_id, args, dep_ids, group, None, future)
         if req is not None:
@@ -272,7 +272,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             self.set_resources_locked(led)
             self.ledger_spec = spec
             for g in self._groups.values():
-                if g.rq:
+                if g.by_request:
                     self._refill.append(g)
             self.io.poke()
 
@@ -305,13 +305,13 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             return old
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
-                        spiller: Optional[SpillService] = None,
+                        spillback: Optional[SpillbackService] = None,
                         leases: Optional[LeaseService] = None) -> None:
         with self.lock:
             if sessions is not None:
                 self._sessions = sessions
-            if spiller is not None:
-                self._spiller = spiller
+            if spillback is not None:
+                self._spillback = spillback
             if leases is not None:
                 self._leases = leases
 
@@ -321,19 +321,19 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     # ================================================================ the services' calls
 
-    def group(self, group_id: int) -> Optional[Group]:
+    def group(self, group_id: int) -> Optional[WorkerGroup]:
         return self._groups.get(group_id)
 
     def function_payload(self, fn_id: int) -> bytes:
         return self._functions[fn_id]
 
-    def groups_locked(self) -> ValuesView[Group]:
+    def groups_locked(self) -> ValuesView[WorkerGroup]:
         return self._groups.values()
 
-    def insert_group_locked(self, g: Group) -> None:
+    def insert_group_locked(self, g: WorkerGroup) -> None:
         self._groups[g.group_id] = g
 
-    def close_group_locked(self, g: Group) -> None:
+    def close_group_locked(self, g: WorkerGroup) -> None:
         g.closed = True
         if g.outstanding == 0:
             self._retire_group_locked(g)
@@ -368,7 +368,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             self.store.adopt(t.args, pin=True)  # (never evicted before the task ran)
         except ObjectStoreFullError as exc:
             t.args = None
-            obj = self._objects[t.task_id] = Obj()
+            obj = self._objects[t.task_id] = ObjectEntry()
             obj.refs = 1  # the submitter's handle, released as usual
             self.finish_locked(t, False, _payload.dumps_error(exc), counted=False)
         else:
@@ -376,7 +376,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def _accept_locked(self, t: Task) -> None:
         g = t.group
-        obj = Obj()
+        obj = ObjectEntry()
         obj.refs = 1  # the submitter's handle (driver Future or worker future)
         self._objects[t.task_id] = obj
         if g.broken is not None:
@@ -411,7 +411,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self._enqueue_locked(t)
 
     def _enqueue_locked(self, t: Task) -> None:
-        """A task just made QUEUED: queue it, dispatch; on a node, the spiller may send
+        """A task just made QUEUED: queue it, dispatch; on a node, the spillback may send
         the tasks that would wait too long elsewhere."""
         g = t.group
         g.queue.append(t)
@@ -421,8 +421,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         owner = t.owner
         self._dispatch_locked(g, idle_only=not self.io.is_io_thread()
                               or (owner is not None and owner.remote_values))
-        if self._spiller is not None and g.queue:
-            self._spiller.consider_locked(g)
+        if self._spillback is not None and g.queue:
+            self._spillback.consider_locked(g)
 
     def pin_inputs_locked(self, t: Task) -> bool:
         """``t`` is about to be sent to a worker: pin its inputs now. A queued task pins
@@ -472,7 +472,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             for _oid, ok, payload in deps:
                 self.store.unpin(payload if ok else None)
             # Other pending tasks' inputs fill the store: ``t`` waits, pinning nothing,
-            # until their finish makes room (``_objtable``) -- it failed here, and so did
+            # until their finish makes room (``_object_table``) -- it failed here, and so did
             # readers queued behind others under memory pressure. Unless it never fits.
             if not self.wait_for_room_locked(t, oid):
                 self.finish_locked(t, False, _payload.dumps_error(exc))
@@ -530,7 +530,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         if counted and g.outstanding == 0 and g.closed:
             self._retire_group_locked(g)
 
-    def _wake_waiters_locked(self, obj: Obj, oid: int) -> None:
+    def _wake_waiters_locked(self, obj: ObjectEntry, oid: int) -> None:
         waiters, obj.waiters = obj.waiters or [], None
         touched = set()
         for w in waiters:
@@ -587,7 +587,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                         value = loads(payload)
                     except BaseException as exc:  # noqa: BLE001 - report on the future
                         if isinstance(exc, FileNotFoundError) and payload[:1] == STORED:
-                            self.reread(target)  # evicted before it was mapped (``_objtable``)
+                            self.reread(target)  # evicted before it was mapped (``_object_table``)
                             continue
                         from dpool.errors import DeserializationError
 
@@ -618,9 +618,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                 self._drain_releases_locked()
                 if self.store.has_news:
                     self._forget_mappings_locked()
-        if self._spiller is not None:
+        if self._spillback is not None:
             with self.lock:
-                self._spiller.tick_locked()
+                self._spillback.tick_locked()
                 out = self.take_out_locked()
             self.deliver(out)
         self.control.flush()
@@ -629,11 +629,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
     def _tick_wanted(self) -> bool:
         """Whether the tick has something to look at (read without the lock: a hint; a
         region that leaves such work while the loop is idle pokes it, ``take_out_locked``)."""
-        spiller = self._spiller
+        spillback = self._spillback
         return bool(self._closing or self._refill or self._releases or self._res_waiting
                     or self.store.has_news or self.store.expiring or self.control.backlog()
-                    or (spiller is not None and (  # queued tasks: to spill, maybe
-                        spiller.wants_tick()
+                    or (spillback is not None and (  # queued tasks: to spill, maybe
+                        spillback.wants_tick()
                         or any(g.queue for g in list(self._groups.values())))))
 
 

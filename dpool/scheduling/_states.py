@@ -11,10 +11,10 @@ transitions between them (the tables are data: tests read them).
 - WAITING: an input is not ready, or, found at dispatch, it has no room in the store or
   was lost and is being rebuilt. It holds a reference on each input, no pin.
 - QUEUED: every input is ready; it waits in its worker group's queue (or, asking for
-  resources, in ``Group.rq``). It pins nothing.
+  resources, in ``WorkerGroup.by_request``). It pins nothing.
 - RUNNING: sent to a worker (in ``WorkerHandle.inflight``: running, or next in the
   worker's batch). Its inputs are pinned.
-- AWAY: sent to another node (spillback, ``node._spill``); the other node runs it.
+- AWAY: sent to another node (spillback, ``node._spillback``); the other node runs it.
 - DONE: its outcome is recorded. Nothing leaves DONE.
 
 Every state may go to DONE (``finish``): a task fails or is cancelled wherever it is. A

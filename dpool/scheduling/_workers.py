@@ -36,7 +36,7 @@ from dpool.protocol import messages as m
 from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import Group, Task, WorkerHandle
+from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._states import (
     NEXT,
     REQUEUE,
@@ -107,22 +107,22 @@ class WorkerPool(SchedulerCore):
             self.zygote.close()
 
     # -- dispatch --------------------------------------------------------------------------
-    def _dispatch_locked(self, g: Group, idle_only: bool = False) -> None:
+    def _dispatch_locked(self, g: WorkerGroup, idle_only: bool = False) -> None:
         """Send queued tasks of ``g`` to workers with room (only idle ones if ``idle_only``:
         busy workers get theirs in batches when their results come back)."""
         q = g.queue
         if g.broken is not None:
             self.fail_group_locked(g, g.broken)
             return
-        if g.rq:  # tasks with resource requests first: what was released is theirs
+        if g.by_request:  # tasks with resource requests first: what was released is theirs
             self._dispatch_res_locked(g)
         batch = self.batch
         log_event = self.control.log_event
         while q:
-            if q[0].req is not None:  # asks for resources: ``_resdispatch``
+            if q[0].req is not None:  # asks for resources: ``_resource_dispatch``
                 self._route_res_locked(g, q.popleft())
                 continue
-            if g.starved and g.rq:
+            if g.starved and g.by_request:
                 # A task with a request waits for the CPUs (or worker slot) that tasks
                 # without one would take: they wait instead, so the workers drain and it
                 # starts (else a stream of short tasks would hold it back for good).
@@ -183,7 +183,7 @@ class WorkerPool(SchedulerCore):
             if msgs:
                 self.send_locked(w, msgs)
 
-    def _pick_worker_locked(self, g: Group, idle_only: bool = False,
+    def _pick_worker_locked(self, g: WorkerGroup, idle_only: bool = False,
                             prefetch: bool = False) -> Optional[WorkerHandle]:
         """The least-loaded worker of ``g`` that can take the head task, within slots."""
         busy = 0
@@ -217,7 +217,7 @@ class WorkerPool(SchedulerCore):
                    if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
             sum(g.extra for g in self._groups.values())
 
-    def _maybe_spawn_locked(self, g: Group) -> bool:
+    def _maybe_spawn_locked(self, g: WorkerGroup) -> bool:
         if self.closed or g.broken is not None:
             return False
         if self.cpu_limit is not None and self.busy_cpus_locked() >= self.cpu_limit:
@@ -233,8 +233,8 @@ class WorkerPool(SchedulerCore):
             return False
         return self._try_spawn_locked(g)
 
-    def _spawn_past_fenced_locked(self, g: Group) -> bool:
-        """Some workers take no task without a request (``_resdispatch``): a worker for
+    def _spawn_past_fenced_locked(self, g: WorkerGroup) -> bool:
+        """Some workers take no task without a request (``_resource_dispatch``): a worker for
         one if CPUs are left, retiring an idle fenced one to stay within the slots."""
         busy = sum(1 for w in g.workers if w.alive and not w.blocked and not w.retiring
                    and (w.inflight or not w.fenced))
@@ -248,7 +248,7 @@ class WorkerPool(SchedulerCore):
             self._retire_worker_locked(victim)
         return self._try_spawn_locked(g)
 
-    def _try_spawn_locked(self, g: Group) -> bool:
+    def _try_spawn_locked(self, g: WorkerGroup) -> bool:
         try:
             self.spawn_locked(g)
             return True
@@ -263,9 +263,9 @@ class WorkerPool(SchedulerCore):
             self.fail_group_locked(g, f"cannot start a worker process: {exc!r}")
             return False
 
-    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+    def spawn_locked(self, g: WorkerGroup, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
-        """A new worker of ``g``; ``gpus``: bound to these devices (``_resdispatch``);
+        """A new worker of ``g``; ``gpus``: bound to these devices (``_resource_dispatch``);
         ``lease``: a driver's connection it is lent to."""
         self.fork_point()  # (before this worker's sockets: a server forked now has none)
         parent_sock, child_sock = socket.socketpair()
@@ -425,7 +425,7 @@ class WorkerPool(SchedulerCore):
                         exitcode=exitcode, attempts=t.attempts)
                     self.finish_locked(t, False, _payload.dumps_error(err))
             self.drop_handles_locked(w)
-            if g.queue or g.rq:
+            if g.queue or g.by_request:
                 self._dispatch_locked(g)
             elif g.closed and not g.workers and g.outstanding == 0:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
@@ -457,7 +457,7 @@ class WorkerPool(SchedulerCore):
                 f"anymore ({g.start_failures} workers in a row died while starting, the "
                 f"last with {_describe_exit(exitcode)})"))
 
-    def break_group_locked(self, g: Group, reason: str) -> None:
+    def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
         """``g`` cannot run tasks any more (its workers cannot start): fail what it has
         and what it is given, and tell the driver that owns it (cluster mode)."""
         g.broken = reason
@@ -475,7 +475,7 @@ class WorkerPool(SchedulerCore):
             if obj.waiters and w in obj.waiters:
                 obj.waiters = [x for x in obj.waiters if x is not w] or None
 
-    def fail_group_locked(self, g: Group, reason: str) -> None:
+    def fail_group_locked(self, g: WorkerGroup, reason: str) -> None:
         made: list[bytes] = []
 
         def err() -> bytes:  # made only if a task fails: the common close fails none
@@ -483,15 +483,15 @@ class WorkerPool(SchedulerCore):
                 made.append(_payload.dumps_error(errors.broken_pool(reason)))
             return made[0]
 
-        if self._spiller is not None:  # its tasks running on other nodes fail too
-            self._spiller.fail_group_locked(g, err())
+        if self._spillback is not None:  # its tasks running on other nodes fail too
+            self._spillback.fail_group_locked(g, err())
         while g.queue:
             t = g.queue.popleft()
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
                 t.started = True
             self.finish_locked(t, False, err())
-        if g.rq:
+        if g.by_request:
             self._fail_waiting_res_locked(g, err())
         for w in g.workers:
             for t in list(w.inflight.values()):
@@ -515,7 +515,7 @@ class WorkerPool(SchedulerCore):
                 t.started = True
             self.finish_locked(t, False, err())
 
-    def _retire_group_locked(self, g: Group) -> None:
+    def _retire_group_locked(self, g: WorkerGroup) -> None:
         """All of a closed group's work is done: stop its workers, run on_idle hooks."""
         for w in g.workers:
             if w.mark_stopping():

@@ -3,7 +3,7 @@
 The race: a fresh 0-CPU head, a 2-CPU node that joins a moment before a driver attaches
 to the head. The head's agent had not yet read the node table since the node joined,
 so it told the driver the cluster had 0 CPUs; ``ProcessPoolExecutor()`` took that as
-its ``max_workers``, and the head's spiller, which keeps each pool's tasks away within
+its ``max_workers``, and the head's spillback, which keeps each pool's tasks away within
 ``max_workers``, never sent one: the task sat on the head, the node idle, for good.
 Here the driver sizes its pool *before* the node joins (the race's outcome, every time),
 then submits once the node is up; and a driver that attaches just after the node joined

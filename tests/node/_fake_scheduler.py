@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 from dpool.control import InProcessControlStore
 from dpool.protocol import _messages as m
-from dpool.scheduling import BatchPolicy, Group, Obj, Task, WorkerHandle
-from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillService
+from dpool.scheduling import BatchPolicy, ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
 from dpool.scheduling._resources import Ledger
 
 
@@ -69,16 +69,16 @@ class FakeScheduler:
         self.cpu_limit = cpu_limit
         self.closed = False
         self.busy = 0  # what busy_cpus_locked says
-        self.groups: dict[int, Group] = {}
+        self.groups: dict[int, WorkerGroup] = {}
         self.functions: dict[int, bytes] = {}
-        self.objects: dict[int, Obj] = {}
+        self.objects: dict[int, ObjectEntry] = {}
         # the scheduler's own handlers, which services may wrap
         self.handlers: dict[int, Handler] = {
             m.SubmitTask.CODE: lambda w, msg: self.submitted.append(msg),
             m.PutObject.CODE: lambda w, msg: self.put.append(msg),
         }
         self.sessions: Optional[DriverService] = None
-        self.spiller: Optional[SpillService] = None
+        self.spillback: Optional[SpillbackService] = None
         self.leases: Optional[LeaseService] = None
         # what was asked of it
         self.submitted: list = []
@@ -87,8 +87,8 @@ class FakeScheduler:
         self.finished: list[tuple[Task, bool, bytes]] = []
         self.returned: list[Task] = []  # return_task_locked: back at the head of the queue
         self.unrunnable: list[tuple[Task, str]] = []
-        self.closed_groups: list[Group] = []
-        self.failed_groups: list[tuple[Group, str]] = []
+        self.closed_groups: list[WorkerGroup] = []
+        self.failed_groups: list[tuple[WorkerGroup, str]] = []
         self.dropped_handles: list[WorkerHandle] = []
         self.released: list[int] = []
 
@@ -99,17 +99,17 @@ class FakeScheduler:
         return old
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
-                        spiller: Optional[SpillService] = None,
+                        spillback: Optional[SpillbackService] = None,
                         leases: Optional[LeaseService] = None) -> None:
         self.sessions = sessions or self.sessions
-        self.spiller = spiller or self.spiller
+        self.spillback = spillback or self.spillback
         self.leases = leases or self.leases
 
     def set_control(self, control: Any) -> None:
         self.control = control
 
     # -- any thread --------------------------------------------------------------------
-    def group(self, group_id: int) -> Optional[Group]:
+    def group(self, group_id: int) -> Optional[WorkerGroup]:
         return self.groups.get(group_id)
 
     def function_payload(self, fn_id: int) -> bytes:
@@ -121,24 +121,24 @@ class FakeScheduler:
     def release(self, object_id: int) -> None:
         self.released.append(object_id)
 
-    def terminate_group(self, group: Group, reason: str) -> None:
+    def terminate_group(self, group: WorkerGroup, reason: str) -> None:
         self.failed_groups.append((group, reason))
 
-    def wait_group_exited(self, group: Group, timeout: float = 30.0) -> None:
+    def wait_group_exited(self, group: WorkerGroup, timeout: float = 30.0) -> None:
         pass
 
     # -- lock held ---------------------------------------------------------------------
-    def groups_locked(self) -> ValuesView[Group]:
+    def groups_locked(self) -> ValuesView[WorkerGroup]:
         return self.groups.values()
 
-    def insert_group_locked(self, g: Group) -> None:
+    def insert_group_locked(self, g: WorkerGroup) -> None:
         self.groups[g.group_id] = g
 
-    def close_group_locked(self, g: Group) -> None:
+    def close_group_locked(self, g: WorkerGroup) -> None:
         g.closed = True
         self.closed_groups.append(g)
 
-    def fail_group_locked(self, g: Group, reason: str) -> None:
+    def fail_group_locked(self, g: WorkerGroup, reason: str) -> None:
         self.failed_groups.append((g, reason))
 
     def admit_locked(self, t: Task) -> None:
@@ -179,7 +179,7 @@ class FakeScheduler:
     def set_function_locked(self, fn_id: int, payload: bytes) -> None:
         self.functions[fn_id] = payload
 
-    def spawn_locked(self, g: Group, gpus: Optional[tuple] = None,
+    def spawn_locked(self, g: WorkerGroup, gpus: Optional[tuple] = None,
                      lease: Optional[socket.socket] = None) -> WorkerHandle:
         raise OSError("a fake scheduler starts no process")
 
@@ -192,11 +192,11 @@ class FakeScheduler:
     def drop_handles_locked(self, w: WorkerHandle) -> None:
         self.dropped_handles.append(w)
 
-    def object_locked(self, oid: int) -> Optional[Obj]:
+    def object_locked(self, oid: int) -> Optional[ObjectEntry]:
         return self.objects.get(oid)
 
-    def pending_object_locked(self, oid: int) -> Obj:
-        obj = self.objects[oid] = Obj()
+    def pending_object_locked(self, oid: int) -> ObjectEntry:
+        obj = self.objects[oid] = ObjectEntry()
         obj.refs = 1
         return obj
 
@@ -204,7 +204,7 @@ class FakeScheduler:
         obj = self.objects[oid]
         obj.ready, obj.ok, obj.payload = True, ok, payload
 
-    def take_object_locked(self, oid: int) -> Optional[Obj]:
+    def take_object_locked(self, oid: int) -> Optional[ObjectEntry]:
         return self.objects.pop(oid, None)
 
     def decref_locked(self, oid: int, n: int = 1) -> None:
@@ -214,12 +214,12 @@ class FakeScheduler:
 
     # -- building records for a test ---------------------------------------------------
     def new_group(self, group_id: int = 1, max_workers: int = 4,
-                  max_attempts: int = 3) -> Group:
-        g = Group(group_id, max_workers, mp.get_context(), None, None, max_attempts)
+                  max_attempts: int = 3) -> WorkerGroup:
+        g = WorkerGroup(group_id, max_workers, mp.get_context(), None, None, max_attempts)
         self.groups[group_id] = g
         return g
 
-    def queue_tasks(self, g: Group, task_ids: range, fn_id: int = 7) -> list[Task]:
+    def queue_tasks(self, g: WorkerGroup, task_ids: range, fn_id: int = 7) -> list[Task]:
         self.functions.setdefault(fn_id, b"fn")
         tasks = [Task(tid, fn_id, b"args", None, g, None, Future()) for tid in task_ids]
         g.queue.extend(tasks)

@@ -1,4 +1,4 @@
-"""No task may sit where nobody will act on it (issue 17): the spiller's and the runner's
+"""No task may sit where nobody will act on it (issue 17): the spillback's and the runner's
 safety nets, without processes (``_fake_scheduler``).
 
 - a pool whose ``max_workers`` is 0 (sized by a 0-CPU head before it saw the node that
@@ -17,7 +17,7 @@ import pickle
 from types import SimpleNamespace
 
 from dpool.node._remote import RemoteRunner
-from dpool.node._spill import Spiller
+from dpool.node._spillback import Spillback
 from dpool.protocol import _messages as m
 from tests.node._fake_scheduler import FakeScheduler
 
@@ -37,8 +37,8 @@ class Sent:
         return self.msgs.pop(address, [])
 
 
-def _spiller(s: FakeScheduler, sent: Sent, schedulers: tuple = (GS,)) -> Spiller:
-    return Spiller(s, ORIGIN, sent, lambda: list(schedulers), threshold_s=0.005)
+def _spillback(s: FakeScheduler, sent: Sent, schedulers: tuple = (GS,)) -> Spillback:
+    return Spillback(s, ORIGIN, sent, lambda: list(schedulers), threshold_s=0.005)
 
 
 def _peer(address: str) -> SimpleNamespace:
@@ -48,7 +48,7 @@ def _peer(address: str) -> SimpleNamespace:
 # -- a pool of 0 workers ------------------------------------------------------------------
 def test_a_pool_sized_at_zero_cpus_still_spills_its_tasks() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=0)  # cpu_count() said 0: the head had not seen the node
     s.queue_tasks(g, range(3))
     sp.consider_locked(g)
@@ -59,7 +59,7 @@ def test_a_pool_sized_at_zero_cpus_still_spills_its_tasks() -> None:
 # -- a node with no CPUs: ResourceError after the grace period ----------------------------
 def test_no_global_scheduler_on_a_zero_cpu_node_fails_after_the_grace() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent, schedulers=())
+    sp = _spillback(s, sent, schedulers=())
     sp.grace_s = 5.0
     g = s.new_group()
     (t,) = s.queue_tasks(g, range(1))
@@ -77,13 +77,13 @@ def test_no_global_scheduler_on_a_zero_cpu_node_fails_after_the_grace() -> None:
 
 def test_rejected_everywhere_on_a_zero_cpu_node_fails_after_the_grace() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     sp.grace_s = 0.0
     g = s.new_group()
     (t,) = s.queue_tasks(g, range(1))
     sp.consider_locked(g)
     (msg,) = sent.take(GS)
-    sp._on_rejected_locked(None, m.SpillRejected(msg.task_id, "no other node with CPUs"))
+    sp._on_rejected_locked(None, m.SpillbackRejected(msg.task_id, "no other node with CPUs"))
     assert list(g.queue) == [t] and t.attempts == 0  # home, uncharged
     sp.tick_locked()
     ((failed, why),) = s.unrunnable
@@ -92,13 +92,13 @@ def test_rejected_everywhere_on_a_zero_cpu_node_fails_after_the_grace() -> None:
 
 def test_a_node_taking_the_group_clears_the_grace() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     sp.grace_s = 0.0
     g = s.new_group(max_workers=1)
     s.queue_tasks(g, range(2))
     sp.consider_locked(g)
     (msg,) = sent.take(GS)
-    sp._on_rejected_locked(None, m.SpillRejected(msg.task_id, "no other node with CPUs"))
+    sp._on_rejected_locked(None, m.SpillbackRejected(msg.task_id, "no other node with CPUs"))
     sp._paused_until = 0.0
     sp.consider_locked(g)
     (msg,) = sent.take(GS)
@@ -110,7 +110,7 @@ def test_a_node_taking_the_group_clears_the_grace() -> None:
 def test_a_node_with_cpus_never_fails_a_queued_task_this_way() -> None:
     s, sent = FakeScheduler(cpu_limit=2), Sent()
     s.busy = 2
-    sp = _spiller(s, sent, schedulers=())
+    sp = _spillback(s, sent, schedulers=())
     sp.grace_s = 0.0
     g = s.new_group()
     s.queue_tasks(g, range(1))
@@ -161,7 +161,7 @@ def test_a_finished_task_is_unknown_once_its_result_went() -> None:
 
 def test_the_origin_offers_a_task_its_runner_lost_again_after_two_answers() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     sp.check_s = 0.0
     g = s.new_group()
     (t,) = s.queue_tasks(g, range(1))
@@ -186,7 +186,7 @@ def test_the_origin_offers_a_task_its_runner_lost_again_after_two_answers() -> N
 
 def test_tasks_not_yet_accepted_or_being_pulled_are_not_asked_about() -> None:
     s, sent = FakeScheduler(cpu_limit=0), Sent()
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     sp.check_s = 0.0
     g = s.new_group()
     s.queue_tasks(g, range(2))
@@ -201,7 +201,7 @@ def test_tasks_not_yet_accepted_or_being_pulled_are_not_asked_about() -> None:
 def test_origin_and_runner_together_recover_a_lost_task() -> None:
     """The whole round: spilled, accepted, lost at the runner, offered again."""
     s_a, s_b, sent = FakeScheduler(cpu_limit=0), FakeScheduler(), Sent()
-    sp = _spiller(s_a, sent)
+    sp = _spillback(s_a, sent)
     sp.check_s = 0.0
     r = _runner(s_b, sent)
     g = s_a.new_group()
@@ -226,7 +226,7 @@ def test_origin_and_runner_together_recover_a_lost_task() -> None:
 def test_messages_queued_for_a_link_that_closed_as_it_opened_come_back() -> None:
     """The IO loop may see a fresh link close before ``Links`` publishes it (its closed
     hooks then find nothing to take back): the messages queued while connecting go to
-    ``on_unreachable`` (the spiller takes their tasks home), not into a dead channel."""
+    ``on_unreachable`` (the spillback takes their tasks home), not into a dead channel."""
     import secrets
     import threading
 

@@ -133,7 +133,7 @@ def test_a_task_run_on_its_origin_leaves_it_free_for_a_placement_group(gs_one_cp
     for k in (1, 2):
         peers[k].send(encode_batch([m.Load(0, 0, 1, 0.002, (), (), received[k])]))
     bundle = _resources.to_wire(_resources.Request(1))
-    origin.send(encode_batch([m.PGReserve(7, f"{host(3)}:1", (bundle,) * 3,
+    origin.send(encode_batch([m.PlacementGroupReserve(7, f"{host(3)}:1", (bundle,) * 3,
                                           "strict_spread")]))
     # at once: no report comes (a real origin's unchanged one would, within 5 s)
     holds = _received(peers, 3, timeout=3.0)
@@ -142,5 +142,5 @@ def test_a_task_run_on_its_origin_leaves_it_free_for_a_placement_group(gs_one_cp
         assert isinstance(hold, m.BundleHold) and hold.hold and hold.pg_id == 7, hold
         peers[i].send(encode_batch([m.BundleHeld(7, hold.index, True, "", hold.attempt)]))
     (i, state), = _received([origin], 1)
-    assert isinstance(state, m.PGState) and state.state == "ready", state
+    assert isinstance(state, m.PlacementGroupState) and state.state == "ready", state
     assert sorted(state.nodes) == [f"{host(k)}:1" for k in (3, 4, 5)], state

@@ -3,7 +3,7 @@ runs there when that node can start it soon enough.
 
 The policy half with fake nodes (``LeastWait`` weighs the transfer of the inputs a node
 lacks); the data path on a real loopback cluster: an origin that pulled a spilled task's
-large result points the tasks that take it at the node that lent it (``node._spill``
+large result points the tasks that take it at the node that lent it (``node._spillback``
 ``lent_copies``), which runs them on its own copy (``node._remote``), so a chain of
 64 MB arrays never sends an input back out to a node. bench/LOCALITY.md has the figures.
 """

@@ -134,7 +134,7 @@ def test_embedded_bundle_gpus_are_the_bundles_and_kept_from_other_tasks():
 # -- a loopback cluster ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("pgroups"), head_cpus=2, shards=1)
+    c = start_cluster(tmp_path_factory.mktemp("placement_groups"), head_cpus=2, shards=1)
     try:
         yield c
     finally:

@@ -2,7 +2,7 @@
 
 The built-in rule is one ``PlacementPolicy`` among others; a new one (``Pack`` below)
 plugs in without touching the core: the global scheduler calls its ``place``, the node's
-spiller its ``keep`` (``node._spill`` over the fake scheduler of ``tests/node``).
+spillback its ``keep`` (``node._spillback`` over the fake scheduler of ``tests/node``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import dpool
 from dpool.errors import PlacementError
-from dpool.node._spill import Spiller
+from dpool.node._spillback import Spillback
 from dpool.objects import _payload
 from dpool.placement import (
     Demand,
@@ -141,7 +141,7 @@ def test_strategies_are_validated_and_travel() -> None:
     assert pickle.loads(pickle.dumps(aff)) == aff
 
 
-# -- the node's half: the spiller asks the policy what to keep ------------------------------
+# -- the node's half: the spillback asks the policy what to keep ---------------------------
 class Sent:
     def __init__(self) -> None:
         self.msgs: dict[str, list] = {}
@@ -150,39 +150,39 @@ class Sent:
         self.msgs.setdefault(address, []).extend(msgs)
 
 
-def _spill(policy: Optional[PlacementPolicy]) -> tuple[FakeScheduler, Sent, Spiller, list]:
+def _spillback(policy: Optional[PlacementPolicy]) -> tuple[FakeScheduler, Sent, Spillback, list]:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
     s.batch.observe(7, 0.001)
-    sp = Spiller(s, "node-a:6000", sent, lambda: [GS], threshold_s=0.005, policy=policy)
+    sp = Spillback(s, "node-a:6000", sent, lambda: [GS], threshold_s=0.005, policy=policy)
     g = s.new_group(max_workers=64)
     tasks = s.queue_tasks(g, range(100, 130))
     sp.consider_locked(g)
     return s, sent, sp, tasks
 
 
-def test_the_spiller_keeps_what_the_policy_says() -> None:
-    _, sent, sp, _ = _spill(None)  # the built-in rule: 20 stay, 10 go
+def test_the_spillback_keeps_what_the_policy_says() -> None:
+    _, sent, sp, _ = _spillback(None)  # the built-in rule: 20 stay, 10 go
     assert isinstance(sp.policy, LeastWait) and len(sent.msgs[GS]) == 10
-    _, sent, _, _ = _spill(KeepAll())
+    _, sent, _, _ = _spillback(KeepAll())
     assert sent.msgs == {}
-    _, sent, _, _ = _spill(Pack())  # keeps what can start now: no CPU free, all go
+    _, sent, _, _ = _spillback(Pack())  # keeps what can start now: no CPU free, all go
     assert len(sent.msgs[GS]) == 30
-    _, sent, _, _ = _spill(Broken())  # a policy that raises: logged, the built-in rule
+    _, sent, _, _ = _spillback(Broken())  # a policy that raises: logged, the built-in rule
     assert len(sent.msgs[GS]) == 10
 
 
-def test_the_spiller_takes_its_policy_from_the_environment(monkeypatch) -> None:
+def test_the_spillback_takes_its_policy_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("DPOOL_PLACEMENT_POLICY", "tests.placement._policies:KeepAll")
-    _, sent, sp, _ = _spill(None)
+    _, sent, sp, _ = _spillback(None)
     assert isinstance(sp.policy, KeepAll) and sent.msgs == {}
     monkeypatch.setenv("DPOOL_PLACEMENT_POLICY", "broken")
-    _, sent, sp, _ = _spill(None)  # said in the log; the built-in rule
+    _, sent, sp, _ = _spillback(None)  # said in the log; the built-in rule
     assert type(sp.policy) is LeastWait and len(sent.msgs[GS]) == 10
 
 
 def test_a_task_that_can_never_be_placed_fails_with_placement_error() -> None:
-    s, _, sp, tasks = _spill(None)
+    s, _, sp, tasks = _spillback(None)
     t = tasks[-1]
     assert t.task_id in sp.away
     s.handlers[m.PlacementFailed.CODE](None, m.PlacementFailed(t.task_id, "no node x"))

@@ -20,7 +20,7 @@ from dpool.protocol import PROTOCOL_VERSION, _running
 from dpool.protocol import _messages as m
 from dpool.protocol._channel import Channel
 from dpool.protocol._codec import decode_batch, encode_batch
-from dpool.scheduling import GroupConfig, LocalScheduler, WorkerHandle
+from dpool.scheduling import LocalScheduler, WorkerGroupConfig, WorkerHandle
 
 
 class _NoIO:
@@ -138,7 +138,7 @@ class SimScheduler(LocalScheduler):
 
     # -- driver side -------------------------------------------------------------------
     def group(self, max_workers: int = 2, max_attempts: int = 3) -> Any:
-        return self.add_group(GroupConfig(max_workers, None, None, None, max_attempts))
+        return self.add_group(WorkerGroupConfig(max_workers, None, None, None, max_attempts))
 
     def task(self, g: Any, fn_id: int = 1, deps: Optional[tuple] = None) -> tuple[int, Future]:
         """Submit a task (function ``fn_id``; ``deps``: ids it takes as inputs)."""

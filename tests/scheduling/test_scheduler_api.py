@@ -24,7 +24,7 @@ from dpool.scheduling import (
     LeaseService,
     LocalScheduler,
     SchedulerAPI,
-    SpillService,
+    SpillbackService,
 )
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dpool"
@@ -95,9 +95,9 @@ def test_local_scheduler_implements_the_api() -> None:
 def test_the_node_services_implement_what_the_scheduler_calls() -> None:
     from dpool.node._attach import DriverSessions
     from dpool.node._leases import LeaseDesk
-    from dpool.node._spill import Spiller
+    from dpool.node._spillback import Spillback
 
-    for cls, proto in ((DriverSessions, DriverService), (Spiller, SpillService),
+    for cls, proto in ((DriverSessions, DriverService), (Spillback, SpillbackService),
                        (LeaseDesk, LeaseService)):
         missing = [n for n in _members(proto) if not hasattr(cls, n)
                    and n not in inspect.getsource(cls.__init__)]  # (instance attributes)

@@ -211,9 +211,9 @@ def test_a_task_whose_input_failed_is_sent_with_the_failure(sim):
 
 
 def test_a_worker_retires_after_max_tasks_and_a_new_one_takes_the_rest(sim):
-    from dpool.scheduling import GroupConfig
+    from dpool.scheduling import WorkerGroupConfig
 
-    g = sim.add_group(GroupConfig(1, None, None, 2, 3))  # max_tasks_per_child=2
+    g = sim.add_group(WorkerGroupConfig(1, None, None, 2, 3))  # max_tasks_per_child=2
     ids = [sim.task(g) for _ in range(3)]
     w = sim.started[0]
     w.hello()

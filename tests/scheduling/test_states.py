@@ -8,11 +8,11 @@ import itertools
 import pytest
 
 from dpool.scheduling import _states as S
-from dpool.scheduling._records import Group, Task
+from dpool.scheduling._records import Task, WorkerGroup
 
 
 def _task(task_id: int = 0x2A) -> Task:
-    return Task(task_id, 1, None, None, Group(1, 2, None, None, None, 3), None, None)
+    return Task(task_id, 1, None, None, WorkerGroup(1, 2, None, None, None, 3), None, None)
 
 
 def _run(*events: int) -> Task:
@@ -118,7 +118,7 @@ def test_races_are_caught_where_they_happen(events, bad):
 def _worker():
     from dpool.scheduling._records import WorkerHandle
 
-    return WorkerHandle(7, Group(1, 2, None, None, None, 3), None, None)
+    return WorkerHandle(7, WorkerGroup(1, 2, None, None, None, 3), None, None)
 
 
 @pytest.mark.timeout(10)

@@ -1,4 +1,4 @@
-"""The origin's results (``_spill.Spiller``): a spilled task's outcome coming back, its lent
+"""The origin's results (``_spillback.Spillback``): a spilled task's outcome coming back, its lent
 result pulled, and the lenders kept for data locality.
 
 Data locality: after pulling a lent result, this node leaves it lent (``lent_copies``,
@@ -18,7 +18,7 @@ import time
 from typing import Any, Optional
 
 from dpool.errors import ObjectLostError
-from dpool.node._spill_base import SpillBase, _Away
+from dpool.node._spillback_base import SpillbackBase, _Away
 from dpool.objects import inline as _inline
 from dpool.objects import payload as _payload
 from dpool.objects import segment as _segment
@@ -30,8 +30,8 @@ from dpool.transfer import pull as _pull
 log = logging.getLogger("dpool.scheduling")
 
 
-class SpillResults(SpillBase):
-    """Part of ``Spiller``: outcomes, pulls of lent results, and lenders."""
+class SpillbackResults(SpillbackBase):
+    """Part of ``Spillback``: outcomes, pulls of lent results, and lenders."""
 
     def _freed_locked(self, name: str) -> None:
         """Segment ``name`` of this node's store was freed (its last reference died):

@@ -1,7 +1,7 @@
 """Placement groups in a global scheduler: the replica a node sends a group to owns it.
 
-    node (origin) ──PGReserve──▶ Groups ──BundleHold──▶ each chosen node
-                  ◀──PGState────   ▲    ◀──BundleHeld──
+    node (origin) ──PlacementGroupReserve──▶ PlacementGroupTable ──BundleHold──▶ each chosen node
+                  ◀──PlacementGroupState──            ▲          ◀──BundleHeld──
     node ──RemoteTask (InBundle)──▶ forwarded to the node holding the bundle
 
 It sees every linked node's free resources (their load reports), so it decides a whole
@@ -13,7 +13,7 @@ replica's) fails with ``PlacementFailed``.
 
 A node links to every replica but sends a group's messages to one (the first by
 address): if that replica dies, the groups it owned are lost with it (their nodes free
-the bundles when the link closes, ``node._pgroups``), and their drivers are told.
+the bundles when the link closes, ``node._placement_groups``), and their drivers are told.
 
 Runs on the replica's IO thread with its lock held (``_daemon``), like placement.
 """
@@ -28,10 +28,10 @@ from dpool.placement import GangTable, InBundle, NodeLoad
 from dpool.protocol import messages as m
 from dpool.scheduling import resources as _resources
 
-__all__ = ["Groups"]
+__all__ = ["PlacementGroupTable"]
 
 
-class Groups:
+class PlacementGroupTable:
     """The placement groups a global scheduler owns."""
 
     def __init__(self, send: Callable[[str, list], None]) -> None:
@@ -48,16 +48,16 @@ class Groups:
 
     def _report(self, origin: str, pg_id: int, state: str, nodes: tuple,
                 reason: str) -> None:
-        self._send(origin, [m.PGState(pg_id, state, nodes, reason)])
+        self._send(origin, [m.PlacementGroupState(pg_id, state, nodes, reason)])
 
     # -- messages (lock held) ----------------------------------------------------------------
     def on_message(self, msg: Any, loads: Sequence[NodeLoad]) -> None:
         t = self.table
-        if isinstance(msg, m.PGReserve):
+        if isinstance(msg, m.PlacementGroupReserve):
             bundles = [_resources.Request(b[0], b[1], b[2], tuple(tuple(x) for x in b[3]))
                        for b in msg.bundles]
             t.reserve(msg.pg_id, msg.origin, bundles, msg.strategy, loads)
-        elif isinstance(msg, m.PGRemove):
+        elif isinstance(msg, m.PlacementGroupRemove):
             t.remove(msg.pg_id, loads)
         elif isinstance(msg, m.BundleHeld):
             t.held(msg.pg_id, msg.index, msg.ok, msg.reason, msg.attempt, loads)

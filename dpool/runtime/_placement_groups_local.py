@@ -1,6 +1,6 @@
 """Placement groups on the embedded runtime: one host, its own reservations.
 
-    placement_group(...) ──reserve──▶ LocalGroups ──GangTable (one node: "local")──▶
+    placement_group(...) ──reserve──▶ LocalPlacementGroups ──GangTable (one node: "local")──▶
         scheduler.hold_bundle_locked / free_bundles_locked (the host's bundles)
 
 The same state machine as a global scheduler's (``placement.GangTable``), over one node:
@@ -33,7 +33,7 @@ HOST = "local"
 StateFn = Callable[[str, tuple, str], None]  # (state, nodes, reason)
 
 
-class LocalGroups:
+class LocalPlacementGroups:
     def __init__(self, scheduler: Any, host_cpus: int) -> None:
         self._s = scheduler
         self.host_cpus = host_cpus

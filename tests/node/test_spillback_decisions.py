@@ -1,6 +1,6 @@
-"""What the spiller sends away and what it keeps (``node._spill``), without processes.
+"""What the spillback sends away and what it keeps (``node._spillback``), without processes.
 
-A ``Spiller`` over a fake scheduler (``_fake_scheduler``): real groups and tasks, a
+A ``Spillback`` over a fake scheduler (``_fake_scheduler``): real groups and tasks, a
 fake ``send`` that records the messages each global scheduler would get. The rule under
 test: the k-th queued task waits about ``(k - free) / cpus * avg``; what would wait past
 ``threshold_s`` goes, tail first, within ``max_workers`` tasks away per group.
@@ -13,7 +13,7 @@ import pickle
 import pytest
 
 from dpool.errors import WorkerCrashedError
-from dpool.node._spill import Spiller
+from dpool.node._spillback import Spillback
 from dpool.objects import _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling import SchedulerAPI
@@ -23,7 +23,7 @@ GS = "gs-1:7000"
 
 
 class Sent:
-    """The spiller's ``send``: messages per address."""
+    """The spillback's ``send``: messages per address."""
 
     def __init__(self) -> None:
         self.msgs: dict[str, list] = {}
@@ -35,9 +35,9 @@ class Sent:
         return [msg.task_id for msg in self.msgs.get(address, [])]
 
 
-def _spiller(s: FakeScheduler, sent: Sent, schedulers: tuple = (GS,),
-             **kw) -> Spiller:
-    return Spiller(s, "node-a:6000", sent, lambda: list(schedulers), threshold_s=0.005,
+def _spillback(s: FakeScheduler, sent: Sent, schedulers: tuple = (GS,),
+               **kw) -> Spillback:
+    return Spillback(s, "node-a:6000", sent, lambda: list(schedulers), threshold_s=0.005,
                    **kw)
 
 
@@ -45,10 +45,10 @@ def test_the_fake_scheduler_is_a_scheduler_api() -> None:
     assert isinstance(FakeScheduler(), SchedulerAPI)
 
 
-def test_the_spiller_plugs_in_through_the_api() -> None:
+def test_the_spillback_plugs_in_through_the_api() -> None:
     s, sent = FakeScheduler(), Sent()
-    sp = _spiller(s, sent)
-    assert s.spiller is sp
+    sp = _spillback(s, sent)
+    assert s.spillback is sp
     assert s.handlers[m.TaskResult.CODE] == sp._on_result_locked
     assert s.store.on_freed == sp._freed_locked
 
@@ -57,7 +57,7 @@ def test_a_queue_longer_than_free_cpus_and_the_threshold_spills_its_tail() -> No
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4  # no CPU free
     s.batch.observe(7, 0.001)  # measured: 1 ms a task
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=64)  # (room for plenty away: the threshold decides)
     tasks = s.queue_tasks(g, range(100, 130))
     sp.consider_locked(g)
@@ -77,7 +77,7 @@ def test_free_cpus_keep_what_they_can_start_now() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 1  # 3 CPUs free
     s.batch.observe(7, 0.001)
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=64)
     s.queue_tasks(g, range(23))  # 3 start now + 20 within the threshold
     sp.consider_locked(g)
@@ -90,7 +90,7 @@ def test_free_cpus_keep_what_they_can_start_now() -> None:
 def test_a_never_measured_function_keeps_only_what_can_start_now() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 1
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=8)
     s.queue_tasks(g, range(10))  # fn 7 never ran: it may be long
     sp.consider_locked(g)
@@ -102,7 +102,7 @@ def test_max_workers_caps_the_tasks_away() -> None:
     s, sent = FakeScheduler(cpu_limit=1), Sent()
     s.busy = 1
     s.batch.observe(7, 1.0)  # long tasks: one away per worker slot
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=2)
     s.queue_tasks(g, range(5))
     sp.consider_locked(g)
@@ -114,7 +114,7 @@ def test_max_workers_caps_the_tasks_away() -> None:
 def test_no_global_scheduler_spills_nothing() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
-    sp = _spiller(s, sent, schedulers=())
+    sp = _spillback(s, sent, schedulers=())
     g = s.new_group()
     s.queue_tasks(g, range(50))
     sp.consider_locked(g)
@@ -125,7 +125,7 @@ def test_a_group_kept_local_is_never_spilled() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
     g = s.new_group()
-    sp = _spiller(s, sent, local_groups=lambda grp: grp is g)
+    sp = _spillback(s, sent, local_groups=lambda grp: grp is g)
     s.queue_tasks(g, range(50))
     sp.consider_locked(g)
     assert not sent.msgs and len(g.queue) == 50
@@ -134,12 +134,12 @@ def test_a_group_kept_local_is_never_spilled() -> None:
 def test_a_rejected_spill_comes_home_uncharged_and_pauses_spilling() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=8)
     s.queue_tasks(g, range(4))
     sp.consider_locked(g)
     assert sorted(sent.ids()) == [0, 1, 2, 3]
-    sp._on_rejected_locked(None, m.SpillRejected(3, "no other node"))
+    sp._on_rejected_locked(None, m.SpillbackRejected(3, "no other node"))
     (t,) = s.returned
     assert t.task_id == 3 and t.attempts == 0 and 3 not in sp.away
     # paused: a long queue stays here for now
@@ -152,7 +152,7 @@ def test_a_rejected_spill_comes_home_uncharged_and_pauses_spilling() -> None:
 def test_a_cancelled_task_is_skipped_not_spilled() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group()
     tasks = s.queue_tasks(g, range(3))
     tasks[2].future.cancel()
@@ -164,7 +164,7 @@ def test_a_cancelled_task_is_skipped_not_spilled() -> None:
 def test_a_node_lost_retries_its_tasks_then_fails_them() -> None:
     s, sent = FakeScheduler(cpu_limit=4), Sent()
     s.busy = 4
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_attempts=2)
     s.queue_tasks(g, range(1))
     sp.consider_locked(g)
@@ -189,7 +189,7 @@ def test_a_result_finishes_the_task_and_spills_more(paused: bool) -> None:
     s, sent = FakeScheduler(cpu_limit=1), Sent()
     s.busy = 1
     s.batch.observe(7, 1.0)
-    sp = _spiller(s, sent)
+    sp = _spillback(s, sent)
     g = s.new_group(max_workers=1)
     s.queue_tasks(g, range(3))
     sp.consider_locked(g)

@@ -1,12 +1,13 @@
 """Placement groups at a node: relaying its drivers' groups, holding bundles.
 
-    driver ──PGReserve / PGRemove──▶ PlacementGroups ──▶ a global scheduler (the first
-           ◀────────PGState─────────      (origin)       linked, by address)
-    global scheduler ──BundleHold──▶ PlacementGroups ──▶ scheduler.hold_bundle_locked
-                     ◀──BundleHeld──      (holder)       / free_bundles_locked
+    driver ──PlacementGroupReserve─▶ NodePlacementGroups ──▶ a global scheduler (the first
+           ──PlacementGroupRemove──▶      (origin)           linked, by address)
+           ◀─PlacementGroupState───
+    global scheduler ──BundleHold──▶ NodePlacementGroups ──▶ scheduler.hold_bundle_locked
+                     ◀──BundleHeld──      (holder)           / free_bundles_locked
 
 As the origin of a group it forwards its driver's reservation to one global scheduler
-(which owns the group's state: ``global_scheduler._groups``) and that scheduler's
+(which owns the group's state: ``global_scheduler._placement_groups``) and that scheduler's
 answers back to the driver. As a holder it reserves bundles in its local scheduler
 (``scheduling._bundle_ledger``) when a global scheduler says so, and frees them when
 told -- or when that scheduler's link closes (whatever it owned is gone with it), or
@@ -28,7 +29,7 @@ from dpool.scheduling import resources as _resources
 log = logging.getLogger("dpool.node")
 
 
-class PlacementGroups:
+class NodePlacementGroups:
     def __init__(self, scheduler: SchedulerAPI, address: str,
                  send: Callable[[str, list], None],
                  schedulers: Callable[[], list]) -> None:
@@ -39,28 +40,29 @@ class PlacementGroups:
         self._schedulers = schedulers  # global schedulers linked now
         self._owners: dict[int, tuple] = {}  # pg_id -> (driver handle, its scheduler)
         self._holders: dict[tuple, str] = {}  # (pg_id, index) held -> scheduler's address
-        scheduler.register_handler(m.PGReserve.CODE, self._on_reserve_locked)
-        scheduler.register_handler(m.PGRemove.CODE, self._on_remove_locked)
-        scheduler.register_handler(m.PGState.CODE, self._on_state_locked)
+        scheduler.register_handler(m.PlacementGroupReserve.CODE, self._on_reserve_locked)
+        scheduler.register_handler(m.PlacementGroupRemove.CODE, self._on_remove_locked)
+        scheduler.register_handler(m.PlacementGroupState.CODE, self._on_state_locked)
         scheduler.register_handler(m.BundleHold.CODE, self._on_hold_locked)
 
     # -- as the origin (a driver's groups) ------------------------------------------------------
-    def _on_reserve_locked(self, d: Any, msg: m.PGReserve) -> None:
+    def _on_reserve_locked(self, d: Any, msg: m.PlacementGroupReserve) -> None:
         gss = sorted(self._schedulers())
         if not gss:
-            self._s.send_locked(d, [m.PGState(
+            self._s.send_locked(d, [m.PlacementGroupState(
                 msg.pg_id, "failed", (), "no global scheduler is linked to this node to "
                 "reserve the placement group (is the head running?)")])
             return
         self._owners[msg.pg_id] = (d, gss[0])
-        self._send(gss[0], [m.PGReserve(msg.pg_id, self.address, msg.bundles, msg.strategy)])
+        self._send(gss[0], [m.PlacementGroupReserve(msg.pg_id, self.address, msg.bundles,
+                                                    msg.strategy)])
 
-    def _on_remove_locked(self, d: Any, msg: m.PGRemove) -> None:
+    def _on_remove_locked(self, d: Any, msg: m.PlacementGroupRemove) -> None:
         owner = self._owners.pop(msg.pg_id, None)
         if owner is not None:
-            self._send(owner[1], [m.PGRemove(msg.pg_id, self.address)])
+            self._send(owner[1], [m.PlacementGroupRemove(msg.pg_id, self.address)])
 
-    def _on_state_locked(self, h: Any, msg: m.PGState) -> None:
+    def _on_state_locked(self, h: Any, msg: m.PlacementGroupState) -> None:
         owner = self._owners.get(msg.pg_id)
         if owner is None:
             return
@@ -74,7 +76,7 @@ class PlacementGroups:
         for pg_id, (owner, gs) in list(self._owners.items()):
             if owner is d:
                 del self._owners[pg_id]
-                self._send(gs, [m.PGRemove(pg_id, self.address)])
+                self._send(gs, [m.PlacementGroupRemove(pg_id, self.address)])
 
     # -- as a holder ----------------------------------------------------------------------------
     def _on_hold_locked(self, h: Any, msg: m.BundleHold) -> None:
@@ -105,6 +107,6 @@ class PlacementGroups:
             if gs in names:
                 del self._owners[pg_id]
                 if d.alive:
-                    self._s.send_locked(d, [m.PGState(
+                    self._s.send_locked(d, [m.PlacementGroupState(
                         pg_id, "lost", (), f"the global scheduler that reserved it ({gs}) "
                         "is gone: remove the group and reserve a new one")])

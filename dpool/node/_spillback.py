@@ -15,13 +15,13 @@ references that keep its inputs alive) lives here until its outcome comes back. 
 function and small values travel inline; stored values of ``REFERENCE_MIN`` (256 KiB) or
 more go as ``remote_ref`` references that the executing node pulls. Outcomes:
 
-- ``SpillRejected``, or no node accepts it within ``place_timeout_s``, or the global
+- ``SpillbackRejected``, or no node accepts it within ``place_timeout_s``, or the global
   scheduler's link closes first: home, uncharged (the first result to arrive wins);
 - ``RunHere``: it runs here; ``PlacementFailed``: it fails with ``PlacementError``;
 - the executing node is lost, or its lent result cannot be pulled whole: run again,
   charged, up to ``max_attempts``, then ``WorkerCrashedError`` or ``ObjectLostError``.
 
-Results and lenders: ``_spill_results``; resource waits and safety nets: ``_spill_waits``.
+Results and lenders: ``_spillback_results``; resource waits and safety nets: ``_spillback_waits``.
 ``_locked`` methods run under the scheduler's lock; ``_pull_result`` on its own thread.
 """
 
@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.errors import PlacementError, WorkerCrashedError
-from dpool.node._spill_base import (
+from dpool.node._spillback_base import (
     _BACKOFF_S,
     _CHECK_S,
     GRACE_S,
@@ -42,15 +42,15 @@ from dpool.node._spill_base import (
     REFERENCE_MIN,
     _Away,
 )
-from dpool.node._spill_results import SpillResults
-from dpool.node._spill_waits import SpillWaits
+from dpool.node._spillback_results import SpillbackResults
+from dpool.node._spillback_waits import SpillbackWaits
 from dpool.objects import inline as _inline
 from dpool.objects import payload as _payload
 from dpool.objects import values as _values
 from dpool.placement import HERE, LeastWait, LocalQueue, PlacementPolicy
 from dpool.placement import load as load_policy
 from dpool.protocol import messages as m
-from dpool.scheduling import Group, SchedulerAPI, Task
+from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
 from dpool.scheduling import resources as _resources
 from dpool.transfer import pull as _pull
 
@@ -81,15 +81,15 @@ def policy_from_env() -> PlacementPolicy:
         return LeastWait()
 
 
-class Spiller(SpillWaits, SpillResults):
-    """The node's ``SpillService``: decides what leaves, and keeps each task's record
+class Spillback(SpillbackWaits, SpillbackResults):
+    """The node's ``SpillbackService``: decides what leaves, and keeps each task's record
     until its outcome comes back."""
 
     def __init__(self, scheduler: SchedulerAPI, node_address: str,
                  send: Callable[[str, list], None], schedulers: Callable[[], list],
                  threshold_s: float = 0.005, place_timeout_s: float = 10.0,
-                 local_groups: Optional[Callable[[Group], bool]] = None,
-                 mirror: Optional[Callable[[Group], bool]] = None,
+                 local_groups: Optional[Callable[[WorkerGroup], bool]] = None,
+                 mirror: Optional[Callable[[WorkerGroup], bool]] = None,
                  policy: Optional[PlacementPolicy] = None) -> None:
         self._s = scheduler
         self.policy = policy if policy is not None else policy_from_env()
@@ -119,16 +119,16 @@ class Spiller(SpillWaits, SpillResults):
         # Tasks accepted this long ago: their node is asked whether it still has them
         self.check_s = _CHECK_S
         self._next_check = 0.0
-        scheduler.register_handler(m.SpillRejected.CODE, self._on_rejected_locked)
+        scheduler.register_handler(m.SpillbackRejected.CODE, self._on_rejected_locked)
         scheduler.register_handler(m.PlacementFailed.CODE, self._on_failed_locked)
         scheduler.register_handler(m.RunHere.CODE, self._on_run_here_locked)
         scheduler.register_handler(m.Accepted.CODE, self._on_accepted_locked)
         scheduler.register_handler(m.TaskResult.CODE, self._on_result_locked)
         scheduler.register_handler(m.TasksKnown.CODE, self._on_known_locked)
-        scheduler.attach_services(spiller=self)
+        scheduler.attach_services(spillback=self)
 
     # -- deciding ------------------------------------------------------------------------
-    def consider_locked(self, g: Group) -> None:
+    def consider_locked(self, g: WorkerGroup) -> None:
         """Spill the tasks of ``g``'s queue that would wait too long here."""
         q = g.queue
         if not q or g.broken is not None or self._keep_local(g):
@@ -168,7 +168,7 @@ class Spiller(SpillWaits, SpillResults):
             if gs is None:
                 continue
             try:
-                msg = self._spill_locked(t, g, gs)
+                msg = self._spillback_locked(t, g, gs)
             except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
                 log.warning("could not spill task %#x (%s): it stays here", t.task_id, exc)
                 q.append(t)
@@ -189,7 +189,7 @@ class Spiller(SpillWaits, SpillResults):
         self._rr += 1
         return gs
 
-    def _spill_locked(self, t: Task, g: Group, gs: str) -> m.RemoteTask:
+    def _spillback_locked(self, t: Task, g: WorkerGroup, gs: str) -> m.RemoteTask:
         """The message for ``t`` (raises, leaving ``t`` unchanged, if its values cannot be
         read); records it as away."""
         s = self._s
@@ -259,7 +259,7 @@ class Spiller(SpillWaits, SpillResults):
             t.attempts -= 1
         self._s.return_task_locked(t)
 
-    def _on_rejected_locked(self, h: Any, msg: m.SpillRejected) -> None:
+    def _on_rejected_locked(self, h: Any, msg: m.SpillbackRejected) -> None:
         t = self._take_locked(msg.task_id)
         if t is not None:
             log.debug("spill of task %#x rejected: %s", msg.task_id, msg.reason)
@@ -348,7 +348,7 @@ class Spiller(SpillWaits, SpillResults):
                     f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
                 self._s.finish_locked(t, False, _payload.dumps_error(err))
 
-    def fail_group_locked(self, g: Group, err: bytes) -> None:
+    def fail_group_locked(self, g: WorkerGroup, err: bytes) -> None:
         """The group broke or was terminated: its tasks away fail now (late results are
         dropped)."""
         nodes = set()

@@ -1,13 +1,13 @@
-"""What the parts of the origin's ``Spiller`` share (``_spill``, ``_spill_waits``,
-``_spill_results``): its constants, the record of a task away, and the state and
+"""What the parts of the origin's ``Spillback`` share (``_spillback``, ``_spillback_waits``,
+``_spillback_results``): its constants, the record of a task away, and the state and
 methods each part reads from the others (declared here for the type checker; the
-``Spiller`` sets and defines them)."""
+``Spillback`` sets and defines them)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from dpool.scheduling import Group, SchedulerAPI, Task
+from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
 
 _BACKOFF_S = 0.2
 # Stored inputs this large go by reference (pulled by the runner): every stored value, at
@@ -38,8 +38,8 @@ class _Away:
         self.lenders: set = set()  # nodes whose lent copies its inputs were sent from
 
 
-class SpillBase:
-    """The ``Spiller``'s state and methods its parts use across modules."""
+class SpillbackBase:
+    """The ``Spillback``'s state and methods its parts use across modules."""
 
     _s: SchedulerAPI
     address: str
@@ -55,11 +55,11 @@ class SpillBase:
     _homeless: dict[int, list]
     _send: Callable[[str, list], None]
     _schedulers: Callable[[], list]
-    _keep_local: Callable[[Group], bool]
-    _mirror: Callable[[Group], bool]
+    _keep_local: Callable[[WorkerGroup], bool]
+    _mirror: Callable[[WorkerGroup], bool]
 
-    def consider_locked(self, g: Group) -> None: raise NotImplementedError
+    def consider_locked(self, g: WorkerGroup) -> None: raise NotImplementedError
     def _take_locked(self, task_id: int) -> Optional[Task]: raise NotImplementedError
     def _home_locked(self, t: Task, charge: bool) -> None: raise NotImplementedError
     def _start_locked(self, t: Task, gss: list) -> Optional[str]: raise NotImplementedError
-    def _spill_locked(self, t: Task, g: Group, gs: str) -> Any: raise NotImplementedError
+    def _spillback_locked(self, t: Task, g: WorkerGroup, gs: str) -> Any: raise NotImplementedError

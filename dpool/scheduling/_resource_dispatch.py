@@ -1,14 +1,14 @@
 """The local scheduler's resource path: tasks that ask for CPUs, GPUs, memory or custom
 resources (``_resources.Request``).
 
-    queue ──(t.req is not None)──▶ group.rq ──(all it needs free)──▶ worker, one task
-      ▲ (no request: the ordinary path)        │ impossible: ResourceError at once
-                                               ▼ (a node: spilled, or after a grace)
+    queue ──(t.req is not None)──▶ group.by_request ──(all it needs free)──▶ worker, one task
+      ▲ (no request: the ordinary path)                │ impossible: ResourceError at once
+                                                       ▼ (a node: spilled, or after a grace)
 
 A task without a request never comes here: ``_dispatch_locked`` looks at ``t.req`` and that is
-all. One with a request leaves the group's queue for its ``rq`` and starts only when
+all. One with a request leaves the group's queue for its ``by_request`` and starts only when
 everything it needs is free: its CPUs within the group's ``max_workers`` (busy workers
-plus ``Group.extra``, the CPUs running tasks hold beyond one worker each) and, on a
+plus ``WorkerGroup.extra``, the CPUs running tasks hold beyond one worker each) and, on a
 node, within its CPUs; its GPUs, memory and custom resources from the runtime's
 ``Ledger`` (shared by every group). It runs alone on an idle worker and holds all of it
 until it ends; while it waits on nested results (``Blocked``) its CPUs are given back,
@@ -39,7 +39,7 @@ from dpool.errors import PlacementError, ResourceError
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import Group, Task, WorkerHandle
+from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
 from dpool.scheduling._states import SEND, transition
 
@@ -84,7 +84,7 @@ class ResourceDispatch(SchedulerCore):
                     self._retire_worker_locked(w)
 
     # -- entering ------------------------------------------------------------------------
-    def _route_res_locked(self, g: Group, t: Task) -> None:
+    def _route_res_locked(self, g: WorkerGroup, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
         r = t.req
         assert r is not None  # (the caller routes only tasks with a request here)
@@ -101,17 +101,17 @@ class ResourceDispatch(SchedulerCore):
             self.fail_unmet_locked(t, f"cannot tell what this runtime offers: {exc}")
             return
         if reason is not None:
-            if self._spiller is not None and self._spiller.unmet_locked(g, t, reason):
+            if self._spillback is not None and self._spillback.unmet_locked(g, t, reason):
                 return  # a node of a cluster: another node may have it
             self.fail_unmet_locked(t, reason)
             return
         self._wait_res_locked(g, t)
 
-    def _place_strategy_locked(self, g: Group, t: Task) -> bool:
+    def _place_strategy_locked(self, g: WorkerGroup, t: Task) -> bool:
         """``t`` asks where to run (``scheduling=``): True if it went to a global
         scheduler (or failed); False: it runs here (its strategy is marked ``HERE``).
 
-        A node hands it to its spiller at once, which sends it to a global scheduler
+        A node hands it to its spillback at once, which sends it to a global scheduler
         (``unmet_locked``; False there means run it here: it is a task another node
         placed here, or a soft strategy with no global scheduler to ask). The embedded
         runtime is one host: every strategy means run here, but a hard ``NodeAffinity``
@@ -125,7 +125,7 @@ class ResourceDispatch(SchedulerCore):
         if isinstance(s, NodeAffinity) and s.node == here:
             t.req = r._replace(strategy=HERE)
             return False
-        sp = self._spiller
+        sp = self._spillback
         if sp is not None:
             if sp.unmet_locked(g, t, f"the task asks to be placed ({_strategy_text(s)})"):
                 return True
@@ -138,9 +138,9 @@ class ResourceDispatch(SchedulerCore):
         t.req = r._replace(strategy=HERE)
         return False
 
-    def _route_bundle_locked(self, g: Group, t: Task) -> None:
+    def _route_bundle_locked(self, g: WorkerGroup, t: Task) -> None:
         """``t`` runs in a placement group's bundle: here if this scheduler holds it
-        (it waits in ``g.rq`` for the bundle's room), else on the node that does (a node
+        (it waits in ``g.by_request`` for the bundle's room), else on the node that does (a node
         hands it to a global scheduler, which knows where its group's bundles are)."""
         r = t.req
         assert r is not None
@@ -157,7 +157,7 @@ class ResourceDispatch(SchedulerCore):
                 return
             self._wait_res_locked(g, t)
             return
-        sp = self._spiller
+        sp = self._spillback
         if sp is not None and sp.unmet_locked(
                 g, t, f"the task runs in {which} of placement group {pg_id:#x}, held by "
                 "another node"):
@@ -166,10 +166,10 @@ class ResourceDispatch(SchedulerCore):
             f"the task asks to run in {which} of placement group {pg_id:#x}, which no node "
             "holds (the group was removed, is not ready yet, or lost a node)"))
 
-    def _wait_res_locked(self, g: Group, t: Task) -> None:
-        waiting = g.rq.get(t.req)
+    def _wait_res_locked(self, g: WorkerGroup, t: Task) -> None:
+        waiting = g.by_request.get(t.req)
         if waiting is None:
-            waiting = g.rq[t.req] = deque()
+            waiting = g.by_request[t.req] = deque()
         waiting.append(t)
         self.io.poke()  # the tick looks at tasks waiting for resources
         self._dispatch_res_locked(g)
@@ -214,11 +214,11 @@ class ResourceDispatch(SchedulerCore):
         n = sum(1 for k in keys if bl.free(k))
         self._bundle_cpus_moved_locked(idle)
         for g in list(self._groups.values()):
-            for req, waiting in list(g.rq.items()):
+            for req, waiting in list(g.by_request.items()):
                 st = req.strategy
                 if st is None or st[0] != BUNDLE or st[1] != pg_id or bl.holds(st[1], st[2]):
                     continue
-                del g.rq[req]
+                del g.by_request[req]
                 for t in waiting:
                     self.fail_placement_locked(t, PlacementError(
                         f"placement group {pg_id:#x} was removed (or lost a node) before "
@@ -227,7 +227,7 @@ class ResourceDispatch(SchedulerCore):
             self._refence_all_locked()
             refill = self._refill
             for g in self._groups.values():  # CPUs and resources came free
-                if (g.queue or g.rq) and g not in refill:
+                if (g.queue or g.by_request) and g not in refill:
                     refill.append(g)
             self.io.poke()
         return n
@@ -261,7 +261,7 @@ class ResourceDispatch(SchedulerCore):
             t.started = True
         self.finish_locked(t, False, _payload.dumps_error(err))
 
-    def _impossible_locked(self, g: Group, r: Request) -> Optional[str]:
+    def _impossible_locked(self, g: WorkerGroup, r: Request) -> Optional[str]:
         """Why ``r`` can never run here (None: it can, once enough is released)."""
         led = self.resources_locked()
         problems = []
@@ -278,7 +278,7 @@ class ResourceDispatch(SchedulerCore):
             else "this node offers"
         return f"the task asks for {r} but {where} {self.offer_locked(g)}: {'; '.join(problems)}"
 
-    def offer_locked(self, g: Optional[Group] = None) -> str:
+    def offer_locked(self, g: Optional[WorkerGroup] = None) -> str:
         from dpool.scheduling._resources import _describe
 
         total = self._cpu_total_locked()
@@ -290,16 +290,16 @@ class ResourceDispatch(SchedulerCore):
         self.fail_placement_locked(t, ResourceError(reason))
 
     # -- starting ------------------------------------------------------------------------
-    def _dispatch_res_locked(self, g: Group) -> None:
+    def _dispatch_res_locked(self, g: WorkerGroup) -> None:
         """Start the waiting tasks of ``g`` whose resources are free: first come, first
         served among tasks asking the same; a request that must wait does not hold back
-        a different one (``rq`` has a queue per distinct request, so this costs the
+        a different one (``by_request`` has a queue per distinct request, so this costs the
         tasks started plus the distinct requests, however many wait)."""
         if g.broken is not None:
             return
-        rq = g.rq
+        by_request = g.by_request
         g.starved = False
-        for req, waiting in list(rq.items()):
+        for req, waiting in list(by_request.items()):
             while waiting:
                 # taken off first: finishing a cancelled task may dispatch this group
                 # again (a dependent of it), which must find the queue consistent
@@ -310,14 +310,14 @@ class ResourceDispatch(SchedulerCore):
                 if not self._start_res_locked(g, t):
                     waiting.appendleft(t)
                     break
-            if not waiting and rq.get(req) is waiting:
-                del rq[req]
+            if not waiting and by_request.get(req) is waiting:
+                del by_request[req]
 
-    def _cpus_busy_locked(self, g: Group) -> int:
+    def _cpus_busy_locked(self, g: WorkerGroup) -> int:
         return sum(1 for w in g.workers if w.alive and (w.inflight or w.leased is not None)
                    and not w.blocked) + g.extra
 
-    def _starve_locked(self, g: Group) -> None:
+    def _starve_locked(self, g: WorkerGroup) -> None:
         """A request waits for CPUs (or a worker): a worker lent to a driver may hold
         what it needs -- ask for it back (``_leases``)."""
         g.starved = True
@@ -325,9 +325,9 @@ class ResourceDispatch(SchedulerCore):
         if leases is not None and leases.lent:
             leases.recall_locked()
 
-    def _start_res_locked(self, g: Group, t: Task) -> bool:
+    def _start_res_locked(self, g: WorkerGroup, t: Task) -> bool:
         r = t.req
-        assert r is not None  # (only tasks with a request wait in ``rq``)
+        assert r is not None  # (only tasks with a request wait in ``by_request``)
         if r.cpus and self._cpus_busy_locked(g) + r.cpus > g.max_workers:
             self._starve_locked(g)
             return False
@@ -398,7 +398,7 @@ class ResourceDispatch(SchedulerCore):
         self.send_locked(w, msgs)
         return True
 
-    def _res_worker_locked(self, g: Group, gpu_ids: tuple, idle: list,
+    def _res_worker_locked(self, g: WorkerGroup, gpu_ids: tuple, idle: list,
                            cpus: int) -> Optional[WorkerHandle]:
         """An idle worker that may run a task given ``gpu_ids`` (bound to exactly them,
         or, for none, one that sees no held GPU), or a new one; None: no process slot.
@@ -423,7 +423,7 @@ class ResourceDispatch(SchedulerCore):
             return None
 
     @staticmethod
-    def slots_used_locked(g: Group) -> int:
+    def slots_used_locked(g: WorkerGroup) -> int:
         """Worker processes that count against ``max_workers``: not those blocked in a
         nested wait, nor those running a task that holds no CPU."""
         return sum(1 for w in g.workers if w.alive and not w.blocked
@@ -486,7 +486,7 @@ class ResourceDispatch(SchedulerCore):
             self._refence_all_locked()
         refill = self._refill
         for g in self._groups.values():
-            if (g.rq or (g.queue and g.n_fenced)) and g not in refill:
+            if (g.by_request or (g.queue and g.n_fenced)) and g not in refill:
                 refill.append(g)
         self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 
@@ -496,9 +496,9 @@ class ResourceDispatch(SchedulerCore):
     def _on_unblocked_res_locked(self, w: WorkerHandle) -> None:
         w.group.extra += w.rcpus
 
-    def _fail_waiting_res_locked(self, g: Group, err: bytes) -> None:
-        waiting = [t for q in g.rq.values() for t in q]
-        g.rq.clear()
+    def _fail_waiting_res_locked(self, g: WorkerGroup, err: bytes) -> None:
+        waiting = [t for q in g.by_request.values() for t in q]
+        g.by_request.clear()
         for t in waiting:
             if t.future is not None and not t.started:
                 t.future.set_running_or_notify_cancel()
@@ -508,18 +508,18 @@ class ResourceDispatch(SchedulerCore):
     @property
     def _res_waiting(self) -> bool:
         """Whether tasks wait for resources (read without the lock: a hint)."""
-        return self.ledger is not None and any(g.rq for g in list(self._groups.values()))
+        return self.ledger is not None and any(g.by_request for g in list(self._groups.values()))
 
     def _refill_now_locked(self) -> None:
         """Dispatch the groups a release left work for, and those with tasks waiting for
         resources (from the IO thread's tick)."""
         refill = self._refill
         for g in self._groups.values():
-            if g.rq and g not in refill:
+            if g.by_request and g not in refill:
                 refill.append(g)
         while refill:
             g = refill.pop(0)
-            if g.queue or g.rq:
+            if g.queue or g.by_request:
                 self._dispatch_locked(g)
 
 

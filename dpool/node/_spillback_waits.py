@@ -1,10 +1,10 @@
-"""The origin's waits (``_spill.Spiller``): tasks asking for resources this node lacks, and
+"""The origin's waits (``_spillback.Spillback``): tasks asking for resources this node lacks, and
 the safety nets.
 
-A task asking for resources this node does not have at all (``_resdispatch``: more
+A task asking for resources this node does not have at all (``_resource_dispatch``: more
 CPUs or GPUs, a custom resource it lacks) goes to a global scheduler at once
 (``unmet``), which places it only on a node that has them. While no node has them
-(``SpillRejected``, or no global scheduler linked) it is parked here and offered again
+(``SpillbackRejected``, or no global scheduler linked) it is parked here and offered again
 every ``_BACKOFF_S``; after ``grace_s`` (``DPOOL_RESOURCE_GRACE_S``, default 10 s: time
 for such a node to join) it fails with ``ResourceError``, saying what it asked and what
 the nodes offer.
@@ -30,23 +30,23 @@ import time
 from typing import Any
 
 from dpool.errors import PlacementError
-from dpool.node._spill_base import _BACKOFF_S, SpillBase
+from dpool.node._spillback_base import _BACKOFF_S, SpillbackBase
 from dpool.objects import payload as _payload
 from dpool.placement import SPREAD, strategy_from_wire
 from dpool.protocol import messages as m
-from dpool.scheduling import Group, Task
+from dpool.scheduling import Task, WorkerGroup
 
 log = logging.getLogger("dpool.scheduling")
 
 
-class SpillWaits(SpillBase):
-    """Part of ``Spiller``: parked and homeless tasks, and asking runners what they hold."""
+class SpillbackWaits(SpillbackBase):
+    """Part of ``Spillback``: parked and homeless tasks, and asking runners what they hold."""
 
     # -- resources this node lacks ---------------------------------------------------------
-    def unmet_locked(self, g: Group, t: Task, reason: str) -> bool:
+    def unmet_locked(self, g: WorkerGroup, t: Task, reason: str) -> bool:
         """``t`` asks for resources this node never has (``reason``): send it to a node
         that has them, or park it until one joins; after the grace period, fail it.
-        False: not this spiller's (a mirror group's task: the caller fails it)."""
+        False: not this spillback's (a mirror group's task: the caller fails it)."""
         if self._mirror(g):
             return False
         now = time.monotonic()
@@ -84,7 +84,7 @@ class SpillWaits(SpillBase):
             del self._unmet[t.task_id]
             return True
         try:
-            msg = self._spill_locked(t, g, gs)
+            msg = self._spillback_locked(t, g, gs)
         except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
             del self._unmet[t.task_id]
             self._s.fail_unmet_locked(

@@ -1,6 +1,6 @@
 """The local scheduler's object table: every task result and put value of this host.
 
-An entry (``Obj``) counts the handles to a value (``refs``: the driver's future or ref, a
+An entry (``ObjectEntry``) counts the handles to a value (``refs``: the driver's future or ref, a
 worker's nested future or put, each pending task that takes it as an argument) and lists
 what waits for it to be ready (tasks, workers, callbacks). At zero references a ready
 value is dropped from the store (``objects._hoststore`` tells the reference-counting scheme
@@ -32,7 +32,7 @@ from dpool.objects import payload as _payload
 from dpool.objects import stored_size
 from dpool.protocol import messages as m
 from dpool.scheduling._lineage import Lineage
-from dpool.scheduling._records import Obj, Task, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerHandle
 from dpool.scheduling._states import WAIT, transition
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -52,7 +52,7 @@ class ObjectTable(Lineage):
             finally:
                 if self.store.has_news:  # adopting may have spilled others
                     self._forget_mappings_locked()
-            obj = Obj()
+            obj = ObjectEntry()
             obj.ready = True
             obj.payload = payload
             obj.refs = 1
@@ -125,11 +125,11 @@ class ObjectTable(Lineage):
             self.io.poke()
 
     # -- entries (lock held) -------------------------------------------------------------
-    def object_locked(self, oid: int) -> Optional[Obj]:
+    def object_locked(self, oid: int) -> Optional[ObjectEntry]:
         return self._objects.get(oid)
 
-    def pending_object_locked(self, oid: int) -> Obj:
-        obj = Obj()
+    def pending_object_locked(self, oid: int) -> ObjectEntry:
+        obj = ObjectEntry()
         obj.refs = 1  # its owner's handle
         self._objects[oid] = obj
         return obj
@@ -147,7 +147,7 @@ class ObjectTable(Lineage):
         if obj.refs <= 0:
             self._drop_object_locked(oid)
 
-    def take_object_locked(self, oid: int) -> Optional[Obj]:
+    def take_object_locked(self, oid: int) -> Optional[ObjectEntry]:
         return self._objects.pop(oid, None)
 
     def decref_locked(self, oid: int, n: int = 1) -> None:
@@ -196,7 +196,7 @@ class ObjectTable(Lineage):
         for g in self._groups.values():
             if any(t.deps or t.args is not None for t in g.queue):
                 return True
-            if any(t.deps or t.args is not None for q in g.rq.values() for t in q):
+            if any(t.deps or t.args is not None for q in g.by_request.values() for t in q):
                 return True
             for w in g.workers:
                 if w.alive and not w.blocked and any(
@@ -236,7 +236,7 @@ class ObjectTable(Lineage):
             # (not ready: lost and being rebuilt meanwhile -- its waiters wake with it)
 
     # -- values to readers (lock held) ---------------------------------------------------
-    def _resident_value_locked(self, oid: int, obj: Obj) -> Optional[tuple[bool, bytes]]:
+    def _resident_value_locked(self, oid: int, obj: ObjectEntry) -> Optional[tuple[bool, bytes]]:
         """A ready object's (ok, payload), brought back from disk first if it was spilled;
         None if its spill file was gone and it is being rebuilt (``_lineage``): the caller
         waits on ``obj`` as on any pending object."""
@@ -251,7 +251,7 @@ class ObjectTable(Lineage):
                 return self.recover_locked(oid, obj, exc)
         return ok, payload
 
-    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: Obj) -> None:
+    def _send_object_locked(self, w: WorkerHandle, oid: int, obj: ObjectEntry) -> None:
         got = self._resident_value_locked(oid, obj)
         if got is None:
             obj.add_waiter(w)  # sent when the rebuilt value is ready
