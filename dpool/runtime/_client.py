@@ -20,6 +20,7 @@ from dpool._task_future import FutureClient
 if TYPE_CHECKING:
     from dpool._task_future import ObjectRef, TaskFuture
     from dpool.runtime._functions import FunctionTable
+    from dpool.scheduling import WorkerGroupConfig, resources
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class Client(FutureClient, Protocol):
         """A fresh object id (a task's result, a put value, a function)."""
 
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
+               req: Optional[resources.Request], future_type: type[TaskFuture]) -> TaskFuture:
         """Run ``fn(*args, **kwargs)`` in ``group`` (a driver's ``WorkerGroup``; inside a task,
         the id of the group running it), asking ``req`` (a resource request) if not None.
         The future is a ``future_type`` (``dpool.futures.Future`` for an executor, the
@@ -68,11 +69,15 @@ class Client(FutureClient, Protocol):
 
 
 class Driver(Client, Protocol):
-    """A driver's runtime (embedded or attached to a node): it also owns worker groups."""
+    """A driver's runtime (embedded or attached to a node): it also owns worker groups.
+
+    A group is passed back as the handle ``add_group`` returned, of the runtime's own type
+    (the scheduler's ``WorkerGroup``, a cluster driver's ``RemoteGroup``): typed ``Any``
+    in the methods below, as each runtime takes only its own."""
 
     pid: int  # the process it was started in (a fork starts its own)
 
-    def add_group(self, cfg: Any, executor: object) -> WorkerGroup:
+    def add_group(self, cfg: WorkerGroupConfig, executor: object) -> WorkerGroup:
         """A new worker group for ``executor`` (as ``cfg``, a ``scheduling.WorkerGroupConfig``,
         says); the executor is shut down when the driver closes. The calls below take the
         group this returned."""

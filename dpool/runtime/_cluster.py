@@ -335,7 +335,7 @@ class ClusterRuntime(ChannelClient):
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group: RemoteGroup, fn: Callable[..., Any], args: tuple,
-               kwargs: dict, req: Any, future_type: Any) -> Future:
+               kwargs: dict, req: Optional[_resources.Request], future_type: Any) -> Future:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
         try:

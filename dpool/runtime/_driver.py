@@ -32,6 +32,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional, TypeVar
 
+    from dpool.scheduling import resources
 
     T = TypeVar("T")
 
@@ -122,7 +123,7 @@ class DriverRuntime:
 
     # -- the task API --------------------------------------------------------------------------
     def submit(self, group: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
+               req: Optional[resources.Request], future_type: type[TaskFuture]) -> TaskFuture:
         oid = next(self._ids)
         fut = future_type(oid, self)
         try:

@@ -32,6 +32,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional, TypeVar
 
+    from dpool.scheduling import resources
 
     T = TypeVar("T")
 
@@ -78,7 +79,7 @@ class WorkerClient(ChannelClient):
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
-               req: Any, future_type: type[TaskFuture]) -> TaskFuture:
+               req: Optional[resources.Request], future_type: type[TaskFuture]) -> TaskFuture:
         self._ensure_receiver()
         oid = self.new_id()
         fut = future_type(oid, self)
