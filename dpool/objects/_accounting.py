@@ -158,7 +158,8 @@ class ObjectStore:
             raise ObjectStoreFullError(
                 f"no room for an object of {size} bytes: {self._used} of "
                 f"{self._capacity} bytes are used and only {freed} bytes can be evicted "
-                f"(the rest is pinned by pending tasks)"
+                f"(the rest is pinned: inputs of tasks sent to workers, argument blocks "
+                f"of submitted tasks)"
             )
         for oid in victims:
             self._evict(oid)
