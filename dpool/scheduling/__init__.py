@@ -1,29 +1,28 @@
 """The local scheduler: one per host (a driver's embedded runtime, or a node daemon).
 
-- ``_scheduler``: ``LocalScheduler``, its public calls, the accept/finish path, delivery;
-  built from ``_workers`` (dispatch, worker processes, deaths; under the ``fork`` start
-  method forked by ``_forkproc``, from the fork server ``_zygote``), ``_handlers`` (what
-  workers and attached drivers send), ``_group_calls`` (cancel, close, wait for,
-  terminate a group), ``_resource_dispatch`` (tasks with resource requests)
-  and ``_object_table`` (the object table, with ``_lineage``: values whose spill file was
-  lost are made again), over the state ``_core`` declares.
-- ``_api``: what the node's services (``dpool.node``) may call (``SchedulerAPI``) and
-  what the scheduler calls on them (``DriverService``, ``SpillbackService``,
-  ``LeaseService``), and the lock rule (``_locked`` names expect the lock held). Its
-  names load from this package on first use: they are ``typing.Protocol`` classes, and
-  the embedded runtime does not import ``typing``.
-- ``_records``: tasks, object table entries, worker handles, worker groups
-  (``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``); ``_policy``: how many
-  tasks a worker may hold (``BatchPolicy``).
-- ``_resources``: resource requests and a runtime's ledger; ``_detect``: CPUs, GPUs
-  and memory of this host.
-- ``_bundle_ledger``: the placement-group bundles this scheduler holds, and what of them
-  its tasks use.
+It owns the host's worker groups and their worker processes, the tasks submitted to them,
+the host store's object table and the runtime's (or node's) resource ledger. Other
+packages use the names in ``__all__``; the modules are private:
 
-Whether a task runs on this host at all is the node's business (``node._spillback``), and
-where a spilled one goes, the global scheduler's (``dpool.global_scheduler``). The
-policies both ask, strategies' wire form and placement groups' reservation are
-``dpool.placement``'s: a layer below this package, which imports nothing from here.
+- ``_scheduler``: ``LocalScheduler``, its public calls, admitting and finishing tasks,
+  delivering completions; assembled from ``_workers`` (dispatch, worker processes,
+  deaths), ``_handlers`` (what workers and attached drivers send), ``_group_calls``
+  (cancel, close, wait for, terminate a group), ``_resource_dispatch`` (tasks with a
+  resource request) and ``_object_table`` (results and put values, over ``_lineage``:
+  rebuilding a lost value), over the state ``_core`` declares.
+- ``_states``: task and worker states and their only legal transitions; ``_records``:
+  ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``; ``_policy``: how many tasks
+  a worker may hold (``BatchPolicy``).
+- ``_resources``: resource requests, allocations, the ledger; ``_bundle_ledger``: the
+  placement-group bundles held here; ``_detect``: this host's CPUs, GPUs and memory.
+- ``_forkproc``: starting ``fork`` workers; ``_zygote``: the fork server that forks them.
+- ``_api``: what the node's services may call (``SchedulerAPI``), what the scheduler calls
+  on them, and the lock rule: a method whose name ends in ``_locked`` expects
+  ``LocalScheduler.lock`` held; any other takes it itself if it needs it.
+
+Whether a task runs on this host is the node's business (``node._spillback``); placement
+policies and strategies are ``dpool.placement``'s, a layer below that imports nothing from
+here.
 """
 
 from dpool.scheduling._policy import BatchPolicy
@@ -42,12 +41,12 @@ if TYPE_CHECKING:
         SpillbackService,
     )
 
-# What other packages use, loaded on first use (PEP 562): importing this package
-# loads none of its modules. A name in ``_LAZY`` is its module's; one in ``_MODULES``
-# is the module itself, used as a namespace
-# (``from dpool.scheduling import resources as _resources``).
-# The services' interfaces are typing.Protocols, which only type checkers and the
-# node's modules need: the embedded runtime does not import typing for them (issue 21).
+# Importing this package loads the scheduler's modules that the embedded runtime's first
+# task needs (the imports above). The rest load on first use (PEP 562): a name in
+# ``_LAZY`` is its module's; one in ``_MODULES`` is the module itself, used as a namespace
+# (``from dpool.scheduling import resources as _resources``). The services' interfaces
+# (``_api``) are ``typing.Protocol`` classes, which only type checkers and the node's
+# modules need: the embedded runtime does not import ``typing``.
 _MODULES = {
     "detect": "dpool.scheduling._detect",
     "resources": "dpool.scheduling._resources",

@@ -2,20 +2,24 @@
 
 A node daemon builds its cluster services around one ``LocalScheduler``: the attached
 drivers (``node._attach``), worker leases (``node._leases``), spilling to other nodes
-(``node._spillback``), running what other nodes spilled (``node._remote``), the node's agent
-and the daemon itself. They see the scheduler only through ``SchedulerAPI``; the
-scheduler sees them only through ``DriverService``, ``SpillbackService`` and
-``LeaseService``, registered with ``attach_services``, and through the message handlers
-they add to its dispatch table (``register_handler``). Neither side reaches the other's
-private members, so each can change on its own, and a service can be unit-tested with a
-fake scheduler (tests/node/).
+(``node._spillback``), running what other nodes spilled (``node._remote``), placement-group
+bundles (``node._placement_groups``). The services hold it as ``SchedulerAPI``, so each can
+be unit-tested with a fake scheduler (tests/node/_fake_scheduler.py); the scheduler sees
+them only through ``DriverService``, ``SpillbackService`` and ``LeaseService`` (registered
+with ``attach_services``) and the message handlers they add to its dispatch table
+(``register_handler``). Outside ``SchedulerAPI``: the daemon and its agent hold the
+``LocalScheduler`` itself, and ``node._placement_groups`` calls its bundle methods
+(``hold_bundle_locked``, ``free_bundles_locked``).
 
 Lock rule, here as everywhere in ``scheduling/`` and ``node/``: a method whose name ends
 in ``_locked`` expects the scheduler's ``lock`` held by its caller; any other method
 takes the lock itself if it needs it, and must not be called with it held. Message
-handlers run on the IO thread with the lock held. Completions gathered under the lock
-(``take_out_locked``) are delivered after releasing it (``deliver``): a future's
-done-callbacks may submit again.
+handlers run with the lock held, on the IO thread (or a leader thread:
+``LocalScheduler.lead``). Completions gathered under the lock (``take_out_locked``) are
+delivered after it is released (``deliver``): a future's done-callbacks may submit again.
+
+Only the node's modules and type checkers import this module: it needs ``typing``, which
+the embedded runtime does not load.
 """
 
 from __future__ import annotations

@@ -2,25 +2,23 @@
 what each reserved, and what of it its tasks use now.
 
     BundleHold(pg, i, {CPU: 2, GPU: 1}) ──hold──▶ Bundle: 2 CPUs, GPU #3 (its sub-ledger)
-        the node's Ledger gives GPU #3 up; the scheduler's ``cpu_limit`` drops by 2
+        the node's Ledger gives GPU #3 up; on a node, the scheduler's ``cpu_limit`` drops by 2
     task in bundle i ──acquire──▶ from the bundle only: its CPUs, its sub-ledger
     task ends ──release──▶ back to the bundle; bundle freed ──free──▶ back to the node
 
-A bundle takes its GPUs, memory and custom resources out of the node's ``Ledger`` when
-it is held (an ``Allocation`` like a task's), and keeps them in a sub-ledger of its own
-(a ``Ledger`` whose device ``k`` is the node's device ``ids[k]``), from which only its
-tasks take. Its CPUs leave the general pool: the scheduler keeps
-``cpu_limit = node CPUs - CPUs reserved and idle`` (``idle_cpus`` here), so tasks
-outside bundles never take them, and a bundle task that starts moves its CPUs from
-``idle_cpus`` to the running count (``busy_cpus_locked``), where every task's are.
+A bundle takes its GPUs, memory and custom resources out of the node's ``Ledger`` when it
+is held (an ``Allocation`` like a task's) and keeps them in a sub-ledger of its own (a
+``Ledger`` whose device ``k`` is the node's device ``ids[k]``), from which only its tasks
+take. Its CPUs leave the general pool: a node's scheduler keeps ``cpu_limit`` = its CPUs
+minus those reserved and idle (``idle_cpus``), so tasks outside bundles never take them;
+a bundle task that starts moves its CPUs from ``idle_cpus`` to the busy count
+(``busy_cpus_locked``), where every running task's are.
 
-Holding never waits for running tasks: the CPUs of a bundle need only be among the
-node's (reservations never add up to more); tasks outside bundles that run when it is
-taken finish, and none starts in their place. GPUs, memory and custom resources must be
-free now, or the hold is refused (the global scheduler tries again later).
-
-A bundle freed while its tasks run stays until the last ends (its resources are not
-given to anyone meanwhile); new tasks cannot start in it.
+Holding never waits for running tasks: the CPUs of all bundles held need only be among
+the node's; tasks outside bundles that run when one is taken finish, and none starts in
+their place. GPUs, memory and custom resources must be free now, or the hold is refused
+(its owner tries again later). A bundle freed while its tasks run gives its idle CPUs back
+at once and the rest when its last task ends; no task starts in it meanwhile.
 
 Pure bookkeeping under the scheduler's lock, no processes (tests/placement/).
 """

@@ -5,10 +5,14 @@ responsibility -- ``_workers.WorkerPool`` (dispatch, worker processes, deaths),
 ``_handlers.WorkerMessages`` (what workers and attached drivers send),
 ``_group_calls.GroupCalls`` (cancel, close, wait for, terminate a group),
 ``_resource_dispatch.ResourceDispatch`` (tasks with resource requests) and
-``_object_table.ObjectTable`` (the object table) -- over the records and the lock that
-``LocalScheduler.__init__`` creates. This base names that shared state and the methods
-the parts call on one another, so each part type-checks on its own; it has no
-behaviour. (What the node's services may use is ``_api.SchedulerAPI``, a narrower view.)
+``_object_table.ObjectTable`` (the object table, over ``_lineage.Lineage``) -- over the
+records and the lock that ``LocalScheduler.__init__`` creates. ``SchedulerCore`` names that
+shared state and the methods the parts call on one another, so that each part
+type-checks on its own. It has no behaviour: its methods raise ``NotImplementedError``,
+each is defined by exactly one part, and it comes last in ``LocalScheduler``'s method
+resolution order. The lock rule is the scheduler's (``_api``): a ``_locked`` method
+expects ``lock`` held. What the node's services may use is ``_api.SchedulerAPI``, a
+narrower view.
 """
 
 from __future__ import annotations
@@ -106,14 +110,15 @@ class SchedulerCore:
     def resources_locked(self) -> Ledger: raise NotImplementedError
     def spawn_env_locked(self) -> tuple[Optional[dict], Optional[frozenset]]:
         raise NotImplementedError
-    def _route_res_locked(self, g: WorkerGroup, t: Task) -> None: raise NotImplementedError
-    def _dispatch_res_locked(self, g: WorkerGroup) -> None: raise NotImplementedError
-    def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
+    def _route_with_request_locked(self, g: WorkerGroup, t: Task) -> None: raise NotImplementedError
+    def _dispatch_requests_locked(self, g: WorkerGroup) -> None: raise NotImplementedError
+    def _release_allocation_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
         raise NotImplementedError
     def _fence_locked(self, w: WorkerHandle, on: bool) -> None: raise NotImplementedError
     def _retire_worker_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
     def slots_used_locked(self, g: WorkerGroup) -> int: raise NotImplementedError
-    def _fail_waiting_res_locked(self, g: WorkerGroup, err: bytes) -> None:
+    def _fail_waiting_for_resources_locked(self, g: WorkerGroup, err: bytes) -> None:
         raise NotImplementedError
-    def _on_blocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
-    def _on_unblocked_res_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def _on_blocked_with_resources_locked(self, w: WorkerHandle) -> None: raise NotImplementedError
+    def _on_unblocked_with_resources_locked(self, w: WorkerHandle) -> None:
+        raise NotImplementedError

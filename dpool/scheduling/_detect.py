@@ -2,18 +2,23 @@
 
 - CPUs: the CPUs this process may run on (affinity), capped by a cgroup CPU quota
   (``cpu.max`` of cgroup v2, ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` of v1), at least 1.
-- GPUs: through NVML (``pip install dpool[gpu]`` brings ``nvidia-ml-py``; imported only
-  here, only when asked), else ``nvidia-smi -L`` when it is on ``PATH`` -- limited to
-  ``CUDA_VISIBLE_DEVICES`` when that is set; with neither, the entries of
-  ``CUDA_VISIBLE_DEVICES``; else none. (Never through CUDA itself: a driver process that
-  initializes CUDA before its workers fork leaves them unable to use it.)
+- GPUs: counted through NVML (``pip install dpool[gpu]`` brings ``nvidia-ml-py``; imported
+  only here, only when asked), else ``nvidia-smi -L`` when it is on ``PATH``; when
+  ``CUDA_VISIBLE_DEVICES`` is set, limited to its entries and named after them. With
+  neither tool, the entries of ``CUDA_VISIBLE_DEVICES``; else none. Never through CUDA: a
+  driver process that initializes CUDA before its workers fork leaves them unable to use it.
 - memory: the host's RAM (psutil).
 
-Overrides, embedded runtime: ``DPOOL_NUM_CPUS``, ``DPOOL_NUM_GPUS``, ``DPOOL_RESOURCES``
-(JSON: ``{"TPU": 4}``; it may also carry ``CPU``, ``GPU`` and ``memory``). Nodes: the
-options of ``dpool start``. Declared GPUs that no device backs are *fake* ones -- the way
-to run GPU code paths on a laptop or in tests: they are named after the entries of
+Overrides, embedded runtime: ``DPOOL_NUM_CPUS`` (the default ``max_workers``),
+``DPOOL_NUM_GPUS``, ``DPOOL_RESOURCES`` (JSON: ``{"TPU": 4}``; it may carry ``GPU`` and
+``memory``; a ``CPU`` entry is ignored), or the executor's ``runtime_resources=``. Nodes:
+the options of ``dpool start``. Declared GPUs that no device backs are *fake* ones -- the
+way to run GPU code paths on a laptop or in tests: they are named after the entries of
 ``CUDA_VISIBLE_DEVICES`` when there are enough, else ``0..n-1``.
+
+Functions only, no state. Detecting GPUs may run ``nvidia-smi`` (for up to 10 s):
+``LocalScheduler.set_resource_offer`` detects outside the scheduler's lock,
+``resources_locked`` (on the first task that asks for resources) under it.
 """
 
 from __future__ import annotations

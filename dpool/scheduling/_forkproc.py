@@ -2,18 +2,21 @@
 
 A worker is a ``multiprocessing`` process (``ForkedWorker``, a ``ForkProcess``): in it,
 ``multiprocessing.current_process()`` is the worker, ``parent_process()`` the driver,
-``get_start_method()`` says ``fork``, and a ``Process`` object in the driver behaves as
-the stdlib's (``pid``, ``sentinel``, ``exitcode``, ``join``, ``kill``...). What differs is
-only how it is started: multiprocessing's fork ``Popen`` imports ``multiprocessing.util``
-(and ``subprocess`` with it, ~10 M instructions) in the driver, and its
-``Process._bootstrap`` imports it again in every child, where the worker needs none of it.
-``_Popen`` below forks and ``_bootstrap`` sets the child up as multiprocessing's does --
-the process identity, stdin on ``/dev/null``, the after-fork hooks and exit functions of
-``multiprocessing.util`` when the program loaded it -- without that import.
+``get_start_method()`` says ``fork``, and its ``Process`` object in the driver behaves as
+the stdlib's (``pid``, ``sentinel``, ``exitcode``, ``join``, ``kill``...). Only its start
+differs: multiprocessing's fork ``Popen`` imports ``multiprocessing.util`` (and
+``subprocess`` with it) in the driver, and its ``Process._bootstrap`` imports it again in
+every child, where the worker needs none of it (bench/COLDSTART.md). Here ``_Popen`` forks
+and ``_bootstrap`` sets the child up as multiprocessing's does -- the process identity,
+stdin on ``/dev/null``, the after-fork hooks and exit functions of ``multiprocessing.util``
+when the program loaded it -- without that import; ``_ZygotePopen`` has the fork server
+(``_zygote``) fork the worker instead, while it is alive.
 
-It relies on these private names of ``multiprocessing.process`` and ``threading``, all
-present in 3.10-3.13: where one is missing (a later Python), ``AVAILABLE`` is False and
-workers start through multiprocessing's own ``Popen``.
+Only the stock ``fork`` context starts workers this way (``uses_light_fork``). It relies on
+private names of ``multiprocessing.context``, ``multiprocessing.process`` and
+``threading``: where one is missing, ``AVAILABLE`` is False and workers start through
+multiprocessing's own ``Popen``. A started worker is taken out of multiprocessing's
+children (``disown``): the runtime reaps it itself.
 """
 
 from __future__ import annotations
@@ -92,9 +95,9 @@ def disown(proc: Any) -> None:
     ``multiprocessing.util``'s exit hook, which is registered when that module is first
     imported -- by a spawn worker's start or by the program's own ``multiprocessing.Queue``,
     after the runtime registered its own exit hook -- so it runs first and waits forever
-    for workers that end only when the runtime's hook stops them (issue 31: a program
-    hung at exit). It also keeps ``active_children()`` from reaping a worker's pid behind
-    the runtime's back (two waiters on one pid race)."""
+    for workers that end only when the runtime's hook stops them: the program would hang
+    at exit. It also keeps ``active_children()`` from reaping a worker's pid behind the
+    runtime's back (two waiters on one pid race)."""
     children = getattr(_process, "_children", None)
     if children is not None:
         children.discard(proc)

@@ -1,7 +1,15 @@
-"""The group calls of the local scheduler: what an executor or pool does to its group
-as a whole -- cancel what has not started, close it (now, or from a finalizer through
-the IO thread), wait until its workers are gone, terminate it. A part of
-``LocalScheduler`` (``_scheduler``), over the state ``_core`` declares.
+"""The group calls of the local scheduler: what an executor or pool does to its worker group.
+
+Cancel the tasks not started (``cancel_queued``), start workers before work needs them
+(``start_workers``), close the group (``close_group``; from a finalizer,
+``close_group_soon``, which the IO thread applies at its next tick), wait until its
+workers are gone (``wait_group_exited``), terminate it (``terminate_group``: its unfinished
+tasks fail). A part of ``LocalScheduler`` (``_scheduler``), over the state ``_core``
+declares.
+
+Lock rule: each call takes the scheduler's lock and must not be called with it held, but
+``close_group_soon``, which takes none (a finalizer may run while this thread holds it).
+Workers are reaped (``_workers._reap``) after the lock is released.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ class GroupCalls(SchedulerCore):
 
         Workers otherwise start when work needs them; this is for code that reads
         ``executor._processes``/``pool._pool`` and expects the processes the stdlib would
-        have started by then to be there and alive (issue 31)."""
+        have started by then to be there and alive."""
         with self.lock:
             n = min(n, group.max_workers)
             while not (self.closed or group.closed or group.broken is not None):

@@ -1,12 +1,13 @@
-"""What the local scheduler does with each message a worker (or attached driver) sends.
+"""What the local scheduler does with each message a worker, attached driver or peer sends.
 
-The IO loop hands every read to ``_on_frames``; each message goes to its handler through
-the one dispatch table (``_handlers``, built by ``LocalScheduler.__init__``; a node's
-services add theirs with ``register_handler``); an unknown message raises
-``ProtocolError``, never ignored. Handlers (``_on_*_locked``) run on the IO thread with
-the scheduler's lock held, taken by ``_handle_frames``; completions are delivered after
-it is released. Groups whose workers freed room during a read are refilled once, after the
-whole read (one frame per worker, not one per result).
+``_on_frames`` (the IO loop's callback) and a leader (``LocalScheduler.lead``) pass a
+connection's frames to ``_handle_frames``, which takes the lock and hands each message to
+its handler through the one dispatch table (``_handlers``, built by
+``LocalScheduler.__init__``; a node's services add theirs with ``register_handler``). An
+unknown message raises ``ProtocolError``: none is ignored. Handlers (``_on_*_locked``) run
+with the lock held; the completions they gather are delivered after it is released. The
+groups a read left work for (``_refill``) are dispatched once, after the whole read: one
+frame per worker for the room a batch of results freed, not one per result.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class WorkerMessages(SchedulerCore):
             return
         w.load = w.load - t.est if w.inflight else 0.0
         if t.alloc is not None:  # it held resources (``_resource_dispatch``)
-            self._release_res_locked(t, w)
+            self._release_allocation_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
         ok, payload = self._adopt_result_locked(msg.ok, msg.payload,
                                                 self.rebuilding_locked(t))
@@ -135,8 +136,8 @@ class WorkerMessages(SchedulerCore):
     def _on_blocked_locked(self, w: WorkerHandle, msg: m.Blocked) -> None:
         if not w.blocked:
             w.group.n_blocked += 1
-            if w.rcpus:
-                self._on_blocked_res_locked(w)
+            if w.extra_cpus:
+                self._on_blocked_with_resources_locked(w)
         w.blocked = True
         self._requeue_locked(w, msg.returned)
         self._dispatch_locked(w.group)
@@ -146,8 +147,8 @@ class WorkerMessages(SchedulerCore):
     def _on_unblocked_locked(self, w: WorkerHandle, msg: m.Unblocked) -> None:
         if w.blocked:
             w.group.n_blocked -= 1
-            if w.rcpus:
-                self._on_unblocked_res_locked(w)
+            if w.extra_cpus:
+                self._on_unblocked_with_resources_locked(w)
         w.blocked = False
 
     def _on_return_tasks_locked(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:

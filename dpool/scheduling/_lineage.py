@@ -1,8 +1,8 @@
 """Lineage rebuilds on this host: a stored value whose every copy is gone is made again.
 
     finish_locked ──(ok, a stored result)──▶ keep_lineage_locked: _lineage[oid] = _Record
-                                               (function id, inline argument bytes,
-                                                the inputs it read, group, attempts)
+                                               (function id, inline argument bytes, the
+                                                inputs it read, group, request, attempts)
     a reader (dpool.get, a worker's get)  ─┐
     a task that takes it as an input      ─┴▶ HostStore.restore: spill file gone
                                                ──ObjectLostError──▶ recover_locked(oid)
@@ -12,46 +12,21 @@
         not:         the entry fails with ``ObjectLostError`` naming the object, saying
                      its spill file was lost and why it cannot be made again.
 
-When it happens. The host store evicts least-recently-used objects to a spill file when
-the store is full (``objects._hoststore``). A file deleted under it (a tmp cleaner, disk
-trouble) used to surface as a raw ``FileNotFoundError`` from inside the scheduler; now
-the value is rebuilt from lineage, or its readers get ``ObjectLostError``.
+A value leaves shared memory only by eviction to a spill file (``objects._hoststore``);
+this module answers a spill file deleted or cut short under it. A rebuilt result that
+finds no room goes straight to a spill file (``HostStore.adopt_or_spill``), so a rebuild
+never fails for want of room now. Only tasks whose results are stored in shared memory are
+recorded, inputs small ones verbatim and stored ones by id; no value is kept alive for
+lineage. A record lives as long as its object table entry, and longer while a later record
+holds it (``holds``: ``a -> b`` can be rebuilt after ``a`` was released), up to
+``MAX_KEPT`` records kept that way.
 
-Under memory pressure. A rebuild happens when the store is full, and the tasks running
-meanwhile pin what is in it (a queued task pins nothing until it is sent to a worker): a
-rebuilt result that finds no room goes straight to a spill file
-(``HostStore.adopt_or_spill``), and its readers bring it back when room comes, as for any
-spilled value -- a task whose inputs find no room waits for it (``_object_table``). Neither
-fails with ``ObjectStoreFullError`` for want of room *now*.
-
-What is kept, and for how long. Only results stored in shared memory (at least the store
-threshold) can be evicted, so only their tasks are recorded: the function id, the
-argument payload when it is inline (small: the bytes the task was sent), and the inputs
-(small ones verbatim, stored ones by id). A record lives as long as its object table
-entry, and longer while the record of a task that read it lives (``holds``), so a chain
-``a -> b`` can be rebuilt after the driver dropped ``a``: ``b``'s record keeps ``a``'s.
-Values are never kept alive for lineage -- only these few hundred bytes per record. The
-record is written off the hot path: one byte is compared per finished task, and a task
-with a small result pays nothing more.
-
-What is not rebuilt (its readers get ``ObjectLostError``):
-
-- a ``dpool.put`` value (no task made it: put it again);
-- a result of a function marked ``@dpool.no_rebuild``;
-- a result whose task got its arguments as a large stored block (freed when the task
-  finished: pass such arguments with ``dpool.put`` or as futures to keep them);
-- a result whose task has used its ``max_attempts`` (the first run counts; each rebuild
-  is one more attempt);
-- a result whose executor was shut down (its workers and initializer are gone).
-
-Side effects. A rebuild runs the task's function again, in a worker of the same
-executor, with the same arguments. Whatever it does besides returning its value -- write
-a file, send a request, charge a card, bump a counter -- happens again, and a function
-that is not deterministic returns a different value than its first run did (readers that
-already got the first value keep it; new readers get the new one). A function whose side
-effects must not happen twice is marked ``@dpool.no_rebuild`` (``runtime._rebuild``):
-then a lost result is reported, never made again. The mark is read from the function
-itself, and only when a rebuild is due (nothing is checked on the submit path).
+Not rebuilt (readers get ``ObjectLostError``): a ``dpool.put`` value; a result of a
+function marked ``@dpool.no_rebuild`` (read from the function only when a rebuild is due);
+a result whose task got its arguments as a stored block (freed when it finished); one
+whose task used its ``max_attempts`` (each rebuild is an attempt); one of an executor shut
+down or broken; one whose record was let go. A rebuild runs the function again with the same
+arguments, in a worker of the same executor: its side effects happen again.
 
 Lock rule: every method here expects the scheduler's lock held.
 """
@@ -79,8 +54,10 @@ _MARK_BYTES = NO_REBUILD_MARK.encode()
 STORED = bytes([_values.TAG_STORED])  # a payload's first byte: a value in shared memory
 # Records kept only because later records hold them (their values were released): at
 # most this many. A loop ``x = f(x)`` that keeps only its last result would otherwise
-# keep one record per iteration for good; past the cap the oldest links are let go, and
-# a rebuild that needs one of them fails with ObjectLostError (as Ray caps lineage).
+# keep one record per iteration for good. At the cap, the record of an entry dropped is
+# let go at once, with the kept records that only it held (``forget_lineage_locked``):
+# in such a loop, the whole chain kept so far. A rebuild that needs one of them fails
+# with ObjectLostError.
 MAX_KEPT = 10_000
 
 

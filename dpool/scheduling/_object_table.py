@@ -1,27 +1,28 @@
 """The local scheduler's object table: every task result and put value of this host.
 
-An entry (``ObjectEntry``) counts the handles to a value (``refs``: the driver's future or ref, a
-worker's nested future or put, each pending task that takes it as an argument) and lists
-what waits for it to be ready (tasks, workers, callbacks). At zero references a ready
-value is dropped from the store (``objects._hoststore`` tells the reference-counting scheme
-below that). Handles released from ``__del__`` in any thread go through a lock-free
-queue (``release``), applied at the next scheduler event.
+An entry (``ObjectEntry``) counts references (``refs``: the driver's future or ref, a
+worker's nested future or put, one per input of each unfinished task that takes it) and
+lists what waits for it to be ready (tasks, workers, callbacks). A ready entry whose
+references reach zero is dropped, and its value freed in the store (``objects._hoststore``).
+Handles released in any thread, from ``__del__`` too, go through a lock-free deque
+(``release``), applied at the next scheduler event (a submit, a read, the tick).
 
-Values sent to a connection that is not a worker of this host (an attached driver, a
-peer node: ``remote_values``) are made by the drivers' service (``DriverService``).
+A reader of a value evicted to disk gets it back in shared memory first
+(``_resident_value_locked``); when its spill file is gone, the value is rebuilt from
+lineage and the reader waits as for any pending object, or gets ``ObjectLostError``
+(``_lineage``). A value for a connection with ``remote_values`` (an attached driver, a peer)
+is made by the ``DriverService``.
 
-A reader of a value that was spilled to disk gets it back in shared memory first
-(``_resident_value_locked``); when the spill file is gone, the value is rebuilt from
-lineage and the reader waits for it as for any pending object, or gets
-``ObjectLostError`` (``_lineage``).
-
-Waiting for room. A task pins its inputs when it is sent to a worker, not while it is
-queued (``pin_inputs_locked``). One whose inputs cannot all be brought back into shared
-memory because running tasks pin the rest of the store holds no pin and waits, as for a
-pending input, on the input that found no room
+Waiting for room: a task pins its inputs when it is sent to a worker, not while it is
+queued (``pin_inputs_locked``). One whose inputs find no room, because other tasks' pins
+fill the store, pins nothing and waits on the input that found none
 (``wait_for_room_locked``); each finish that releases pins lets the waiting tasks try
-again (``room_freed_locked``). Only a task whose inputs could never fit together fails
-with ``ObjectStoreFullError``.
+again, in order (``room_freed_locked``). It fails with ``ObjectStoreFullError`` instead when
+its inputs could never fit together, or when every pin is held by tasks that wait on
+others (``_pins_may_clear_locked``, ``fail_stuck_room_waiters_locked``).
+
+Lock rule: ``put``, ``subscribe``, ``reread`` and ``collect_releases`` take the lock;
+``release`` takes none (safe from ``__del__``); the other methods expect it held.
 """
 
 from __future__ import annotations

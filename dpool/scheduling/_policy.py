@@ -1,9 +1,13 @@
 """How many tasks a worker may hold at once (``BatchPolicy``).
 
-Short tasks are sent in batches (a worker holding ~2 ms of work amortizes the
-per-message cost without hurting balance); long ones go one at a time so no task waits
-behind another on a busy worker while a different worker is free. (Whether a task runs
-on this node at all is ``_spillback``'s decision, on a node of a cluster.)
+Short tasks go to a worker in batches, while the estimated run time of what it holds stays
+within ``target_s``; long ones go one at a time, so that no task waits behind another on a
+busy worker while a different worker is free -- but a worker running a long task may hold
+one more when the queue is long enough to keep every worker busy (``prefetch``). Estimates
+are per function: a moving average of the run times workers report.
+
+No lock of its own: the scheduler calls it under its lock (``LocalScheduler.estimate``
+reads it without).
 """
 
 from __future__ import annotations

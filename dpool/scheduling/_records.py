@@ -1,4 +1,10 @@
-"""The local scheduler's records: tasks, object table entries, worker handles, worker groups."""
+"""The local scheduler's records: ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``.
+
+Plain data, read and written under the scheduler's lock (the node's services too:
+``SchedulerAPI``). A task's ``state`` moves only as ``_states.TRANSITIONS`` allows
+(``transition``, or the same table lookup inline on the hot path); a worker's only through
+its ``mark_*`` methods (``_states.WORKER_TRANSITIONS``).
+"""
 
 from __future__ import annotations
 
@@ -77,7 +83,7 @@ class WorkerHandle:
 
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "fns", "assigned", "retiring", "pid", "state", "owned", "fenced", "gpus",
-                 "sees", "rcpus", "leased", "killed_here", "slot")
+                 "sees", "extra_cpus", "leased", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "WorkerGroup", process: Any, chan: Channel) -> None:
@@ -101,7 +107,7 @@ class WorkerHandle:
         self.fenced = False
         self.gpus: Optional[tuple] = None
         self.sees: Optional[frozenset] = None
-        self.rcpus = 0  # CPUs beyond one that its running task holds (num_cpus - 1)
+        self.extra_cpus = 0  # CPUs beyond one that its running task holds (num_cpus - 1)
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None

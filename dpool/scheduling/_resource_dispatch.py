@@ -1,31 +1,32 @@
-"""The local scheduler's resource path: tasks that ask for CPUs, GPUs, memory or custom
-resources (``_resources.Request``).
+"""The local scheduler's resource path: tasks with a resource request (``_resources.Request``).
 
-    queue ──(t.req is not None)──▶ group.by_request ──(all it needs free)──▶ worker, one task
-      ▲ (no request: the ordinary path)                │ impossible: ResourceError at once
-                                                       ▼ (a node: spilled, or after a grace)
+    group.queue ──its head has a request──▶ _route_with_request_locked
+        ├─ asks where to run, or for a bundle held elsewhere: a node's spillback (the
+        │  embedded runtime runs it here, or fails it with PlacementError)
+        ├─ can never be met here: a node's spillback, else ResourceError at once
+        └─▶ group.by_request[request] ──all of it free──▶ an idle worker, alone,
+                                                           holding an Allocation
 
-A task without a request never comes here: ``_dispatch_locked`` looks at ``t.req`` and that is
-all. One with a request leaves the group's queue for its ``by_request`` and starts only when
-everything it needs is free: its CPUs within the group's ``max_workers`` (busy workers
-plus ``WorkerGroup.extra``, the CPUs running tasks hold beyond one worker each) and, on a
-node, within its CPUs; its GPUs, memory and custom resources from the runtime's
-``Ledger`` (shared by every group). It runs alone on an idle worker and holds all of it
-until it ends; while it waits on nested results (``Blocked``) its CPUs are given back,
-its GPUs are not.
+A task without a request never comes here (``_dispatch_locked`` reads ``t.req``, nothing
+more). One with a request waits in its group's ``by_request``: a queue per distinct
+request, first come first served within it; a request that must wait does not hold back
+another. It starts when all it asks is free: its CPUs within the group's ``max_workers``
+(busy workers plus ``WorkerGroup.extra``) and, on a node, within ``cpu_limit``; its GPUs,
+memory and custom resources from the ``Ledger`` every group shares. A bundle's task takes
+all of it from its bundle (``_bundle_ledger``). While one waits for CPUs or a worker, the
+group is ``starved``: its tasks without a request wait too. It runs alone on its worker,
+holding its ``Allocation`` until it ends or leaves the worker; in a nested wait
+(``Blocked``) its CPUs are given back, its GPUs are not.
 
-GPUs and worker processes: CUDA reads ``CUDA_VISIBLE_DEVICES`` once per process, so a
-worker is bound to one set of devices when it starts (``WorkerHandle.gpus``) and runs
-only tasks given exactly that set (shares of one device share it). A worker for tasks
-that ask no GPU sees what the stdlib's would (the inherited environment) -- unless GPUs
-are held when it starts: then it sees the others only (``WorkerHandle.sees``). Such a
-worker takes no task while a device it can see is held by another task (it is
-*fenced*, as GPU-bound workers are for tasks without a request); when the group needs a
-process slot, idle fenced workers are retired first. What this cannot cover -- a task
-already running when a GPU it sees is taken -- is in compat/DIFFERENCES.md.
+GPUs: a worker's ``CUDA_VISIBLE_DEVICES`` is fixed when it starts. A worker bound to devices
+(``WorkerHandle.gpus``) runs only tasks given exactly those; one started while GPUs are held
+sees only the others (``WorkerHandle.sees``). A worker that is bound, runs a task with an
+allocation, or can see a held GPU is *fenced*: it takes no task without a request. Idle
+fenced workers are retired first when a process slot is needed. A task already running
+when a GPU it sees is taken: compat/DIFFERENCES.md.
 
-Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
-``_res_waiting`` is read without it (a hint).
+Lock rule (``_api``): ``_locked`` methods expect the scheduler's lock held;
+``_waiting_for_resources`` is read without it (a hint).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class ResourceDispatch(SchedulerCore):
                     self._retire_worker_locked(w)
 
     # -- entering ------------------------------------------------------------------------
-    def _route_res_locked(self, g: WorkerGroup, t: Task) -> None:
+    def _route_with_request_locked(self, g: WorkerGroup, t: Task) -> None:
         """A task with a request reached the head of its group's queue."""
         r = t.req
         assert r is not None  # (the caller routes only tasks with a request here)
@@ -105,7 +106,7 @@ class ResourceDispatch(SchedulerCore):
                 return  # a node of a cluster: another node may have it
             self.fail_unmet_locked(t, reason)
             return
-        self._wait_res_locked(g, t)
+        self._wait_for_resources_locked(g, t)
 
     def _place_strategy_locked(self, g: WorkerGroup, t: Task) -> bool:
         """``t`` asks where to run (``scheduling=``): True if it went to a global
@@ -155,7 +156,7 @@ class ResourceDispatch(SchedulerCore):
             if why is not None:
                 self.fail_placement_locked(t, PlacementError(why))
                 return
-            self._wait_res_locked(g, t)
+            self._wait_for_resources_locked(g, t)
             return
         sp = self._spillback
         if sp is not None and sp.unmet_locked(
@@ -166,13 +167,13 @@ class ResourceDispatch(SchedulerCore):
             f"the task asks to run in {which} of placement group {pg_id:#x}, which no node "
             "holds (the group was removed, is not ready yet, or lost a node)"))
 
-    def _wait_res_locked(self, g: WorkerGroup, t: Task) -> None:
+    def _wait_for_resources_locked(self, g: WorkerGroup, t: Task) -> None:
         waiting = g.by_request.get(t.req)
         if waiting is None:
             waiting = g.by_request[t.req] = deque()
         waiting.append(t)
         self.io.poke()  # the tick looks at tasks waiting for resources
-        self._dispatch_res_locked(g)
+        self._dispatch_requests_locked(g)
 
     # -- placement-group bundles -------------------------------------------------------------
     def _cpu_total_locked(self) -> Optional[int]:
@@ -290,7 +291,7 @@ class ResourceDispatch(SchedulerCore):
         self.fail_placement_locked(t, ResourceError(reason))
 
     # -- starting ------------------------------------------------------------------------
-    def _dispatch_res_locked(self, g: WorkerGroup) -> None:
+    def _dispatch_requests_locked(self, g: WorkerGroup) -> None:
         """Start the waiting tasks of ``g`` whose resources are free: first come, first
         served among tasks asking the same; a request that must wait does not hold back
         a different one (``by_request`` has a queue per distinct request, so this costs the
@@ -307,7 +308,7 @@ class ResourceDispatch(SchedulerCore):
                 if t.future is not None and not t.started and t.future.cancelled():
                     self.skip_cancelled_locked(t)
                     continue
-                if not self._start_res_locked(g, t):
+                if not self._start_with_request_locked(g, t):
                     waiting.appendleft(t)
                     break
             if not waiting and by_request.get(req) is waiting:
@@ -325,7 +326,7 @@ class ResourceDispatch(SchedulerCore):
         if leases is not None and leases.lent:
             leases.recall_locked()
 
-    def _start_res_locked(self, g: WorkerGroup, t: Task) -> bool:
+    def _start_with_request_locked(self, g: WorkerGroup, t: Task) -> bool:
         r = t.req
         assert r is not None  # (only tasks with a request wait in ``by_request``)
         if r.cpus and self._cpus_busy_locked(g) + r.cpus > g.max_workers:
@@ -360,7 +361,7 @@ class ResourceDispatch(SchedulerCore):
             a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False
-        w = self._res_worker_locked(g, a.gpu_ids, idle, r.cpus)
+        w = self._worker_for_request_locked(g, a.gpu_ids, idle, r.cpus)
         if w is None:
             self._free_alloc_locked(a)
             self._starve_locked(g)
@@ -390,16 +391,16 @@ class ResourceDispatch(SchedulerCore):
         w.assigned += 1
         if g.max_tasks is not None and w.assigned >= g.max_tasks:
             w.retiring = True  # it exits after this task (max_tasks_per_child)
-        w.rcpus = r.cpus - 1
-        g.extra += w.rcpus
+        w.extra_cpus = r.cpus - 1
+        g.extra += w.extra_cpus
         self._fence_locked(w, True)
         if a.gpu_ids:
             self._refence_all_locked()
         self.send_locked(w, msgs)
         return True
 
-    def _res_worker_locked(self, g: WorkerGroup, gpu_ids: tuple, idle: list,
-                           cpus: int) -> Optional[WorkerHandle]:
+    def _worker_for_request_locked(self, g: WorkerGroup, gpu_ids: tuple, idle: list,
+                                   cpus: int) -> Optional[WorkerHandle]:
         """An idle worker that may run a task given ``gpu_ids`` (bound to exactly them,
         or, for none, one that sees no held GPU), or a new one; None: no process slot.
         (A task holding no CPU needs a process but no slot.)"""
@@ -427,7 +428,7 @@ class ResourceDispatch(SchedulerCore):
         """Worker processes that count against ``max_workers``: not those blocked in a
         nested wait, nor those running a task that holds no CPU."""
         return sum(1 for w in g.workers if w.alive and not w.blocked
-                   and not (w.rcpus < 0 and w.inflight))
+                   and not (w.extra_cpus < 0 and w.inflight))
 
     def _retire_worker_locked(self, w: WorkerHandle) -> None:
         w.mark_stopping()
@@ -471,7 +472,7 @@ class ResourceDispatch(SchedulerCore):
         return {"CUDA_VISIBLE_DEVICES": led.names(sorted(sees))}, sees
 
     # -- ending --------------------------------------------------------------------------
-    def _release_res_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
+    def _release_allocation_locked(self, t: Task, w: Optional[WorkerHandle]) -> None:
         """``t`` ended or left its worker: what it held is free again."""
         a, t.alloc = t.alloc, None
         assert a is not None  # (callers release only what a task holds)
@@ -479,8 +480,8 @@ class ResourceDispatch(SchedulerCore):
         self._free_alloc_locked(a)
         if w is not None:
             if not w.blocked:
-                w.group.extra -= w.rcpus
-            w.rcpus = 0
+                w.group.extra -= w.extra_cpus
+            w.extra_cpus = 0
             self._refence_locked(w, led.held_gpus() if led is not None else frozenset())
         if a.gpu_ids:
             self._refence_all_locked()
@@ -490,13 +491,13 @@ class ResourceDispatch(SchedulerCore):
                 refill.append(g)
         self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 
-    def _on_blocked_res_locked(self, w: WorkerHandle) -> None:
-        w.group.extra -= w.rcpus  # its CPUs are given back while it waits; GPUs are not
+    def _on_blocked_with_resources_locked(self, w: WorkerHandle) -> None:
+        w.group.extra -= w.extra_cpus  # its CPUs are given back while it waits; GPUs are not
 
-    def _on_unblocked_res_locked(self, w: WorkerHandle) -> None:
-        w.group.extra += w.rcpus
+    def _on_unblocked_with_resources_locked(self, w: WorkerHandle) -> None:
+        w.group.extra += w.extra_cpus
 
-    def _fail_waiting_res_locked(self, g: WorkerGroup, err: bytes) -> None:
+    def _fail_waiting_for_resources_locked(self, g: WorkerGroup, err: bytes) -> None:
         waiting = [t for q in g.by_request.values() for t in q]
         g.by_request.clear()
         for t in waiting:
@@ -506,7 +507,7 @@ class ResourceDispatch(SchedulerCore):
             self.finish_locked(t, False, err)
 
     @property
-    def _res_waiting(self) -> bool:
+    def _waiting_for_resources(self) -> bool:
         """Whether tasks wait for resources (read without the lock: a hint)."""
         return self.ledger is not None and any(g.by_request for g in list(self._groups.values()))
 

@@ -1,21 +1,25 @@
-"""Per-task resources: what a task asks for (``Request``) and what a runtime or node has
-left to give (``Ledger``).
+"""Per-task resources: what a task asks for (``Request``), what it holds (``Allocation``) and
+what a runtime or node has left to give (``Ledger``).
 
-A request names CPUs, GPUs, bytes of memory and custom resources (any name: ``"TPU"``,
-``"license"``). The default -- one CPU, nothing else -- is no request at all (``None``):
-such tasks never reach this module, so the ordinary dispatch path pays nothing for it.
+A request names CPUs, GPUs, bytes of memory, custom resources (any name: ``"TPU"``,
+``"license"``) and, in wire form, a scheduling strategy or a bundle. The default -- one
+CPU, nothing else -- is no request at all (``None``): such tasks never take the resource
+path, so the ordinary dispatch path pays nothing for it.
 
 GPUs are counted per device. A request below one GPU (``0.25``) is a share of a single
 device, and shares pack onto the device that is already most used; a request of one or
-more must be whole and gets that many devices to itself. Shares are kept in integer
-units (``GPU_UNIT`` per device) so that four quarter-GPU tasks add up to exactly one.
+more must be whole and gets that many devices to itself. Devices an idle worker is bound
+to are taken first (``acquire``'s ``prefer``). Shares are kept in integer units
+(``GPU_UNIT`` per device) so that four quarter-GPU tasks add up to exactly one.
 
 CPUs are not in the ledger: on the embedded runtime they are each executor's
-``max_workers`` (its CPU budget), on a node its ``--num-cpus``; the local scheduler
-counts them where it counts busy workers. Everything else -- GPUs, memory, custom
-resources -- is shared by every executor of the runtime (or node) and lives here.
+``max_workers``, on a node its ``cpu_limit``; the local scheduler counts them where it
+counts busy workers. GPUs, memory and custom resources are shared by every executor of
+the runtime (or node) and live here.
 
-Pure bookkeeping, no processes, no locks: the scheduler calls it with its lock held.
+No processes, no locks, no imports of the scheduler: ``Ledger`` is used under the
+scheduler's lock; the request functions (``spec``, ``build``, ``mark``...) are called from
+any thread.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ GPU_UNIT = 10_000  # a device's share, in units (1/10000 of a GPU is the finest 
 
 class _Fields(tuple):
     """A named tuple's behaviour for the two below, without ``collections.namedtuple``,
-    whose class factory (~0.4 M instructions a class) every program paid at import for
-    classes only a resource request uses: fields by name, ``_replace``, the repr, and
+    whose class factory every program would run at import for classes only a resource
+    request uses (bench/COLDSTART.md): fields by name, ``_replace``, the repr, and
     pickling by value as ``cls(*fields)``."""
 
     __slots__ = ()
@@ -202,7 +206,7 @@ def from_wire(t: Optional[tuple]) -> Optional[Request]:
     if t is None:
         return None
     custom = tuple(tuple(x) for x in t[3])
-    if len(t) > 4 and t[4] is not None:  # a strategy (protocol 6 nodes send 4 fields)
+    if len(t) > 4 and t[4] is not None:  # a strategy (``to_wire`` sends 4 fields without)
         return Request(t[0], t[1], t[2], custom, tuple(t[4]))
     return Request(t[0], t[1], t[2], custom)
 

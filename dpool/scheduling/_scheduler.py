@@ -1,4 +1,4 @@
-"""The local scheduler: one per host, owning that host's worker processes.
+"""The local scheduler: one per host, owning that host's worker groups and their processes.
 
     driver threads ──submit()──▶ ┌──────────────────────────────┐
                                   │ LocalScheduler (this module) │──ExecuteTask──▶ worker
@@ -10,40 +10,23 @@
                                        ▼
                                   driver Futures: set_result / set_exception
 
-Tasks from the driver (``submit``) and from workers (``SubmitTask``) take the same path,
-``admit_locked``: record lineage, pin dependencies, queue when ready, dispatch. A worker
-group is the set of workers of one executor; dispatch sends a group's queued tasks to its
-workers with room (``BatchPolicy``), spawning workers up to ``max_workers`` on demand.
-A submission goes out at once, on the submitting thread, only to an *idle* worker (no
-hop through the IO thread: that is the latency path). While workers are busy it waits in
-the queue, and the IO thread sends queued tasks in batches as results come back and free
-room (the throughput path: one frame and one system call for many tasks).
+A task from the driver (``submit``) or from a worker (``SubmitTask``) enters through
+``admit_locked``: its stored argument block is adopted and pinned, it is recorded in the
+control store, it takes a reference on each input, and it is queued once every input is
+ready. A new task is sent at once only to an idle worker (a worker's nested task, handled
+on the IO thread, may join a busy worker's batch); busy workers get queued tasks in batches
+from the IO thread as their results come back (``_workers``). Its inputs are pinned when it is sent
+(``pin_inputs_locked``). ``finish_locked`` records the outcome: it unpins the inputs, drops
+their references and the argument block, keeps the lineage of a stored result, marks the
+object ready and wakes what waits on it.
 
-Lock rule: ``self.lock`` guards every record here. A method whose name ends in
-``_locked`` expects it held; any other takes it itself if it needs it (the public calls,
-the IO loop's callbacks ``_on_frames``/``_on_closed``/``_on_tick``, a leader's ``_lead``).
-Futures are completed *after* releasing it, because their done-callbacks may submit
-again, and by the thread whose locked region produced them (``take_out_locked`` before
-unlocking, ``deliver`` after): so done-callbacks of results run on the IO thread, never
-inside a caller's ``submit()``.
-
-The latency path back: a driver thread that blocks in ``Future.result()`` on a task its
-worker runs alone *leads* (``lead``): it reads that worker's socket itself while the IO
-thread leaves it alone, and completes the future on its own thread (one thread hop and
-one sleeping wake-up fewer). Completions with done-callbacks still go to the IO thread.
-
-A worker blocked inside a task (nested ``result()``) sends ``Blocked``: it stops counting
-against ``max_workers`` and the group may start another worker, so nested tasks never
-deadlock. A worker that dies has the task it was running retried up to ``max_attempts``.
-
-This module holds the public calls, the accept/finish path and delivery; its parts:
-``_workers`` (dispatch, worker processes, deaths), ``_handlers`` (worker and driver
-messages), ``_group_calls`` (cancel, close, wait for, terminate a group),
-``_resource_dispatch`` (tasks with resource requests), ``_object_table`` (the object table, and
-``_lineage`` below it: rebuilding values whose spill file was lost), ``_core`` (their
-shared state, declared for the type checker). On a node daemon the node's services
-(``dpool.node``) plug in through ``_api``: ``SchedulerAPI`` is what they may call,
-``attach_services`` and ``register_handler`` how they plug in.
+Lock rule: ``self.lock`` guards every record of the scheduler. A ``_locked`` method expects
+it held; any other takes it itself if it needs it (the public calls, the IO loop's
+callbacks ``_on_frames``, ``_on_closed``, ``_on_tick``, a leader's ``_lead``). Completions
+are gathered under it (``take_out_locked``) and delivered after it is released
+(``deliver``), by the thread whose locked region produced them: done-callbacks may submit
+again. A driver thread blocked on a task its worker runs alone may read that worker's
+socket itself (``lead``); futures with done-callbacks are still completed by the IO thread.
 """
 
 from __future__ import annotations
@@ -207,9 +190,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         leaves the socket of the worker running the task alone, and this thread reads and
         handles that worker's messages itself, so a result wakes the thread waiting for it
         directly. It leads for at most ``_ioloop.LEAD_S`` (longer tasks: the latency of a hop
-        does not matter) and only while no other thread leads; completions whose
-        futures have done-callbacks go to the IO thread, which runs the callbacks as
-        before. Returns what is left of ``timeout`` for the ordinary wait that follows.
+        does not matter), only while no other thread leads, and only on a task its worker
+        runs alone (``_holder_locked``); completions whose futures have done-callbacks go
+        to the IO thread, which runs the callbacks. Returns what is left of ``timeout``
+        for the ordinary wait that follows.
         """
         if future.done() or not completes_anywhere(future) or self.io.is_io_thread() \
                 or not self._leading.acquire(blocking=False):
@@ -239,7 +223,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
         Only then does a leader help: with more tasks in flight (a burst), the IO thread
         is busy with results anyway, and two threads handling them contend for the GIL
-        and this lock (throughput fell when leaders took bursts too: bench/NOTES.md)."""
+        and this lock (bench/NOTES.md)."""
         for g in self._groups.values():
             for w in g.workers:
                 inflight = w.inflight
@@ -425,10 +409,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             self._spillback.consider_locked(g)
 
     def pin_inputs_locked(self, t: Task) -> bool:
-        """``t`` is about to be sent to a worker: pin its inputs now. A queued task pins
-        nothing -- inputs it will not read for a while must not keep other values (a
-        running task's result, a rebuilt one) out of the store. False if ``t`` cannot
-        start now: it waits for room or for a lost input's rebuild, or it failed."""
+        """``t`` is about to be sent to a worker: pin its inputs now (once: a task sent
+        back to the queue keeps them). A task not yet sent pins none -- inputs it will not
+        read for a while must not keep other values (a running task's result, a rebuilt
+        one) out of the store. False if ``t`` cannot start now: it waits for room or for a
+        lost input's rebuild, or it failed."""
         if t.deps is None and t.dep_ids:
             return self._build_deps_locked(t)
         return True
@@ -605,7 +590,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         (else the loop sleeps until something wakes it: ``_ioloop``)."""
         while self._closing:
             self.close_group(self._closing.popleft())
-        if self._refill or self._res_waiting:
+        if self._refill or self._waiting_for_resources:
             # resources released outside a worker's read; and, as a safety net, tasks
             # waiting for resources are looked at every tick (on a node, CPUs another
             # group frees are theirs too)
@@ -630,7 +615,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         """Whether the tick has something to look at (read without the lock: a hint; a
         region that leaves such work while the loop is idle pokes it, ``take_out_locked``)."""
         spillback = self._spillback
-        return bool(self._closing or self._refill or self._releases or self._res_waiting
+        return bool(self._closing or self._refill or self._releases or self._waiting_for_resources
                     or self.store.has_news or self.store.expiring or self.control.backlog()
                     or (spillback is not None and (  # queued tasks: to spill, maybe
                         spillback.wants_tick()

@@ -1,29 +1,31 @@
-"""Named states of a task and of a worker in the local scheduler, and the only
-transitions between them (the tables are data: tests read them).
+"""The states of a task and of a worker in the local scheduler, and the only transitions
+between them (``TRANSITIONS``; ``WORKER_TRANSITIONS``, drawn further down). The tables are
+data: tests read them. A transition is a list lookup, made under the scheduler's lock.
 
+                     ┌──────wait──────┐  ┌────requeue────┐
+                     ▼                │  ▼               │
     NEW ──wait──▶ WAITING ──ready──▶ QUEUED ──send──▶ RUNNING ──finish──▶ DONE
-     │               ▲                │  ▲  ▲            │
-     └──ready────────┼───────────────▶│  │  └──requeue───┘
-                     └─────wait───────┘  │
-                       QUEUED ──spillback──▶ AWAY ──return──┘
+     │                               ▲ ▲ │
+     └─────────────ready─────────────┘ │ │
+                                       │ └───spillback──▶ AWAY
+                                       └───────return──────┘
 
 - NEW: made, not yet accepted (``admit_locked``).
-- WAITING: an input is not ready, or, found at dispatch, it has no room in the store or
-  was lost and is being rebuilt. It holds a reference on each input, no pin.
+- WAITING: an input is not ready; or, found when it was about to be sent, an input has no
+  room in the store or was lost and is being rebuilt. It holds a reference on each input.
 - QUEUED: every input is ready; it waits in its worker group's queue (or, asking for
-  resources, in ``WorkerGroup.by_request``). It pins nothing.
+  resources, in ``WorkerGroup.by_request``). Its inputs are not pinned, unless it ran
+  before (``requeue`` keeps its pins).
 - RUNNING: sent to a worker (in ``WorkerHandle.inflight``: running, or next in the
-  worker's batch). Its inputs are pinned.
+  worker's batch). Its inputs are pinned (``pin_inputs_locked``).
 - AWAY: sent to another node (spillback, ``node._spillback``); the other node runs it.
 - DONE: its outcome is recorded. Nothing leaves DONE.
 
-Every state may go to DONE (``finish``): a task fails or is cancelled wherever it is. A
-transition the table does not list raises ``IllegalTransition``, naming the task, its
+Every state but DONE may go to DONE (``finish``): a task fails or is cancelled wherever it
+is. A stored argument block is pinned from ``admit_locked`` until DONE, whatever the state.
+A transition the table does not list raises ``IllegalTransition``, naming the task, its
 state and the event: two parts of the scheduler disagree about where the task is (a task
-finished twice, a running task queued again), which is a bug to find, not to absorb.
-
-The table is data: tests read it, and ``transition`` is a list lookup (this is on the path
-of every task: three transitions each).
+finished twice, a running task queued again), a bug to find, not to absorb.
 """
 
 from __future__ import annotations
@@ -100,23 +102,25 @@ def illegal(t: Task, event: int) -> IllegalTransition:
 # -- workers ------------------------------------------------------------------------------
 #
 #     STARTING ──hello──▶ READY ──stop──▶ STOPPING ──closed──▶ DEAD
-#        │  └─────────────stop──────────────▲  ▲                  ▲
-#        └──────────────────closed──────────┼──┼──────────────────┘ (READY too: it died)
+#      │   │                │               ▲                   ▲ ▲
+#      │   └─────stop───────┼───────────────┘                   │ │
+#      │                    └─────────────────────closed────────┘ │
+#      └──────────────────────────────────────────closed──────────┘
 #
 # - STARTING: its process was started; it has not said Hello (its initializer runs). It
 #   may be sent tasks already; one that dies now never started a task, and no task is
-#   charged for it (a group whose workers keep dying here breaks).
+#   charged for it (``_START_FAILURES`` such deaths in a row break its group).
 # - READY: it said Hello; it runs what it is sent.
 # - STOPPING: told to exit (its group retired or was terminated, the runtime stopped, or
-#   it was retired to change what GPUs it sees); it takes no task. A Hello that crosses
-#   the order is ignored.
+#   it was retired: to change what GPUs it sees, or to free a process slot); it takes no
+#   task. A Hello that crosses the order leaves it STOPPING.
 # - DEAD: its socket closed and its process was reaped; it is gone from its group.
 #
 # Conditions a STARTING or READY worker may be in besides (flags of ``WorkerHandle``, not
 # states: each combines with the others): ``blocked`` (in a nested wait: its CPU is given
 # back), ``retiring`` (``max_tasks_per_child`` reached: it exits after what it holds),
-# ``leased`` (lent to an attached driver, which sends its tasks), ``fenced`` (takes only
-# tasks that ask for resources).
+# ``leased`` (lent to an attached driver, which sends its tasks), ``fenced`` (takes no
+# task without a resource request).
 
 W_STARTING, W_READY, W_STOPPING, W_DEAD = range(4)
 WORKER_STATES = ("starting", "ready", "stopping", "dead")

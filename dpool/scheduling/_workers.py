@@ -1,21 +1,29 @@
-"""The local scheduler's worker processes: dispatching to them, starting them, deaths.
+"""The local scheduler's worker processes: dispatching to them, starting them, their deaths.
 
-Dispatch sends a group's queued tasks to its workers with room (``BatchPolicy``: short
-tasks in batches, long ones one at a time), the least-loaded first, starting workers up
-to the group's ``max_workers`` on demand (and, on a node, never more busy than its
-``cpu_limit`` over every group). Called from a submitting thread it only uses *idle*
-workers -- that is the latency path; busy workers get queued tasks from the IO thread as
-their results come back.
+Dispatch (``_dispatch_locked``) sends a group's queued tasks to the least-loaded worker with
+room (``BatchPolicy``: short tasks in batches, long ones one at a time), starting workers
+up to the group's ``max_workers`` on demand; on a node, the workers busy over every group
+stay within its ``cpu_limit``. With ``idle_only`` (a submitting thread) it sends only to
+idle workers. A task's inputs are pinned as it is sent (``pin_inputs_locked``); while the
+store is under pressure, one with large inputs not yet pinned goes only to an idle worker
+(``only_to_idle_locked``). A task with a resource request leaves the queue for
+``_resource_dispatch``.
 
-A worker's socket closing means it exited or died (``_on_closed``): the first task it
-held may have started and is charged an attempt, the others go back uncharged; a task out
-of attempts fails with ``WorkerCrashedError``. Its handles die with it. A group whose
-initializer failed, or that is terminated, fails its queued and held tasks
-(``fail_group_locked``); a closed group whose work is done stops its workers
-(``_retire_group_locked``).
+Starting (``spawn_locked``): workers of the stock ``fork`` context are ``_forkproc``
+processes, forked by the fork server (``_zygote``, forked once at ``fork_point``) once this
+process runs threads; here while it runs none, without a fork server, or for initargs
+that only inheritance passes. Other contexts start their own ``Process``.
 
-Lock rule (``_api``): the ``_locked`` methods expect the scheduler's lock held;
-``_on_closed`` (called by the IO loop) takes it.
+Deaths (``_on_closed``, the IO loop's call when a worker's socket closes): of the tasks it
+held, only the one it was running (read from the running board; without a slot on it,
+the first held) is charged an attempt, and fails with ``WorkerCrashedError`` when out of
+attempts; the others go back to the queue uncharged. A worker that dies running none
+charges the first it held only after ``_BOUNCES`` x ``max_attempts`` such deaths. One
+that dies before its Hello charges none; ``_START_FAILURES`` such deaths in a row, not
+SIGKILLed from outside, break the group (``break_group_locked``).
+
+Lock rule (``_api``): ``_locked`` methods expect the scheduler's lock held; ``_on_closed``
+and ``stop_workers`` take it; ``fork_point`` takes only ``_fork_lock``.
 """
 
 from __future__ import annotations
@@ -115,12 +123,12 @@ class WorkerPool(SchedulerCore):
             self.fail_group_locked(g, g.broken)
             return
         if g.by_request:  # tasks with resource requests first: what was released is theirs
-            self._dispatch_res_locked(g)
+            self._dispatch_requests_locked(g)
         batch = self.batch
         log_event = self.control.log_event
         while q:
             if q[0].req is not None:  # asks for resources: ``_resource_dispatch``
-                self._route_res_locked(g, q.popleft())
+                self._route_with_request_locked(g, q.popleft())
                 continue
             if g.starved and g.by_request:
                 # A task with a request waits for the CPUs (or worker slot) that tasks
@@ -330,7 +338,7 @@ class WorkerPool(SchedulerCore):
             t = w.inflight.pop(tid, None)
             if t is not None:
                 if t.alloc is not None:
-                    self._release_res_locked(t, w)
+                    self._release_allocation_locked(t, w)
                 w.load = w.load - t.est if w.inflight else 0.0
                 w.assigned -= 1
                 if w.retiring and w.assigned < (w.group.max_tasks or 0):
@@ -359,14 +367,14 @@ class WorkerPool(SchedulerCore):
             if w.blocked:
                 w.blocked = False
                 g.n_blocked -= 1
-                g.extra += w.rcpus  # taken off while blocked; released with its task
+                g.extra += w.extra_cpus  # taken off while blocked; released with its task
             if w in g.workers:
                 g.workers.remove(w)
             self._fence_locked(w, False)
             held = list(w.inflight.values())
             for t in held:
                 if t.alloc is not None:
-                    self._release_res_locked(t, w)
+                    self._release_allocation_locked(t, w)
                 # a result segment the dead worker may have (half) written
                 self.store.unlink_unadopted(
                     _owners.segment_name(self.store.owner_pid, t.task_id))
@@ -492,12 +500,12 @@ class WorkerPool(SchedulerCore):
                 t.started = True
             self.finish_locked(t, False, err())
         if g.by_request:
-            self._fail_waiting_res_locked(g, err())
+            self._fail_waiting_for_resources_locked(g, err())
         for w in g.workers:
             for t in list(w.inflight.values()):
                 w.inflight.pop(t.task_id)
                 if t.alloc is not None:
-                    self._release_res_locked(t, w)
+                    self._release_allocation_locked(t, w)
                 self.finish_locked(t, False, err())
         # tasks still waiting for their inputs (maybe another executor's results)
         waiting: dict[int, Task] = {}

@@ -1,18 +1,16 @@
-"""The fork server: a single-threaded copy of the driver that forks its workers.
+"""The fork server (zygote): a single-threaded copy of the driver that forks its workers.
 
 ``fork()`` in a process with several threads copies only the calling one: a lock another
-thread held at that moment stays held in the child for good, and the child deadlocks when
-it takes it (a C library's, or Python's own). The runtime always has threads (its IO
-thread, the Pool's handlers, the program's own), so Python 3.12+ warns on every worker it
-forks, and 3.14 makes ``forkserver`` the stdlib's default for this reason. The zygote is
-forked once, when the runtime starts its first worker and before it starts any thread
-(``LocalScheduler.fork_point``), and it stays single-threaded: it forks the workers (the
-first one excepted, where the driver runs no thread: the driver forks it, at the same
-moment). A worker is thus a copy of the program as it was then (what the stdlib's fork
-workers see of an executor's first ``submit``), with the driver's working directory,
-``sys.path``, environment and standard output and error as they are when the worker
-starts (``compat/DIFFERENCES.md``). (A program that runs threads of its own before its
-first task has the zygote forked by a process with threads: the one unsafe fork left.)
+thread held at that moment stays held in the child for good. The runtime always runs
+threads (its IO thread, a Pool's, the program's own), so the zygote is forked once, at
+``LocalScheduler.fork_point`` -- before the IO thread or a Pool's threads start, or the
+first worker is forked -- and stays single-threaded. Once the driver runs threads, the zygote
+forks the workers of the ``fork`` start method, but those whose initargs only inheritance
+can pass (``LocalScheduler.spawn_locked``). A worker is a copy of the program as it was
+then, with the driver's environment, working directory and standard output and error as
+they are when the worker starts (compat/DIFFERENCES.md). A program that runs threads of
+its own before its first task has the zygote forked by a process with threads. A node
+daemon forks its zygote before it opens its port.
 
 Protocol (one ``SOCK_SEQPACKET`` socket pair; the zygote serves one request at a time):
 
@@ -23,12 +21,12 @@ Protocol (one ``SOCK_SEQPACKET`` socket pair; the zygote serves one request at a
   attached), ``FAILED`` (an errno: the fork failed), ``EXITED`` (a pid and its exit code,
   as ``Popen.returncode``: negative for a signal).
 
-The driver side is ``Zygote``, used through ``_ZygotePopen`` (``_forkproc``): a worker's
-``sentinel`` is its pidfd (readable once it ended), signals go through
+The driver's end is ``Zygote`` (its ``_lock``: one request and one reader at a time), used
+through ``_forkproc._ZygotePopen``: a worker's ``sentinel`` is its pidfd, signals go through
 ``pidfd_send_signal`` (never to a later process given the same pid), and its exit code is
-the zygote's report. Without pidfds (Linux < 5.3) there is no zygote and workers are
-forked by the driver as before. If the zygote dies, later workers are forked by the
-driver (``LocalScheduler.spawn_locked``).
+the zygote's report. There is no zygote without pidfds (Linux < 5.3), with
+``DPOOL_FORK_SERVER=0``, or when ``fork`` is not the default start method
+(``_forkproc.fork_server``); then, or once it died, the driver forks the workers itself.
 """
 
 from __future__ import annotations
@@ -249,8 +247,8 @@ class _Server:
         # Ctrl-C reaches the whole foreground process group: the zygote ignores it (its
         # workers get the program's handler back); the driver's end stops it
         self.sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:  # what every worker would import first, imported once here (as before, in
-            from dpool.protocol import preload_worker  # the driver)
+        try:  # what every worker would import first, imported once here (the driver
+            from dpool.protocol import preload_worker  # imports it too: ``add_group``)
 
             preload_worker()
         except Exception:  # noqa: BLE001 - the worker reports it when it starts
