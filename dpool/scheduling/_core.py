@@ -69,6 +69,7 @@ class SchedulerCore:
     def admit_locked(self, t: Task) -> None: raise NotImplementedError
     def skip_cancelled_locked(self, t: Task) -> None: raise NotImplementedError
     def pin_inputs_locked(self, t: Task) -> bool: raise NotImplementedError
+    def unpin_inputs_locked(self, t: Task) -> None: raise NotImplementedError
     def _build_deps_locked(self, t: Task) -> bool: raise NotImplementedError
     def only_to_idle_locked(self, t: Task) -> bool: raise NotImplementedError
     def inputs_locked(self, t: Task) -> tuple: raise NotImplementedError

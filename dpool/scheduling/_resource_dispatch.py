@@ -361,20 +361,22 @@ class ResourceDispatch(SchedulerCore):
             a = led.acquire(r, [w.gpus for w in idle if w.gpus is not None])
         if a is None:
             return False
-        w = self._worker_for_request_locked(g, a.gpu_ids, idle, r.cpus)
-        if w is None:
-            self._free_alloc_locked(a)
-            self._starve_locked(g)
-            return False
+        # (its inputs before a worker: a pin that fails must not have started or retired
+        # a worker for it)
         if not self.pin_inputs_locked(t):  # it waits for room or a lost input, or failed
             self._free_alloc_locked(a)
             return True
+        w = self._worker_for_request_locked(g, a.gpu_ids, idle, r.cpus)
+        if w is None:
+            self._free_alloc_locked(a)
+            self.unpin_inputs_locked(t)  # (queued again: it pins nothing)
+            self._starve_locked(g)
+            return False
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
                 self._free_alloc_locked(a)
                 self.skip_cancelled_locked(t)
                 return True
-            t.started = True
         t.started = True
         transition(t, SEND)
         t.alloc = a

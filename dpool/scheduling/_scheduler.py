@@ -418,6 +418,14 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             return self._build_deps_locked(t)
         return True
 
+    def unpin_inputs_locked(self, t: Task) -> None:
+        """``t`` goes back to its queue unsent: it releases the pins it took for it."""
+        deps = t.deps
+        if deps is not None:
+            t.deps = None
+            for _oid, ok, payload in deps:
+                self.store.unpin(payload if ok else None)
+
     def only_to_idle_locked(self, t: Task) -> bool:
         """Whether ``t`` goes only to a worker that runs it at once: sent ahead to a busy
         one, it would pin large stored inputs that nothing pins yet while the store is
