@@ -33,8 +33,7 @@ class NodePlacementGroups:
     def __init__(self, scheduler: SchedulerAPI, address: str,
                  send: Callable[[str, list], None],
                  schedulers: Callable[[], list]) -> None:
-        # (the bundle calls are the local scheduler's, outside SchedulerAPI's services)
-        self._s: Any = scheduler
+        self._s = scheduler
         self.address = address
         self._send = send  # (peer address, messages): over the link to it
         self._schedulers = schedulers  # global schedulers linked now
@@ -86,7 +85,9 @@ class NodePlacementGroups:
             self._holders.pop(key, None)
             s.free_bundles_locked(msg.pg_id, msg.index)
             return
-        why = s.hold_bundle_locked(msg.pg_id, msg.index, _resources.from_wire(tuple(msg.req)))
+        req = _resources.from_wire(tuple(msg.req))
+        assert req is not None  # (a bundle's request is a tuple, never None, on the wire)
+        why = s.hold_bundle_locked(msg.pg_id, msg.index, req)
         if why is None:
             self._holders[key] = h.address
         else:

@@ -35,7 +35,7 @@ from dpool.protocol import IOLoop
 from dpool.protocol import messages as m
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
-from dpool.scheduling._resources import Ledger
+from dpool.scheduling._resources import Ledger, Request
 
 # A message handler: (the connection it came on, the message), called on the IO thread
 # with the lock held. The connection is a ``WorkerHandle`` or the subclass a service's
@@ -244,6 +244,17 @@ class SchedulerAPI(Protocol):
 
     def return_task_locked(self, t: Task) -> None:
         """``t`` came back (from another node): first in its group's queue, dispatched."""
+        ...
+
+    def hold_bundle_locked(self, pg_id: int, index: int, req: Request,
+                           host_cpus: int = 0) -> Optional[str]:
+        """Reserve ``req`` for bundle ``index`` of placement group ``pg_id``: None when
+        held, else why not now."""
+        ...
+
+    def free_bundles_locked(self, pg_id: int, index: Optional[int] = None) -> int:
+        """Give up the bundles of ``pg_id`` held here (``index``: that one only); tasks
+        waiting to run in one that is gone fail. How many were freed."""
         ...
 
     def cpu_freed_locked(self) -> None:

@@ -173,6 +173,13 @@ class FakeScheduler:
     def busy_cpus_locked(self) -> int:
         return self.busy
 
+    def hold_bundle_locked(self, pg_id: int, index: int, req: Any,
+                           host_cpus: int = 0) -> Optional[str]:
+        return "the fake scheduler holds no bundle"
+
+    def free_bundles_locked(self, pg_id: int, index: Optional[int] = None) -> int:
+        return 0
+
     def resources_locked(self) -> Ledger:
         return Ledger()
 
