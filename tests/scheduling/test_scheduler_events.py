@@ -233,3 +233,101 @@ def _dumps_error(exc):
     from dpool.objects import _payload
 
     return _payload.dumps_error(exc)
+
+
+def test_a_worker_blocked_in_a_nested_wait_gives_its_slot_back(sim):
+    g = sim.group(max_workers=1)
+    t1, f1 = sim.task(g)
+    t2, f2 = sim.task(g)
+    w1 = sim.started[0]
+    w1.hello()
+    assert w1.tasks() == [t1] and len(sim.started) == 1
+    w1.send(m.Blocked(()))  # t1 waits on other tasks: its CPU goes to the queue
+    w2 = sim.started[1]
+    assert w2.tasks() == [t2]
+    w2.hello()
+    w2.done(t2, 2)
+    w1.send(m.Unblocked())
+    w1.done(t1, 1)
+    assert (f1.result(0), f2.result(0)) == (1, 2)
+
+
+def test_a_blocking_worker_hands_back_what_it_had_not_started(sim):
+    g = sim.group(max_workers=1, max_attempts=1)
+    w, rest = _batch(sim, g, 2)
+    (t1, f1), (t2, f2) = rest
+    w.send(m.Blocked((t2,)))  # running t1, it waits; t2 would wait behind it
+    w2 = sim.started[1]
+    assert w2.tasks() == [t2]  # uncharged: max_attempts=1 and it still runs
+    w2.hello()
+    w2.done(t2, 2)
+    w.send(m.Unblocked())
+    w.done(t1, 1)
+    assert (f1.result(0), f2.result(0)) == (1, 2)
+
+
+def test_a_nested_task_runs_and_its_value_goes_to_the_worker_that_submitted_it(sim):
+    g = sim.group(max_workers=2)
+    outer, f = sim.task(g)
+    w1 = sim.started[0]
+    w1.hello()
+    assert w1.tasks() == [outer]
+    inner = 0x7000
+    w1.send(m.SubmitTask(inner, 1, _args(), None, g.group_id), m.Blocked(()))
+    w2 = sim.started[1]
+    assert w2.tasks() == [inner]
+    w2.hello()
+    w2.done(inner, "in")
+    (value,) = [x for x in w1.take() if isinstance(x, m.ObjectValue)]
+    assert (value.object_id, value.ok) == (inner, True)
+    w1.send(m.Unblocked())
+    w1.done(outer, "out")
+    assert f.result(0) == "out"
+
+
+def test_an_initializer_that_raises_breaks_the_group(sim):
+    from concurrent.futures.process import BrokenProcessPool
+
+    g = sim.group(max_workers=1)
+    tid, f = sim.task(g)
+    w = sim.started[0]
+    w.send(m.InitFailed(_dumps_error(RuntimeError("no config"))))
+    with pytest.raises(BrokenProcessPool, match="no config"):
+        f.result(0)
+    t2, f2 = sim.task(g)  # the group is broken for good
+    with pytest.raises(BrokenProcessPool):
+        f2.result(0)
+
+
+def test_shutdown_with_cancel_futures_cancels_what_has_not_started(sim):
+    g = sim.group(max_workers=1)
+    t1, f1 = sim.task(g)
+    queued = [sim.task(g) for _ in range(3)]
+    w = sim.started[0]
+    w.hello()
+    assert w.tasks() == [t1]
+    sim.cancel_queued(g)
+    assert all(f.cancelled() for _t, f in queued)
+    w.done(t1, 1)
+    assert f1.result(0) == 1
+    assert w.tasks() == []
+
+
+def test_terminating_a_group_fails_what_it_had_and_stops_its_workers(sim):
+    g = sim.group(max_workers=1)
+    t1, f1 = sim.task(g)
+    t2, f2 = sim.task(g)
+    w = sim.started[0]
+    w.hello()
+    sim.terminate_group(g, "terminated by the test")
+    for f in (f1, f2):
+        with pytest.raises(Exception, match="terminated by the test"):
+            f.result(0)
+    assert w.handle.state == S.W_STOPPING
+    assert any(isinstance(x, m.Shutdown) for x in w.take())
+
+
+def _args():
+    from dpool.objects import _payload
+
+    return _payload.dumps(((), {}))
