@@ -82,7 +82,7 @@ class WorkerHandle:
     stopping, dead), moved only by the ``mark_*`` methods."""
 
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "state", "owned", "fenced", "gpus",
+                 "fns", "assigned", "retiring", "pid", "state", "alive", "owned", "fenced", "gpus",
                  "sees", "extra_cpus", "leased", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
@@ -99,6 +99,9 @@ class WorkerHandle:
         self.retiring = False  # will exit after its in-flight tasks (max_tasks reached)
         self.pid = getattr(process, "pid", None)
         self.state = W_STARTING
+        # It takes tasks: starting or ready (``state`` below stopping). Kept beside the
+        # state, written only by ``mark_stopping``/``mark_closed``: read in every dispatch.
+        self.alive = True
         self.owned: set[int] = set()  # objects this worker holds a handle to (nested futures, puts)
         # Resources (``_resource_dispatch``): a fenced worker takes no task without a resource
         # request -- it is bound to GPUs (``gpus``: device indexes, for good), runs a task
@@ -115,11 +118,6 @@ class WorkerHandle:
         self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
 
     @property
-    def alive(self) -> bool:
-        """It takes tasks: starting or ready (not told to stop, not dead)."""
-        return self.state < W_STOPPING
-
-    @property
     def ready(self) -> bool:
         """It said Hello (its initializer ran) and was not told to stop since."""
         return self.state == W_READY
@@ -134,12 +132,15 @@ class WorkerHandle:
         if self.state >= W_STOPPING:
             return False
         worker_transition(self, STOP)
+        self.alive = False
         return True
 
     def mark_closed(self) -> int:
         """Its connection closed (the process exited or died): dead. Returns the state
         it left (starting: it died before its Hello). Once only."""
-        return worker_transition(self, CLOSED)
+        left = worker_transition(self, CLOSED)
+        self.alive = False
+        return left
 
 
 @record(init=False)  # (its own ``__init__``, below: no compiling at run time)

@@ -42,7 +42,7 @@ from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import BUNDLE, HERE, Ledger, Request
-from dpool.scheduling._states import SEND, transition
+from dpool.scheduling._states import NEXT, SEND, illegal
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -363,7 +363,8 @@ class ResourceDispatch(SchedulerCore):
             return False
         # (its inputs before a worker: a pin that fails must not have started or retired
         # a worker for it)
-        if not self.pin_inputs_locked(t):  # it waits for room or a lost input, or failed
+        if t.dep_ids and t.deps is None and not self._build_deps_locked(t):
+            # (``pin_inputs_locked``, inline) it waits for room or a lost input, or failed
             self._free_alloc_locked(a)
             return True
         w = self._worker_for_request_locked(g, a.gpu_ids, idle, r.cpus)
@@ -378,7 +379,10 @@ class ResourceDispatch(SchedulerCore):
                 self.skip_cancelled_locked(t)
                 return True
         t.started = True
-        transition(t, SEND)
+        to = NEXT[t.state][SEND]  # (``_states.transition``, inline: every task)
+        if to < 0:
+            raise illegal(t, SEND)
+        t.state = to
         t.alloc = a
         t.attempts += 1
         t.est = self.batch.estimate(t.fn_id)

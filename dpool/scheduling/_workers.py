@@ -199,7 +199,7 @@ class WorkerPool(SchedulerCore):
         est = self.batch.estimate(g.queue[0].fn_id)
         fits = self.batch.fits
         for w in g.workers:
-            if w.state >= W_STOPPING or w.blocked:  # (not ``alive``: a property, in a loop)
+            if not w.alive or w.blocked:
                 continue
             if w.leased is not None:  # lent to a driver: busy, not ours to send to
                 busy += 1
