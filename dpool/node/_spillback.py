@@ -213,7 +213,7 @@ class Spillback(SpillbackWaits, SpillbackResults):
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir,
                            _resources.to_wire(t.req))
         t.attempts += 1
-        t.est = s.batch.estimate(t.fn_id)
+        t.estimate_s = s.batch.estimate(t.fn_id)
         s.away_locked(t)
         a = self.away[t.task_id] = _Away(t, gs, time.monotonic())
         a.refs = tuple(ref[2] for _oid, ok, p in deps or ()

@@ -62,7 +62,7 @@ class WorkerMessages(SchedulerCore):
             # handed back or already failed over; its outcome is decided elsewhere
             self.store.discard(msg.payload if msg.ok else None)
             return
-        w.load = w.load - t.est if w.inflight else 0.0
+        w.load = w.load - t.estimate_s if w.inflight else 0.0
         if t.alloc is not None:  # it held resources (``_resource_dispatch``)
             self._release_allocation_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
@@ -113,7 +113,7 @@ class WorkerMessages(SchedulerCore):
 
     def _on_register_function_locked(self, w: WorkerHandle, msg: m.RegisterFunction) -> None:
         self._functions[msg.fn_id] = msg.payload
-        w.fns.add(msg.fn_id)
+        w.functions.add(msg.fn_id)
         self.control.register_function(msg.fn_id, "", msg.payload)
 
     def _on_submit_locked(self, w: WorkerHandle, msg: m.SubmitTask) -> None:

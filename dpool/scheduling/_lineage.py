@@ -84,7 +84,7 @@ class _Record:
 
 class Lineage(SchedulerCore):
     _lineage: dict[int, _Record]
-    _fn_refusals: dict[int, Optional[str]]
+    _function_refusals: dict[int, Optional[str]]
     _lineage_kept = 0  # records with ``kept`` set
 
     if TYPE_CHECKING:  # LocalScheduler's
@@ -253,7 +253,7 @@ class Lineage(SchedulerCore):
 
     def _refusal_locked(self, fn_id: int) -> Optional[str]:
         """Why ``fn_id``'s tasks may not run again (``dpool.no_rebuild``), or None."""
-        cache = self._fn_refusals
+        cache = self._function_refusals
         if fn_id in cache:
             return cache[fn_id]
         payload = self._functions.get(fn_id)

@@ -33,7 +33,7 @@ class Task:
     """A task the local scheduler has accepted and not yet finished."""
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
-                 "attempts", "started", "missing", "deps", "est", "deps_counted", "req",
+                 "attempts", "started", "missing", "deps", "estimate_s", "deps_counted", "req",
                  "alloc", "bounced", "state")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
@@ -50,7 +50,7 @@ class Task:
         self.started = False  # future moved to RUNNING (done once, at first dispatch)
         self.missing = 0  # dependencies not ready yet
         self.deps: Optional[tuple] = None  # (oid, ok, payload) once all are ready
-        self.est = 0.0  # estimated run time, set when dispatched
+        self.estimate_s = 0.0  # estimated run time, set when dispatched
         self.deps_counted = False  # holds a reference on each of dep_ids (released at finish)
         self.req: Optional[Request] = None  # None: one CPU, nothing else (the default)
         self.alloc: Optional[Allocation] = None  # while it holds resources (running)
@@ -82,8 +82,8 @@ class WorkerHandle:
     stopping, dead), moved only by the ``mark_*`` methods."""
 
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
-                 "fns", "assigned", "retiring", "pid", "state", "alive", "owned", "fenced", "gpus",
-                 "sees", "extra_cpus", "leased", "killed_here", "slot")
+                 "functions", "assigned", "retiring", "pid", "state", "alive", "owned",
+                 "fenced", "gpus", "sees", "extra_cpus", "leased", "killed_here", "slot")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "WorkerGroup", process: Any, chan: Channel) -> None:
@@ -94,7 +94,7 @@ class WorkerHandle:
         self.inflight: dict[int, Task] = {}
         self.load = 0.0  # estimated seconds of work in `inflight`
         self.blocked = False
-        self.fns: set[int] = set()
+        self.functions: set[int] = set()
         self.assigned = 0  # tasks ever sent (for max_tasks_per_child)
         self.retiring = False  # will exit after its in-flight tasks (max_tasks reached)
         self.pid = getattr(process, "pid", None)

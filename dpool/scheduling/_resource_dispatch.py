@@ -385,15 +385,15 @@ class ResourceDispatch(SchedulerCore):
         t.state = to
         t.alloc = a
         t.attempts += 1
-        t.est = self.batch.estimate(t.fn_id)
+        t.estimate_s = self.batch.estimate(t.fn_id)
         msgs: list = []
-        if t.fn_id not in w.fns:
-            w.fns.add(t.fn_id)
+        if t.fn_id not in w.functions:
+            w.functions.add(t.fn_id)
             msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
         msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
         w.inflight[t.task_id] = t
         self.control.log_event(t.task_id, "start", _now(), w.worker_id)
-        w.load += t.est
+        w.load += t.estimate_s
         w.assigned += 1
         if g.max_tasks is not None and w.assigned >= g.max_tasks:
             w.retiring = True  # it exits after this task (max_tasks_per_child)

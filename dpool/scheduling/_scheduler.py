@@ -111,7 +111,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self._exited = threading.Condition(self.lock)  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
         self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
-        self._fn_refusals = {}  # fn id -> why its tasks may not run again, or None
+        self._function_refusals = {}  # fn id -> why its tasks may not run again, or None
         self._room_waiters = {}  # inputs tasks wait on for room in the store (``_object_table``)
         # A node daemon's services (``attach_services``); None on the embedded runtime.
         self._sessions: Optional[DriverService] = None
@@ -209,7 +209,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         with self.lock:
             w = self._holder_locked(future._oid)
             # a task expected to end within the spin window: poll without sleeping
-            spin = w is not None and w.inflight[future._oid].est < SPIN_S
+            spin = w is not None and w.inflight[future._oid].estimate_s < SPIN_S
         if w is None:
             return timeout
         io = self.io

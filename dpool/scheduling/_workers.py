@@ -175,9 +175,9 @@ class WorkerPool(SchedulerCore):
                     raise illegal(t, SEND)
                 t.state = to
                 t.attempts += 1
-                t.est = est
-                if t.fn_id not in w.fns:
-                    w.fns.add(t.fn_id)
+                t.estimate_s = est
+                if t.fn_id not in w.functions:
+                    w.functions.add(t.fn_id)
                     msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
                 msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
                 inflight[t.task_id] = t
@@ -339,7 +339,7 @@ class WorkerPool(SchedulerCore):
             if t is not None:
                 if t.alloc is not None:
                     self._release_allocation_locked(t, w)
-                w.load = w.load - t.est if w.inflight else 0.0
+                w.load = w.load - t.estimate_s if w.inflight else 0.0
                 w.assigned -= 1
                 if w.retiring and w.assigned < (w.group.max_tasks or 0):
                     w.retiring = False
