@@ -57,7 +57,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("protocol", frozenset({"dpool.protocol"})),
     ("futures", frozenset({"dpool.futures", "dpool._task_future"})),
     ("errors", frozenset({"dpool.errors", "dpool._errors_broken", "dpool._errors_futures",
-                          "dpool._log"})),
+                          "dpool._log", "dpool._lazy"})),
 ]
 
 # Pairs that must not import each other, in either direction, whatever the order says.

@@ -13,6 +13,7 @@ runs replicas and Sentinels.
 ``_fnname`` reads a function's name from its pickled payload without unpickling it.
 """
 
+from dpool._lazy import front_door
 from dpool.control._local import InProcessControlStore
 from dpool.control._task_record import TaskRecord
 
@@ -64,18 +65,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

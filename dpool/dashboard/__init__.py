@@ -22,6 +22,8 @@ off every task's path. ``cli/_dashboard`` starts it.
 
 from typing import TYPE_CHECKING
 
+from dpool._lazy import front_door
+
 if TYPE_CHECKING:
     from dpool.dashboard._collect import Collector
     from dpool.dashboard._server import DashboardServer
@@ -43,16 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY)

@@ -19,6 +19,8 @@
 
 from typing import TYPE_CHECKING
 
+from dpool._lazy import front_door
+
 if TYPE_CHECKING:
     from dpool.node import _process as process
     from dpool.node._attach import PeerHandle
@@ -47,18 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -22,6 +22,8 @@ load on first use (PEP 562): importing this package loads none of its modules, n
 ``typing``.
 """
 
+from dpool._lazy import front_door
+
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.placement._bundles import STRATEGIES, place_bundles
@@ -79,16 +81,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY)

@@ -15,6 +15,7 @@
 - ``_workdir``: the driver's working directory, packed by content hash for the nodes.
 """
 
+from dpool._lazy import front_door
 from dpool.protocol._channel import Channel, ChannelClosed
 from dpool.protocol._codec import PROTOCOL_VERSION, decode_batch, encode_batch
 
@@ -73,18 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -23,6 +23,8 @@ cluster node -- and a worker has the client of the scheduler that runs its tasks
   once.
 """
 
+from dpool._lazy import front_door
+
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.runtime import _address as address
@@ -77,18 +79,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -25,6 +25,7 @@ policies and strategies are ``dpool.placement``'s, a layer below that imports no
 here.
 """
 
+from dpool._lazy import front_door
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
@@ -74,18 +75,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -13,6 +13,8 @@ own at once, never on a process's control connection.
 - ``_conns``: authenticated transfer connections, kept per node for the next transfer.
 """
 
+from dpool._lazy import front_door
+
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.transfer import _pull as pull
@@ -33,18 +35,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    import importlib
-
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return sorted({*globals(), *_MODULES, *_LAZY})
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

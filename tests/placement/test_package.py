@@ -51,7 +51,7 @@ def test_importing_the_package_loads_none_of_its_modules_nor_typing():
         [sys.executable, "-c", "import sys; before = set(sys.modules); import dpool.placement; "
          "print('\\n'.join(sorted(set(sys.modules) - before)))"],
         capture_output=True, text=True, timeout=30, check=True)
-    assert set(out.stdout.split()) == {"dpool", "dpool.placement"}
+    assert set(out.stdout.split()) == {"dpool", "dpool._lazy", "dpool.placement"}
 
 
 def test_an_unknown_name_is_an_attribute_error():
