@@ -15,10 +15,10 @@ A task from the driver (``submit``) or from a worker (``SubmitTask``) enters thr
 control store, it takes a reference on each input, and it is queued once every input is
 ready. A new task is sent at once only to an idle worker (a worker's nested task, handled
 on the IO thread, may join a busy worker's batch); busy workers get queued tasks in batches
-from the IO thread as their results come back (``_workers``). Its inputs are pinned when it is sent
-(``pin_inputs_locked``). ``finish_locked`` records the outcome: it unpins the inputs, drops
-their references and the argument block, keeps the lineage of a stored result, marks the
-object ready and wakes what waits on it.
+from the IO thread as their results come back (``_workers``). Its inputs are pinned when it
+is sent (``_object_table.pin_inputs_locked``). ``finish_locked`` records the outcome: it
+unpins the inputs, drops their references and the argument block, keeps the lineage of a
+stored result, marks the object ready and wakes what waits on it.
 
 Lock rule: ``self.lock`` guards every record of the scheduler. A ``_locked`` method expects
 it held; any other takes it itself if it needs it (the public calls, the IO loop's
@@ -407,76 +407,6 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                               or (owner is not None and owner.remote_values))
         if self._spillback is not None and g.queue:
             self._spillback.consider_locked(g)
-
-    def pin_inputs_locked(self, t: Task) -> bool:
-        """``t`` is about to be sent to a worker: pin its inputs now (once: a task sent
-        back to the queue keeps them). A task not yet sent pins none -- inputs it will not
-        read for a while must not keep other values (a running task's result, a rebuilt
-        one) out of the store. False if ``t`` cannot start now: it waits for room or for a
-        lost input's rebuild, or it failed."""
-        if t.deps is None and t.dep_ids:
-            return self._build_deps_locked(t)
-        return True
-
-    def unpin_inputs_locked(self, t: Task) -> None:
-        """``t`` goes back to its queue unsent: it releases the pins it took for it."""
-        deps = t.deps
-        if deps is not None:
-            t.deps = None
-            for _oid, ok, payload in deps:
-                self.store.unpin(payload if ok else None)
-
-    def only_to_idle_locked(self, t: Task) -> bool:
-        """Whether ``t`` goes only to a worker that runs it at once: sent ahead to a busy
-        one, it would pin large stored inputs that nothing pins yet while the store is
-        over half full, and they could keep out the room the running task's result needs
-        (a value many tasks read, pinned by the running ones, costs no more room)."""
-        store = self.store
-        if t.deps is not None or not store.under_pressure:
-            return False  # (pinned already: a task that went back to the queue)
-        objects = self._objects
-        for oid in t.dep_ids or ():
-            d = objects.get(oid)
-            if d is not None and d.ok and d.payload is not None and \
-                    d.payload[:1] == STORED and not store.pinned(d.payload):
-                return True
-        return False
-
-    def inputs_locked(self, t: Task) -> tuple:
-        """``t``'s inputs as ``(oid, ok, payload)``: those pinned for it, else the table's
-        (a task that never started here: sent to another node, or failed queued)."""
-        if t.deps is not None:
-            return t.deps
-        objects = self._objects
-        return tuple((oid, d.ok, d.payload) for oid in t.dep_ids or ()
-                     if (d := objects.get(oid)) is not None and d.ready)
-
-    def _build_deps_locked(self, t: Task) -> bool:
-        """Attach ready dependency values to ``t``, pinning stored ones; False if it
-        cannot start now (``pin_inputs_locked``)."""
-        objects = self._objects
-        deps = []
-        try:
-            for oid in t.dep_ids or ():
-                d = objects[oid]
-                self.store.pin(d.payload if d.ok else None)
-                deps.append((oid, d.ok, d.payload))
-        except ObjectStoreFullError as exc:
-            for _oid, ok, payload in deps:
-                self.store.unpin(payload if ok else None)
-            # Other pending tasks' inputs fill the store: ``t`` waits, pinning nothing,
-            # until their finish makes room (``_object_table``) -- it failed here, and so did
-            # readers queued behind others under memory pressure. Unless it never fits.
-            if not self.wait_for_room_locked(t, oid):
-                self.finish_locked(t, False, _payload.dumps_error(exc))
-            return False
-        except ObjectLostError as exc:  # its spill file is gone: rebuild it (``_lineage``)
-            for _oid, ok, payload in deps:
-                self.store.unpin(payload if ok else None)
-            self.dep_lost_locked(t, oid, exc)  # t waits for it, or fails
-            return False
-        t.deps = tuple(deps)
-        return True
 
     def finish_locked(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
         """Record a task's outcome and wake whatever waits on its result."""
