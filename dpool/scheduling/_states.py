@@ -67,21 +67,33 @@ TRANSITIONS: dict[tuple[int, int], int] = {
 }
 
 # NEXT[state][event]: the next state, -1 if illegal (hot call sites look it up inline)
-NEXT: list[list[int]] = [[-1] * len(EVENTS) for _ in STATES]
-for (_state, _event), _to in TRANSITIONS.items():
-    NEXT[_state][_event] = _to
-del _state, _event, _to
+def _next_table(transitions: dict[tuple[int, int], int], states: tuple,
+                events: tuple) -> list[list[int]]:
+    """``table[state][event]``: the next state, -1 where ``transitions`` has no move."""
+    table = [[-1] * len(events) for _ in states]
+    for (state, event), to in transitions.items():
+        table[state][event] = to
+    return table
+
+
+NEXT = _next_table(TRANSITIONS, STATES, EVENTS)
 
 
 class IllegalTransition(RuntimeError):
     """The scheduler moved a task in a way its state table does not allow."""
 
+    _what: str = "task"
+    _states: tuple[str, ...] = STATES
+    _events: tuple[str, ...] = EVENTS
+    _table: str = "TRANSITIONS"
+
     def __init__(self, task_id: int, state: int, event: int) -> None:
-        self.task_id = task_id
-        self.state = STATES[state]
-        self.event = EVENTS[event]
-        super().__init__(f"task {task_id:#x} is {self.state}: it cannot take event "
-                         f"'{self.event}' (scheduling._states.TRANSITIONS)")
+        self.task_id = task_id  # (a worker's id, for a worker)
+        self.state = self._states[state]
+        self.event = self._events[event]
+        shown = f"{task_id:#x}" if self._what == "task" else str(task_id)
+        super().__init__(f"{self._what} {shown} is {self.state}: it cannot take event "
+                         f"'{self.event}' (scheduling._states.{self._table})")
 
 
 def transition(t: Task, event: int) -> int:
@@ -136,23 +148,14 @@ WORKER_TRANSITIONS: dict[tuple[int, int], int] = {
     (W_READY, CLOSED): W_DEAD,  # it died
     (W_STOPPING, CLOSED): W_DEAD,  # it exited as told
 }
-_WORKER_NEXT: list[list[int]] = [[-1] * len(WORKER_EVENTS) for _ in WORKER_STATES]
-for (_state, _event), _to in WORKER_TRANSITIONS.items():
-    _WORKER_NEXT[_state][_event] = _to
-del _state, _event, _to
+_WORKER_NEXT = _next_table(WORKER_TRANSITIONS, WORKER_STATES, WORKER_EVENTS)
 
 
 class IllegalWorkerTransition(IllegalTransition):
     """The scheduler moved a worker in a way its state table does not allow."""
 
-    def __init__(self, worker_id: int, state: int, event: int) -> None:
-        self.task_id = worker_id  # (the base's field: here a worker's id)
-        self.worker_id = worker_id
-        self.state = WORKER_STATES[state]
-        self.event = WORKER_EVENTS[event]
-        RuntimeError.__init__(self, f"worker {worker_id} is {self.state}: it cannot take "
-                                    f"event '{self.event}' "
-                                    f"(scheduling._states.WORKER_TRANSITIONS)")
+    _what, _states, _events, _table = ("worker", WORKER_STATES, WORKER_EVENTS,
+                                       "WORKER_TRANSITIONS")
 
 
 def worker_transition(w: WorkerHandle, event: int) -> int:
