@@ -89,7 +89,6 @@ class Lineage(SchedulerCore):
 
     if TYPE_CHECKING:  # LocalScheduler's
         def _enqueue_locked(self, t: Task) -> None: ...
-        def inputs_locked(self, t: Task) -> tuple: ...
 
     # -- recording (finish / drop) ---------------------------------------------------------
     def keep_lineage_locked(self, t: Task) -> None:
