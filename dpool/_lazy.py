@@ -8,18 +8,18 @@ imported the first time it is asked for, then kept in the package's namespace, s
 importing the package loads none of its modules and a second lookup costs nothing.
 """
 
-from __future__ import annotations
-
-import sys
+import sys  # (no ``from __future__`` import: importing a package loads nothing more)
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
-    from typing import Callable, Mapping
+    from collections.abc import Callable, Mapping
 
 
-def front_door(package: str, lazy: Mapping[str, str], modules: Mapping[str, str] = {},
-               ) -> tuple[Callable[[str], object], Callable[[], list]]:
+def front_door(package: str, lazy: "Mapping[str, str]",
+               modules: "Mapping[str, str] | None" = None,
+               ) -> "tuple[Callable[[str], object], Callable[[], list]]":
     """``(__getattr__, __dir__)`` for ``package`` (its ``__name__``)."""
+    modules = modules or {}
 
     def __getattr__(name: str) -> object:
         import importlib
