@@ -25,7 +25,6 @@ the embedded runtime does not load.
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterable, ValuesView
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
@@ -33,6 +32,7 @@ from dpool.control import ControlStore
 from dpool.objects import HostStore
 from dpool.protocol import IOLoop
 from dpool.protocol import messages as m
+from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import Ledger, Request
@@ -120,8 +120,9 @@ class SchedulerAPI(Protocol):
 
     # -- shared state ------------------------------------------------------------------
     @property
-    def lock(self) -> threading.Lock:
-        """Guards every record and table of the scheduler, and the services' own."""
+    def lock(self) -> SchedulerLock:
+        """Guards every record and table of the scheduler, and the services' own; what
+        a region sends (``send_locked``) is written as the region releases it (``_lock``)."""
         ...
 
     @property
@@ -281,7 +282,8 @@ class SchedulerAPI(Protocol):
         ...
 
     def send_locked(self, w: WorkerHandle, msgs: list) -> None:
-        """Send ``msgs`` to a worker, driver or peer (never blocks)."""
+        """Send ``msgs`` to a worker, driver or peer: written, in order, as this region
+        releases the lock (never blocks)."""
         ...
 
     def take_out_locked(self) -> list:

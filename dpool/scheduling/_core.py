@@ -24,6 +24,7 @@ from collections import deque
 
 from dpool.objects import HostStore
 from dpool.protocol import IOLoop
+from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resources import Ledger
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 
 class SchedulerCore:
-    lock: threading.Lock
+    lock: SchedulerLock
+    _outbox: dict  # sends recorded under the lock (``_lock``)
     control: ControlStore
     batch: BatchPolicy
     closed: bool
@@ -92,6 +94,7 @@ class SchedulerCore:
     def _dispatch_locked(self, g: WorkerGroup, idle_only: bool = False) -> None:
         raise NotImplementedError
     def send_locked(self, w: WorkerHandle, msgs: list) -> None: raise NotImplementedError
+    def flush_locked(self, outbox: dict) -> None: raise NotImplementedError
     def fail_group_locked(self, g: WorkerGroup, reason: str) -> None: raise NotImplementedError
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None: raise NotImplementedError
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:

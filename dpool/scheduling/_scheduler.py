@@ -49,6 +49,7 @@ from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
+from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._object_table import ObjectTable
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
@@ -95,7 +96,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def __init__(self, control: ControlStore) -> None:
         self.init_forking()  # (first: before anything could fork)
-        self.lock = threading.Lock()
+        self.lock = SchedulerLock()
+        self._outbox = self.lock.outbox  # sends recorded under it (``send_locked``)
+        self.lock.set_flush(self.flush_locked)
         self.control = control
         self._groups: dict[int, WorkerGroup] = {}
         self._objects: dict[int, ObjectEntry] = {}
@@ -108,7 +111,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.closed = False
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._refill: list[WorkerGroup] = []  # to dispatch once a read is handled (lock held)
-        self._exited = threading.Condition(self.lock)  # notified when a worker is reaped
+        self._exited = threading.Condition(self.lock)  # type: ignore[arg-type]  # notified when a worker is reaped
         self.store = HostStore(os.getpid())
         self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
         self._function_refusals = {}  # fn id -> why its tasks may not run again, or None

@@ -327,11 +327,26 @@ class WorkerPool(SchedulerCore):
         return w
 
     def send_locked(self, w: WorkerHandle, msgs: list) -> None:
+        """Record ``msgs`` for ``w``: the lock writes them as this region ends (``_lock``)."""
+        sends = self._outbox.get(w)
+        if sends is None:
+            self._outbox[w] = [msgs]
+        else:
+            sends.append(msgs)
+
+    def flush_locked(self, outbox: dict) -> None:
+        """Write the sends a region recorded: one frame per handle (``_lock``; never
+        blocks: what its socket cannot take now, the IO loop writes when it can)."""
         try:
-            if not w.chan.send(encode_batch(msgs)):
-                self.io.want_write(w)
-        except ChannelClosed:
-            pass  # the IO loop sees the EOF and handles the death
+            for w, sends in outbox.items():
+                msgs = sends[0] if len(sends) == 1 else [msg for part in sends for msg in part]
+                try:
+                    if not w.chan.send(encode_batch(msgs)):
+                        self.io.want_write(w)
+                except ChannelClosed:
+                    pass  # the IO loop sees the EOF and handles the death
+        finally:
+            outbox.clear()
 
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         for tid in reversed(task_ids):

@@ -1,0 +1,64 @@
+"""The scheduler's lock, which also carries out the sends its locked regions decide on.
+
+The scheduler's state changes only under this lock, and no state change writes to a
+socket: a region that decides to send messages to a worker, a driver or a peer records
+them (``send_locked`` appends to ``outbox``: handle -> lists of messages), and the lock
+writes them when the region releases it -- one frame per handle, the messages in the
+order the region recorded them, still holding the lock so that the frames of successive
+regions reach each handle in the order the regions ran. A ``threading.Condition`` over
+this lock flushes the same way when it waits. Writes never block (a full socket buffer
+is left to the IO loop: ``LocalScheduler.flush_locked``), so holding the lock for them
+costs what writing them inline did; a region that sends one handle several times writes
+one frame.
+"""
+
+from __future__ import annotations
+
+import threading
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+
+class SchedulerLock:
+    """A ``threading.Lock`` whose release first hands ``outbox`` to ``flush``."""
+
+    __slots__ = ("acquire", "locked", "_release", "outbox", "_flush")
+
+    def __init__(self) -> None:
+        lock = threading.Lock()
+        self.acquire = lock.acquire
+        self.locked = lock.locked
+        self._release = lock.release
+        self.outbox: dict[Any, list] = {}  # handle -> the message lists for it, in order
+        self._flush: Callable[[dict], None] = _no_flush
+
+    def set_flush(self, flush: Callable[[dict], None]) -> None:
+        """``flush(outbox)`` writes every recorded send (the lock held) and empties it."""
+        self._flush = flush
+
+    def release(self) -> None:
+        if self.outbox:
+            try:
+                self._flush(self.outbox)
+            finally:
+                self._release()
+            return
+        self._release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outbox:
+            try:
+                self._flush(self.outbox)
+            finally:
+                self._release()
+            return
+        self._release()
+
+
+def _no_flush(outbox: dict) -> None:
+    raise RuntimeError("SchedulerLock: sends recorded before a flush was set")
