@@ -331,3 +331,26 @@ def _args():
     from dpool.objects import _payload
 
     return _payload.dumps(((), {}))
+
+
+def test_a_queued_reader_pins_its_input_only_when_it_is_sent(sim):
+    # (the race of a store filling up: readers queued behind a running task pinned every
+    # value they would read, leaving no room for the running task's result)
+    g = sim.group(max_workers=1)
+    p, fp = sim.task(g)
+    (w,) = sim.started
+    w.hello()
+    assert w.tasks() == [p]
+    w.done(p, "input")
+    fp.result(0)
+    slow = sim.task(g, fn_id=2)[0]  # unknown duration: nothing is sent ahead of it
+    assert w.tasks() == [slow]
+    reader, fr = sim.task(g, deps=(p,))
+    (queued,) = [t for t in g.queue if t.task_id == reader]
+    assert queued.state == S.QUEUED and queued.deps is None  # queued: pins nothing
+    assert w.tasks() == []
+    w.done(slow, None)
+    assert w.tasks() == [reader]  # sent: its input pinned for it, and sent with it
+    assert queued.state == S.RUNNING and queued.deps is not None
+    w.done(reader, "out")
+    assert fr.result(0) == "out"
