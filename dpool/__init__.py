@@ -6,7 +6,8 @@ Beyond the stdlib: futures as task arguments (dataflow), tasks that submit tasks
 (``get_executor``), ``wait(fs, num_returns, timeout)``, ``put``/``get``, retries when a
 worker dies, per-task resources (``executor.options(num_gpus=1)``, ``@resources``),
 placement groups (``placement_group``: bundles reserved together, all or none), joblib's
-``"dpool"`` backend (``register_joblib``).
+``"dpool"`` backend (``register_joblib``), actors (``executor.actor(cls, ...)``: a
+stateful worker whose method calls return futures; ``get_actor``, ``kill``, ``readonly``).
 """
 
 # The public names load on first use (PEP 562), so ``import dpool`` -- and importing one of
@@ -17,7 +18,9 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
     from dpool._resources_api import get_gpu_ids, resources
+    from dpool.actors import ActorHandle, ActorMethod, get_actor, kill, readonly
     from dpool.errors import (
+        ActorDiedError,
         AuthenticationError,
         CancelledError,
         ControlStoreError,
@@ -50,11 +53,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
 
 _LAZY = {
     **dict.fromkeys(
-        ("AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",
+        ("ActorDiedError", "AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",
          "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "PlacementError",
          "ProtocolError", "ResourceError", "SerializationError", "TimeoutError",
          "WorkerCrashedError"),
         "dpool.errors"),
+    **dict.fromkeys(("ActorHandle", "ActorMethod", "get_actor", "kill", "readonly"),
+                    "dpool.actors"),
     **dict.fromkeys(("Executor", "ProcessPoolExecutor", "ResourceOptions", "get_executor"),
                     "dpool.executor"),
     **dict.fromkeys(("get_gpu_ids", "resources"), "dpool._resources_api"),
@@ -139,4 +144,10 @@ __all__ = [
     "ResourceError",
     "CancelledError",
     "TimeoutError",
+    "ActorHandle",
+    "ActorMethod",
+    "ActorDiedError",
+    "get_actor",
+    "kill",
+    "readonly",
 ]

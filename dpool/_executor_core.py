@@ -33,6 +33,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional
 
+    from dpool.actors import ActorHandle
     from dpool.runtime import Client, Driver
 
 __all__ = ["ExecutorCore", "ResourceOptions"]
@@ -161,6 +162,7 @@ class ExecutorCore:
         )
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
+        self._actor_groups: list = []  # the groups of its actors (``actor``): shut down with it
         self._process_views: Any = None  # ``_process_views.ProcessViews``, when first read
         self._n_stdlib = 0  # how many workers the stdlib would have started (_processes)
         # An executor dropped without shutdown() stops its workers once they are idle,
@@ -179,6 +181,7 @@ class ExecutorCore:
         self._group = group_id
         self._shutdown_thread = False
         self._shutdown_lock = threading.Lock()
+        self._actor_groups = []
         self._process_views = None
         self._n_stdlib = 0
         self._spec = None
@@ -261,11 +264,23 @@ class ExecutorCore:
             self._count_as_stdlib()
         return self._runtime.submit(group, fn, args, kwargs, req, self._future_type)
 
+    def actor(self, cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
+        """Start an actor: ``cls(*args, **kwargs)`` in a worker process of its own, whose
+        methods are called through the handle returned (``handle.step.submit(x)``: a
+        future; ``handle.step(x)``: its result). Calls through handles run in the order
+        they were made, one at a time, on the actor's state. The actor holds no CPU of
+        ``max_workers`` and ends with the executor's ``shutdown()`` (after its pending
+        calls), or at ``dpool.kill(handle)``. Options (``name``, ``lifetime="detached"``,
+        ``max_restarts``, ``checkpoint_every``) through ``options(...).actor(...)``."""
+        from dpool.actors import create
+
+        return create(self, cls, args, kwargs)
+
     def options(self, *, num_cpus: Optional[int] = None, num_gpus: Optional[float] = None,
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
                 scheduling: Any = None, placement_group: Any = None,
-                bundle: Optional[int] = None) -> "ResourceOptions":
+                bundle: Optional[int] = None, **actor_options: Any) -> "ResourceOptions":
         """A view of this executor whose ``submit`` and ``map`` ask for these resources
         (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
         ones, ``{"TPU": 1}``) and this placement (``scheduling="spread"``,
@@ -275,10 +290,12 @@ class ExecutorCore:
         submit waits until the group is ready. What is not given comes
         from the function's ``@dpool.resources``, then from the executor's
         ``resources=``/``scheduling=``. The view shares the executor: its workers, its
-        ``max_workers`` (the CPU budget) and its shutdown."""
+        ``max_workers`` (the CPU budget) and its shutdown. The options of ``actor()``
+        only: ``name``, ``lifetime``, ``max_restarts``, ``checkpoint_every``,
+        ``max_concurrency`` (see ``dpool.actors``)."""
         return ResourceOptions(self, _options_spec(num_cpus, num_gpus, memory, resources,
                                                    scheduling, placement_group, bundle),
-                               placement_group)
+                               placement_group, _actor_options(actor_options))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
@@ -351,14 +368,18 @@ class ExecutorCore:
         driver = self._driver
         if driver is None:
             return  # inside a task: the group belongs to the driver's executor
+        groups = [self._group, *self._actor_groups]
         if cancel_futures:
-            driver.cancel_queued(self._group)
+            for group in groups:
+                driver.cancel_queued(group)
         if first:
-            driver.close_group(self._group)
+            for group in groups:
+                driver.close_group(group)
         if wait and not driver.is_io_thread():
             # (from a done-callback, which runs on the runtime's IO thread, waiting for
             # the workers to exit would wait on ourselves: they stop once idle instead)
-            driver.wait_group_exited(self._group)
+            for group in groups:
+                driver.wait_group_exited(group)
 
     def _estimate(self, fn: Callable[..., Any], default: Any = ...) -> Any:
         """Measured run time of one call of ``fn`` (``default`` if never measured)."""
@@ -371,7 +392,20 @@ class ExecutorCore:
         with self._shutdown_lock:
             self._shutdown_thread = True
         if self._driver is not None:
-            self._driver.terminate_group(self._group, reason)
+            for group in [self._group, *self._actor_groups]:
+                self._driver.terminate_group(group, reason)
+
+
+def _actor_options(given: dict) -> Optional[dict]:
+    """``options()``'s keywords that only ``actor()`` takes (a TypeError for others)."""
+    if not given:
+        return None
+    from dpool.actors import ACTOR_OPTIONS
+
+    unknown = sorted(set(given) - set(ACTOR_OPTIONS))
+    if unknown:
+        raise TypeError(f"options() got unexpected keyword argument(s) {unknown}")
+    return given
 
 
 def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
@@ -407,15 +441,33 @@ class ResourceOptions:
     request and placement strategy (see ``ProcessPoolExecutor.options``). Chain
     ``options()`` to refine it."""
 
-    __slots__ = ("_executor", "_pg", "_spec")
+    __slots__ = ("_executor", "_pg", "_spec", "_actor")
 
-    def __init__(self, executor: ExecutorCore, spec: dict, pg: Any = None) -> None:
+    def __init__(self, executor: ExecutorCore, spec: dict, pg: Any = None,
+                 actor: Optional[dict] = None) -> None:
         self._executor = executor
         self._spec = spec
         self._pg = pg  # the placement group its tasks run in (None: none)
+        self._actor = actor  # options for ``actor()`` only (None: none)
+
+    def _tasks_only(self) -> None:
+        if self._actor:
+            raise TypeError(f"options {sorted(self._actor)} apply to actor() only, not to "
+                            "submit() or map()")
+
+    def actor(self, cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
+        """``executor.actor(cls, *args, **kwargs)`` with this view's actor options."""
+        if self._spec or self._pg is not None:
+            raise ValueError("an actor takes no resource request or placement yet "
+                             f"(got {sorted(self._spec)}): it runs in a worker of its own "
+                             "that holds no CPU of max_workers")
+        from dpool.actors import create
+
+        return create(self._executor, cls, args, kwargs, self._actor)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
         """``executor.submit(fn, *args, **kwargs)`` with this view's resource request."""
+        self._tasks_only()
         ex = self._executor
         if self._pg is not None:
             self._pg._usable()  # (waits until it is ready; raises if it never will be)
@@ -424,6 +476,7 @@ class ResourceOptions:
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:
         """``executor.map(...)`` with this view's resource request for every call."""
+        self._tasks_only()
         ex = self._executor
         if self._pg is not None:
             self._pg._usable(timeout)
@@ -433,12 +486,14 @@ class ResourceOptions:
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
                 scheduling: Any = None, placement_group: Any = None,
-                bundle: Optional[int] = None) -> "ResourceOptions":
+                bundle: Optional[int] = None, **actor_options: Any) -> "ResourceOptions":
         spec = {**self._spec, **_options_spec(num_cpus, num_gpus, memory, resources,
                                               scheduling, placement_group, bundle)}
         pg = placement_group if placement_group is not None or bundle is not None else (
             None if scheduling is not None else self._pg)
-        return ResourceOptions(self._executor, spec, pg)
+        more = _actor_options(actor_options)
+        actor = {**(self._actor or {}), **(more or {})} or None
+        return ResourceOptions(self._executor, spec, pg, actor)
 
     def __repr__(self) -> str:
         return f"<ResourceOptions {_resources.build(self._spec) or '{CPU: 1}'} of " \

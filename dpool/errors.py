@@ -18,6 +18,7 @@ __all__ = [
     "WorkerCrashedError",
     "ObjectStoreFullError",
     "ObjectLostError",
+    "ActorDiedError",
     "SerializationError",
     "DeserializationError",
     "ProtocolError",
@@ -70,6 +71,30 @@ class ObjectLostError(Error):
 
 def _rebuild_lost(message: str, object_id: int | None, node: str | None) -> ObjectLostError:
     return ObjectLostError(message, object_id=object_id, node=node)
+
+
+class ActorDiedError(Error):
+    """An actor's process is gone for good (``dpool.actor``): its constructor raised, it
+    died with no restarts left, it was killed (``dpool.kill``), or its executor was shut
+    down. Raised by its pending and later calls; ``actor`` names it (its class and id, or
+    its ``name=``), ``reason`` says why it died."""
+
+    def __init__(self, message: str, *, actor: str = "", reason: str = ""):
+        super().__init__(message)
+        self.actor = actor
+        self.reason = reason
+
+    def __reduce__(self):  # keep the keyword fields across pickling
+        return (_rebuild_actor_died, (str(self), self.actor, self.reason))
+
+
+def _rebuild_actor_died(message: str, actor: str, reason: str) -> ActorDiedError:
+    return ActorDiedError(message, actor=actor, reason=reason)
+
+
+def actor_died(actor: str, reason: str) -> ActorDiedError:
+    """The error the calls of actor ``actor`` raise once it died for ``reason``."""
+    return ActorDiedError(f"actor {actor} died: {reason}", actor=actor, reason=reason)
 
 
 class SerializationError(Error, TypeError):

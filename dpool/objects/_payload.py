@@ -17,7 +17,7 @@ from __future__ import annotations
 import pickle
 
 from dpool import errors
-from dpool._task_future import TracebackText
+from dpool._task_future import TracebackText, stdlib_cause
 from dpool.errors import SerializationError
 from dpool.objects import _serialization, _values
 
@@ -181,3 +181,23 @@ def loads_error(payload: bytes) -> BaseException:
     if tb:  # (the stdlib's class replaces it where the user gets the exception)
         exc.__cause__ = TracebackText(tb)
     return exc
+
+
+def resolve_inputs(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
+    """A task's arguments with each top-level ``ObjectRef`` among its inputs ``deps``
+    (``(object id, ok, payload)``, as ``ExecuteTask`` carries them) replaced by its
+    value; an input that failed raises its error (as the stdlib's class, where it has one)."""
+    from dpool.futures import ObjectRef
+
+    values = {}
+    for oid, ok, payload in deps:
+        if not ok:
+            raise stdlib_cause(loads_error(payload))
+        values[oid] = payload
+
+    def resolve(a: Any) -> Any:
+        if isinstance(a, ObjectRef) and a.id in values:
+            return loads(values[a.id])
+        return a
+
+    return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}

@@ -159,6 +159,15 @@ class Forget(Slotted):
     names: tuple
 
 
+class ActorCheckpoint(Slotted):
+    """W->S an actor's state after the calls whose results this worker sent before this
+    message (``state``: the pickled instance); a restart starts from it and replays only
+    the calls after it."""
+
+    CODE: ClassVar[int] = 38
+    state: bytes
+
+
 class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -189,6 +198,7 @@ EMBEDDED_MESSAGES = (
     PutObject,
     Forget,
     Output,
+    ActorCheckpoint,
 )
 
 

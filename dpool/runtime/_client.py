@@ -82,6 +82,10 @@ class Driver(Client, Protocol):
         says); the executor is shut down when the driver closes. The calls below take the
         group this returned."""
 
+    def group_of(self, group_id: int) -> Any:
+        """The group ``add_group`` made with this id, while this runtime knows it (None
+        after; on a cluster driver, None: only the nodes know groups by id)."""
+
     def start_workers(self, group: Any, n: int) -> None:
         """Have ``n`` of ``group``'s workers running on this host (at most its
         ``max_workers``; on a cluster, where the nodes run them, nothing)."""

@@ -224,6 +224,11 @@ class ClusterRuntime(ChannelClient):
                 f"over ({kinds}: multiprocessing shares locks, queues and shared values by "
                 f"inheritance), but on a cluster the node daemons start the workers. Pass "
                 f"a multiprocessing.Manager() proxy instead, or run without DPOOL_ADDRESS")
+        if getattr(cfg, "actor", None) is not None:
+            from dpool.errors import Error
+
+            raise Error("actors run on the embedded runtime only, for now: unset "
+                        "DPOOL_ADDRESS to use executor.actor()")
         workdir: tuple = ()
         msgs: list = []
         root = _workdir.chosen(getattr(cfg, "working_dir", None))  # raises a clear Error
@@ -247,6 +252,9 @@ class ClusterRuntime(ChannelClient):
         if self.leases is not None and not g.lease_closed:
             self.leases.request(g)
         return g
+
+    def group_of(self, group_id: int) -> Any:
+        return None  # (actors run on the embedded runtime only, for now)
 
     def start_workers(self, group: RemoteGroup, n: int) -> None:
         pass  # the nodes start their workers when work needs them; none are on this host

@@ -81,6 +81,11 @@ def in_worker() -> bool:
     return _worker is not None
 
 
+def this_worker() -> Any:
+    """This worker process's main loop (``dpool.worker._main._Worker``), None in a driver."""
+    return _worker
+
+
 def gpu_ids() -> list:
     """The GPUs given to the task running in this process (``dpool.get_gpu_ids``)."""
     if _worker is None:

@@ -72,6 +72,9 @@ class DriverRuntime:
             self.functions.new_generation()
         return self.scheduler.add_group(cfg)
 
+    def group_of(self, group_id: int) -> Any:
+        return self.scheduler.group(group_id)
+
     def start_workers(self, group: Any, n: int) -> None:
         self.scheduler.start_workers(group, n)
 

@@ -10,6 +10,8 @@ packages use the names in ``__all__``; the modules are private:
   (cancel, close, wait for, terminate a group), ``_resource_dispatch`` (tasks with a
   resource request) and ``_object_table`` (results and put values, over ``_lineage``:
   rebuilding a lost value), over the state ``_core`` declares.
+- ``_actors``: actor groups (one worker that keeps its state; calls in order, a log of
+  them and restarts that replay it).
 - ``_states``: task and worker states and their only legal transitions; ``_records``:
   ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``; ``_policy``: how many tasks
   a worker may hold (``BatchPolicy``).
@@ -26,6 +28,7 @@ here.
 """
 
 from dpool._lazy import front_door
+from dpool.scheduling._actors import ActorConfig
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
@@ -58,6 +61,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ActorConfig",
     "BatchPolicy",
     "DriverService",
     "Handler",

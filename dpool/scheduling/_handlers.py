@@ -66,6 +66,8 @@ class WorkerMessages(SchedulerCore):
         if t.alloc is not None:  # it held resources (``_resource_dispatch``)
             self._release_allocation_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
+        if t.group.actor is not None:
+            self._actor_ran_locked(t)  # (its log, for a restart)
         ok, payload = self._adopt_result_locked(msg.ok, msg.payload,
                                                 self.rebuilding_locked(t))
         self.finish_locked(t, ok, payload)
@@ -107,6 +109,11 @@ class WorkerMessages(SchedulerCore):
     def _on_init_failed_locked(self, w: WorkerHandle, msg: m.InitFailed) -> None:
         g = w.group
         err = _payload.loads_error(msg.error)
+        if g.actor is not None:
+            self.break_group_locked(g, f"its constructor raised {type(err).__name__}: {err}"
+                                    if g.actor.restarts == 0 else
+                                    f"restoring it raised {type(err).__name__}: {err}")
+            return
         self.break_group_locked(g, (
             "A child process terminated abruptly, the process pool is not usable anymore "
             f"(the initializer raised {type(err).__name__}: {err})"))
@@ -150,6 +157,8 @@ class WorkerMessages(SchedulerCore):
             if w.extra_cpus:
                 self._on_unblocked_with_resources_locked(w)
         w.blocked = False
+        if w.group.actor is not None and w.group.queue:
+            self._dispatch_locked(w.group)  # its calls waited for it
 
     def _on_return_tasks_locked(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
         self._requeue_locked(w, msg.task_ids)

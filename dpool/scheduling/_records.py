@@ -176,6 +176,7 @@ class WorkerGroup:
     # workers that died by themselves before saying Hello since one last did
     # (``_workers._died_starting_locked``: at a limit the group breaks)
     start_failures: int = 0
+    actor: Any = None  # an actor's group: its ``_actors.ActorState`` (one worker)
 
     def __init__(self, group_id: int, max_workers: int, mp_context: Any,
                  initializer: Optional[bytes], max_tasks: Optional[int],
@@ -203,3 +204,4 @@ class WorkerGroup:
         self.n_fenced = 0
         self.starved = False
         self.start_failures = 0
+        self.actor = None

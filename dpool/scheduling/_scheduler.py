@@ -46,6 +46,7 @@ from dpool.objects import payload as _payload
 from dpool.protocol import SPIN_S, IOLoop, preload_worker, record
 from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
+from dpool.scheduling._actors import ActorCalls, ActorConfig, ActorState
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
@@ -89,9 +90,11 @@ class WorkerGroupConfig:
     # Queue, Value...): given to every worker as an argument of its Process, as the
     # stdlib does; ``initializer`` then carries ``(fn, None)``.
     inherited: Optional[tuple] = None
+    actor: Optional[ActorConfig] = None  # an actor's group (``_actors``): one worker
 
 
-class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
+class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ActorCalls,
+                     ObjectTable):
     """The local scheduler; on a node daemon its services use it as ``SchedulerAPI``."""
 
     def __init__(self, control: ControlStore) -> None:
@@ -141,6 +144,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             m.Release.CODE: self._on_release_locked,
             m.PutObject.CODE: self._on_put_locked,
             m.Output.CODE: self._on_output_locked,
+            m.ActorCheckpoint.CODE: self._on_actor_checkpoint_locked,
         }
         self._leading = threading.Lock()  # held by the one driver thread that leads
         self.io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
@@ -156,6 +160,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             g = WorkerGroup(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)
             g.inherited = cfg.inherited
+            if cfg.actor is not None:
+                g.actor = ActorState(cfg.actor)
             self._groups[g.group_id] = g
             return g
 
@@ -366,11 +372,15 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         obj = ObjectEntry()
         obj.refs = 1  # the submitter's handle (driver Future or worker future)
         self._objects[t.task_id] = obj
-        if g.broken is not None:
-            self.finish_locked(t, False, _payload.dumps_error(errors.broken_pool(g.broken)),
+        if g.broken is not None or (g.closed and g.actor is not None):
+            why = g.broken or _SHUT_DOWN
+            self.finish_locked(t, False, _payload.dumps_error(errors.broken_pool(why))
+                               if g.actor is None else self.actor_error_locked(g, why),
                                counted=False)
             return
         g.outstanding += 1
+        if g.actor is not None:
+            g.actor.order.append(t)  # (its calls start in this order: ``_actors``)
         self.control.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id, _now(),
                               t.owner.worker_id if t.owner else 0)
         if t.dep_ids:
@@ -420,8 +430,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         g = t.group
         if counted:
             g.outstanding -= 1
-        if ok and payload[:1] == STORED:  # a large result, which may be evicted and lost
-            self.keep_lineage_locked(t)
+        if ok and payload[:1] == STORED and g.actor is None:
+            self.keep_lineage_locked(t)  # a large result, which may be evicted and lost
+            # (an actor's call is not run again: ``_actors``)
         unpinned = bool(t.deps) or t.args is not None
         if t.deps:
             for _oid, dep_ok, dep_payload in t.deps:
@@ -564,3 +575,4 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
 
 _now = time.time
+_SHUT_DOWN = "it was shut down (by its executor's shutdown())"

@@ -122,6 +122,9 @@ class WorkerPool(SchedulerCore):
         if g.broken is not None:
             self.fail_group_locked(g, g.broken)
             return
+        if g.actor is not None:  # one worker, calls in order (``_actors``)
+            self._dispatch_actor_locked(g)
+            return
         if g.by_request:  # tasks with resource requests first: what was released is theirs
             self._dispatch_requests_locked(g)
         batch = self.batch
@@ -361,6 +364,8 @@ class WorkerPool(SchedulerCore):
                 t.attempts -= 1  # it never ran
                 transition(t, REQUEUE)
                 t.group.queue.appendleft(t)
+                if t.group.actor is not None:
+                    t.group.actor.order.appendleft(t)
 
     def _on_closed(self, w: WorkerHandle) -> None:
         """The IO loop saw a worker's socket close: it exited or died."""
@@ -399,7 +404,10 @@ class WorkerPool(SchedulerCore):
                 _running.give(w.slot)
                 w.slot = -1
             lost = held
-            if left == W_STARTING and g.broken is None:
+            if g.actor is not None:  # restarted with its state, or its calls fail
+                self._actor_died_locked(w, held, exitcode, was_alive)
+                lost = held = []
+            elif left == W_STARTING and g.broken is None:
                 self._died_starting_locked(w, held, exitcode)
                 lost = []
             elif was_alive and g.broken is None and held:
@@ -450,8 +458,9 @@ class WorkerPool(SchedulerCore):
             self.drop_handles_locked(w)
             if g.queue or g.by_request:
                 self._dispatch_locked(g)
-            elif g.closed and not g.workers and g.outstanding == 0:
+            elif g.closed and not g.workers and g.outstanding == 0 and g.actor is None:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
+                # (an actor's stays: its calls from tasks fail with ActorDiedError)
             self._exited.notify_all()
             out = self.take_out_locked()
         w.chan.close()
@@ -485,6 +494,8 @@ class WorkerPool(SchedulerCore):
         and what it is given, and tell the driver that owns it (cluster mode)."""
         g.broken = reason
         self.fail_group_locked(g, reason)
+        if g.actor is not None:
+            self.end_actor_locked(g)
         if g.owner is not None and g.owner.alive:  # an attached driver's executor
             self.send_locked(g.owner, [m.GroupBroken(g.group_id, reason)])
 
@@ -503,7 +514,8 @@ class WorkerPool(SchedulerCore):
 
         def err() -> bytes:  # made only if a task fails: the common close fails none
             if not made:
-                made.append(_payload.dumps_error(errors.broken_pool(reason)))
+                made.append(self.actor_error_locked(g, reason) if g.actor is not None
+                            else _payload.dumps_error(errors.broken_pool(reason)))
             return made[0]
 
         if self._spillback is not None:  # its tasks running on other nodes fail too
@@ -544,7 +556,9 @@ class WorkerPool(SchedulerCore):
             if w.mark_stopping():
                 self.send_locked(w, [m.Shutdown()])
         self._exited.notify_all()
-        if not g.workers:
+        if g.actor is not None:
+            self.end_actor_locked(g)
+        if not g.workers and g.actor is None:
             self._groups.pop(g.group_id, None)
         hooks, g.on_idle = g.on_idle, []
         for hook in hooks:

@@ -25,7 +25,6 @@ import time
 from collections import deque
 
 from dpool import _log, errors
-from dpool._task_future import stdlib_cause
 from dpool.objects import payload as _payload
 from dpool.protocol import (
     PROTOCOL_VERSION,
@@ -72,6 +71,8 @@ class _Worker:
         self.lease: Any = None  # _lease.LeaseLink while lent to a driver (cluster mode)
         self.output: Any = None  # _output.OutputForwarder on a node (cluster mode)
         self.inherited: Optional[tuple] = None  # initargs handed over at process creation
+        # called with this worker after each task (an actor's checkpoints), or None
+        self.after_task: Optional[Callable[[_Worker], None]] = None
         # where it says which task it runs (``protocol._running``), None: nowhere
         self.running = _running.writer(cfg.slot)
 
@@ -144,7 +145,7 @@ class _Worker:
                 raise errors.DeserializationError.wrap(
                     "the call's function or arguments in the worker", exc) from exc
             if task.deps:
-                args, kwargs = _resolve_deps(args, kwargs, task.deps)
+                args, kwargs = _payload.resolve_inputs(args, kwargs, task.deps)
             t0 = time.perf_counter()
             value = fn(*args, **kwargs)
             dt = time.perf_counter() - t0
@@ -190,6 +191,8 @@ class _Worker:
                 self.receive()
                 continue
             self.execute(pending.popleft())
+            if self.after_task is not None:
+                self.after_task(self)
             if max_tasks is not None and self.done_count >= max_tasks:
                 self.flush()
                 return
@@ -203,24 +206,6 @@ class _Worker:
                 or time.perf_counter() - self.first_result_t > _FLUSH_AGE_S
             ):
                 self.flush()
-
-
-def _resolve_deps(args: tuple, kwargs: dict, deps: tuple) -> tuple[tuple, dict]:
-    """Replace top-level ObjectRef arguments by their values (or raise their error)."""
-    from dpool.futures import ObjectRef
-
-    values = {}
-    for oid, ok, payload in deps:
-        if not ok:
-            raise stdlib_cause(_payload.loads_error(payload))
-        values[oid] = payload
-
-    def resolve(a: Any) -> Any:
-        if isinstance(a, ObjectRef) and a.id in values:
-            return _payload.loads(values[a.id])
-        return a
-
-    return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
 
 
 def _client_of(worker: _Worker) -> Any:

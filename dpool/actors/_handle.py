@@ -1,0 +1,212 @@
+"""Actor handles: how a driver, a task or another actor calls an actor.
+
+``executor.actor(cls, *args, **kwargs)`` (``create``) makes a worker group of one worker
+for the actor (``scheduling._actors``) and returns an ``ActorHandle``. Each public method
+of ``cls`` is an ``ActorMethod`` of the handle: ``handle.step.submit(x)`` returns a
+future (the executor's kind: a ``concurrent.futures.Future``) and ``handle.step(x)``
+waits for it, as a ``multiprocessing.Manager`` proxy's method does. A handle pickles into
+tasks and other actors as the group's id; there its calls go through the worker's client,
+on the same scheduler.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from dpool import errors
+from dpool.actors._in_actor import boot, is_readonly, method_call
+from dpool.objects import payload as _payload
+from dpool.runtime import current as _current
+from dpool.scheduling import ActorConfig, WorkerGroupConfig
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+    from dpool._executor_core import ExecutorCore
+    from dpool._task_future import TaskFuture
+
+ACTOR_OPTIONS = ("name", "lifetime", "max_restarts", "checkpoint_every", "max_concurrency")
+
+_named: dict[str, ActorHandle] = {}  # name= -> its handle (this driver's actors)
+_named_lock = threading.Lock()
+
+
+class ActorMethod:
+    """One method of an actor, through a handle: ``submit`` it, or call it and wait."""
+
+    __slots__ = ("_handle", "_call", "__name__")
+
+    def __init__(self, handle: ActorHandle, name: str, readonly: bool) -> None:
+        self._handle = handle
+        self._call = method_call(name, readonly)
+        self.__name__ = name
+
+    def submit(self, *args: Any, **kwargs: Any) -> TaskFuture:
+        """Queue a call of this method; returns a future of its outcome. Calls run in the
+        order they were made, one at a time."""
+        h = self._handle
+        return _current.client().submit(h._target(), self._call, args, kwargs, None,
+                                         h._future_type)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method and wait for its result (its exception is raised here)."""
+        return self.submit(*args, **kwargs).result()
+
+    def __repr__(self) -> str:
+        return f"<ActorMethod {self._handle._name}.{self.__name__}>"
+
+
+class ActorHandle:
+    """A handle on an actor: its methods are ``ActorMethod``s. Pickles into tasks and
+    other actors (of the same runtime)."""
+
+    __slots__ = ("_group", "_group_id", "_name", "_methods", "_future_type", "_bound",
+                 "__weakref__")
+
+    def __init__(self, group: Any, group_id: int, name: str, methods: dict[str, bool],
+                 future_type: type) -> None:
+        self._group = group  # the scheduler's group in the driver; None in a worker
+        self._group_id = group_id
+        self._name = name
+        self._methods = methods  # method name -> whether it is read-only
+        self._future_type = future_type
+        self._bound: dict[str, ActorMethod] = {}
+
+    def _target(self) -> Any:
+        """What this process's client submits to: the group, or its id in a worker."""
+        g = self._group
+        return self._group_id if g is None else g
+
+    def __getattr__(self, attr: str) -> ActorMethod:
+        if attr.startswith("__") or attr not in self._methods:
+            raise AttributeError(f"actor {self._name} has no method {attr!r}")
+        method = self._bound.get(attr)
+        if method is None:
+            method = self._bound[attr] = ActorMethod(self, attr, self._methods[attr])
+        return method
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._methods)
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self._group_id, self._name, self._methods))
+
+    def __repr__(self) -> str:
+        return f"<ActorHandle {self._name}>"
+
+
+def _rebuild(group_id: int, name: str, methods: dict[str, bool]) -> ActorHandle:
+    from dpool.futures import Future
+
+    group = None
+    if not _current.in_worker():  # (a driver: its own group record)
+        group = _current.driver().group_of(group_id)
+        if group is None:
+            raise errors.Error(f"actor {name} is not one of this driver's: an actor "
+                               "handle works only in the runtime that created it")
+    return ActorHandle(group, group_id, name, methods, Future)
+
+
+def public_methods(cls: type) -> dict[str, bool]:
+    """The methods a handle on an instance of ``cls`` offers: name -> read-only."""
+    out = {}
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        attr = getattr(cls, name, None)
+        if callable(attr):
+            out[name] = is_readonly(attr)
+    return out
+
+
+def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs: dict,
+           options: Optional[dict] = None) -> ActorHandle:
+    """``executor.actor(cls, *args, **kwargs)`` with ``options`` (see ``ACTOR_OPTIONS``)."""
+    if not isinstance(cls, type):
+        raise TypeError(f"actor() takes a class, got {type(cls).__name__} {cls!r}")
+    opts = dict(options or {})
+    name = opts.pop("name", None)
+    lifetime = opts.pop("lifetime", None)
+    max_restarts = opts.pop("max_restarts", 0)
+    every = opts.pop("checkpoint_every", 0)
+    concurrency = opts.pop("max_concurrency", 1)
+    if opts:
+        raise TypeError(f"actor() got unknown options {sorted(opts)}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name= must be a non-empty str, got {name!r}")
+    if lifetime not in (None, "detached"):
+        raise ValueError(f"lifetime= must be None or 'detached', got {lifetime!r}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
+        raise ValueError(f"max_restarts= must be an int >= 0, or -1 (no limit), got "
+                         f"{max_restarts!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"checkpoint_every= must be an int >= 0, got {every!r}")
+    if concurrency != 1:
+        raise ValueError("max_concurrency= other than 1 is not supported yet: an actor runs "
+                         "its calls one at a time")
+    driver = executor._driver
+    if driver is None:
+        raise errors.Error("actors are created by a driver's executor, not inside a task")
+    if executor._shutdown_thread:
+        raise RuntimeError("cannot create an actor after shutdown")
+    try:
+        ctor = _payload.dumps((cls, tuple(args), dict(kwargs)))
+    except Exception as exc:
+        raise errors.SerializationError(
+            f"cannot pickle actor {cls.__qualname__}'s class or constructor arguments: "
+            f"{exc}") from exc
+    label = name or f"{cls.__qualname__}"
+    with _named_lock:
+        if name is not None and name in _named and _alive(_named[name]):
+            raise ValueError(f"an actor named {name!r} exists already")
+        cfg = ActorConfig(label, boot, ctor, max_restarts, every)
+        initializer = _payload.dumps((boot, (ctor, None, [], every)))
+        group: Any = driver.add_group(
+            WorkerGroupConfig(1, executor._mp_context, initializer, None, 1, None, None, cfg),
+            executor)
+        if name is None:
+            cfg.name = f"{label}#{group.group_id}"
+        handle = ActorHandle(group, group.group_id, cfg.name, public_methods(cls),
+                             executor._future_type)
+        if name is not None:
+            _named[name] = handle
+    if lifetime != "detached":
+        executor._actor_groups.append(group)  # shut down with the executor
+        weakref.finalize(executor, driver.close_group_soon, group).atexit = False
+    return handle
+
+
+def _alive(handle: ActorHandle) -> bool:
+    g = handle._group
+    return g is not None and g.broken is None and not g.closed
+
+
+def get_actor(name: str) -> ActorHandle:
+    """The handle of the live actor created with ``name=`` by this driver."""
+    if _current.in_worker():
+        raise errors.Error("get_actor() works in the driver that created the actor; pass "
+                           "its handle to tasks instead")
+    with _named_lock:
+        handle = _named.get(name)
+    if handle is None or not _alive(handle):
+        raise ValueError(f"no live actor named {name!r}")
+    return handle
+
+
+def kill(handle: ActorHandle) -> None:
+    """End the actor now: its process is killed; its pending and later calls raise
+    ``dpool.ActorDiedError``."""
+    if not isinstance(handle, ActorHandle):
+        raise TypeError(f"kill() takes an actor handle, got {type(handle).__name__}")
+    if handle._group is None:
+        raise errors.Error("kill() works in the driver that created the actor")
+    _current.driver().terminate_group(handle._group, "it was killed (dpool.kill)")
+
+
+def readonly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an actor method as not changing the actor's state: a restart does not replay
+    its calls, and they do not count towards ``checkpoint_every``."""
+    method.__dpool_readonly__ = True  # type: ignore[attr-defined]
+    return method
