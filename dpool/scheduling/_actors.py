@@ -101,14 +101,21 @@ class ActorCalls(SchedulerCore):
         msgs: list = []
         log_event = self.control.log_event
         inflight = w.inflight
+        batch = self.batch
         while order:
             t = order[0]
             state = t.state
             if state == WAITING:
                 break  # the calls after it wait for its input too
-            order.popleft()
             if state != QUEUED:
+                order.popleft()
                 continue  # finished unsent (cancelled, failed, an input lost)
+            # Short calls go in batches, a long one alone (as to an ordinary worker): the
+            # calls behind it stay cancellable here.
+            est = batch.estimate(t.fn_id)
+            if not batch.fits(len(inflight), w.load, est):
+                break
+            order.popleft()
             if q and q[0] is t:
                 q.popleft()
             else:  # became ready after calls behind it (rare: an input it waited for)
@@ -127,6 +134,8 @@ class ActorCalls(SchedulerCore):
                 raise illegal(t, SEND)
             t.state = to
             t.attempts += 1
+            t.estimate_s = est
+            w.load += est
             if t.fn_id not in w.functions:
                 w.functions.add(t.fn_id)
                 msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
