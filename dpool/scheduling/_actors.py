@@ -30,7 +30,6 @@ from dpool.protocol import record
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._states import DONE, NEXT, QUEUED, SEND, WAITING, illegal
-from dpool.scheduling._workers import _describe_exit
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -189,6 +188,8 @@ class ActorCalls(SchedulerCore):
             self._requeue_locked(w, tuple(t.task_id for t in held))
         if not was_alive or g.broken is not None:
             return  # told to stop (its group closed, or it was killed)
+        from dpool.scheduling._workers import _describe_exit  # (it imports this module)
+
         how = _describe_exit(exitcode)
         cfg = a.cfg
         if cfg.max_restarts < 0 or a.restarts < cfg.max_restarts:
@@ -202,10 +203,6 @@ class ActorCalls(SchedulerCore):
         self.break_group_locked(g, f"its worker (pid {w.pid}) died with {how}" + (
             f" after {a.restarts} restart(s)" if a.restarts else " (max_restarts=0)"))
 
-    def actor_error_locked(self, g: WorkerGroup, reason: str) -> bytes:
-        """What the calls of a broken actor group fail with."""
-        return _payload.dumps_error(errors.actor_died(g.actor.cfg.name, reason))
-
     def end_actor_locked(self, g: WorkerGroup) -> None:
         """An actor group is gone: its log lets go of what it kept."""
         a: Optional[ActorState] = g.actor
@@ -213,3 +210,7 @@ class ActorCalls(SchedulerCore):
             self._forget_log_locked(a)
             a.order.clear()
 
+
+def actor_error(g: WorkerGroup, reason: str) -> bytes:
+    """What the calls of actor group ``g`` fail with once it died for ``reason``."""
+    return _payload.dumps_error(errors.actor_died(g.actor.cfg.name, reason))

@@ -46,7 +46,7 @@ from dpool.objects import payload as _payload
 from dpool.protocol import SPIN_S, IOLoop, preload_worker, record
 from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
-from dpool.scheduling._actors import ActorCalls, ActorConfig, ActorState
+from dpool.scheduling._actors import ActorCalls, ActorConfig, ActorState, actor_error
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
@@ -375,7 +375,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, A
         if g.broken is not None or (g.closed and g.actor is not None):
             why = g.broken or _SHUT_DOWN
             self.finish_locked(t, False, _payload.dumps_error(errors.broken_pool(why))
-                               if g.actor is None else self.actor_error_locked(g, why),
+                               if g.actor is None else actor_error(g, why),
                                counted=False)
             return
         g.outstanding += 1

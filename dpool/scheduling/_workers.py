@@ -43,6 +43,7 @@ from dpool.protocol import Channel, ChannelClosed, WorkerConfig, encode_batch, s
 from dpool.protocol import messages as m
 from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc
+from dpool.scheduling._actors import actor_error
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._states import (
@@ -514,7 +515,7 @@ class WorkerPool(SchedulerCore):
 
         def err() -> bytes:  # made only if a task fails: the common close fails none
             if not made:
-                made.append(self.actor_error_locked(g, reason) if g.actor is not None
+                made.append(actor_error(g, reason) if g.actor is not None
                             else _payload.dumps_error(errors.broken_pool(reason)))
             return made[0]
 
