@@ -71,6 +71,7 @@ class IOLoop:
         self.on_input: Optional[Callable[[], None]] = None  # called after rounds that read
         self._thread = threading.Thread(target=self._run, name="dpool-scheduler-io",
                                         daemon=True)
+        self._ident: Optional[int] = None  # the thread's, set first thing on it
         # The thread starts when first needed (a command, a wake-up), after
         # ``before_start()``: the owner's last moment without this thread (the fork
         # server is forked then, ``scheduling._zygote``).
@@ -230,8 +231,9 @@ class IOLoop:
             self._thread.join(timeout=5)
 
     def is_io_thread(self) -> bool:
-        # get_ident(): one C call; current_thread() costs more, on every submit
-        return threading.get_ident() == self._thread.ident
+        # get_ident(): one C call; current_thread() (or Thread.ident, a property) costs
+        # more, on every submit
+        return threading.get_ident() == self._ident
 
     def _command(self, cmd: tuple) -> None:
         with self._cmd_lock:
@@ -277,6 +279,7 @@ class IOLoop:
                           handle.worker_id)
 
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         last_tick = time.monotonic()
         timeout = _TICK_S
         while not self._stop:

@@ -2,7 +2,7 @@
 
 The scheduler's state changes only under this lock, and no state change writes to a
 socket: a region that decides to send messages to a worker, a driver or a peer records
-them (``send_locked`` appends to ``outbox``: handle -> lists of messages), and the lock
+them (``send_locked`` appends ``(handle, messages)`` to ``outbox``), and the lock
 writes them when the region releases it -- one frame per handle, the messages in the
 order the region recorded them, still holding the lock so that the frames of successive
 regions reach each handle in the order the regions ran. A ``threading.Condition`` over
@@ -31,10 +31,10 @@ class SchedulerLock:
         self.acquire = lock.acquire
         self.locked = lock.locked
         self._release = lock.release
-        self.outbox: dict[Any, list] = {}  # handle -> the message lists for it, in order
-        self._flush: Callable[[dict], None] = _no_flush
+        self.outbox: list[tuple[Any, list]] = []  # (handle, messages), in the order sent
+        self._flush: Callable[[list], None] = _no_flush
 
-    def set_flush(self, flush: Callable[[dict], None]) -> None:
+    def set_flush(self, flush: Callable[[list], None]) -> None:
         """``flush(outbox)`` writes every recorded send (the lock held) and empties it."""
         self._flush = flush
 
@@ -60,5 +60,5 @@ class SchedulerLock:
         self._release()
 
 
-def _no_flush(outbox: dict) -> None:
+def _no_flush(outbox: list) -> None:
     raise RuntimeError("SchedulerLock: sends recorded before a flush was set")

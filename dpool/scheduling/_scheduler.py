@@ -494,7 +494,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, A
     # ================================================================ delivery
 
     def take_out_locked(self) -> list:
-        """The completions gathered in this locked region."""
+        """The completions gathered in this locked region (and its sends written now:
+        the worker starts on them before the bookkeeping below)."""
+        if self._outbox:
+            self.flush_locked(self._outbox)
         if self.store.has_news:  # large segments freed or spilled in this region
             self._forget_mappings_locked()
         if self.io.idle and self._tick_wanted() and not self.is_io_thread():

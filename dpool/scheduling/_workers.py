@@ -193,7 +193,7 @@ class WorkerPool(SchedulerCore):
             if g.max_tasks is not None and w.assigned >= g.max_tasks:
                 w.retiring = True
             if msgs:
-                self.send_locked(w, msgs)
+                self._outbox.append((w, msgs))  # (``send_locked``, inline: every task)
 
     def _pick_worker_locked(self, g: WorkerGroup, idle_only: bool = False,
                             prefetch: bool = False) -> Optional[WorkerHandle]:
@@ -332,23 +332,34 @@ class WorkerPool(SchedulerCore):
 
     def send_locked(self, w: WorkerHandle, msgs: list) -> None:
         """Record ``msgs`` for ``w``: the lock writes them as this region ends (``_lock``)."""
-        sends = self._outbox.get(w)
-        if sends is None:
-            self._outbox[w] = [msgs]
-        else:
-            sends.append(msgs)
+        self._outbox.append((w, msgs))
 
-    def flush_locked(self, outbox: dict) -> None:
-        """Write the sends a region recorded: one frame per handle (``_lock``; never
-        blocks: what its socket cannot take now, the IO loop writes when it can)."""
+    def flush_locked(self, outbox: list) -> None:
+        """Write the sends a region recorded: one frame per handle, its messages in the
+        order recorded (``_lock``; never blocks: what a socket cannot take now, the IO
+        loop writes when it can)."""
+        if len(outbox) == 1:  # (most regions: one send)
+            w, msgs = outbox.pop()
+            try:
+                if not w.chan.send(encode_batch(msgs)):
+                    self.io.want_write(w)
+            except ChannelClosed:
+                pass  # the IO loop sees the EOF and handles the death
+            return
         try:
-            for w, sends in outbox.items():
-                msgs = sends[0] if len(sends) == 1 else [msg for part in sends for msg in part]
+            merged: dict = {}
+            for w, msgs in outbox:
+                mine = merged.get(w)
+                if mine is None:
+                    merged[w] = list(msgs)  # (a copy: one list may go to several)
+                else:
+                    mine.extend(msgs)
+            for w, msgs in merged.items():
                 try:
                     if not w.chan.send(encode_batch(msgs)):
                         self.io.want_write(w)
                 except ChannelClosed:
-                    pass  # the IO loop sees the EOF and handles the death
+                    pass
         finally:
             outbox.clear()
 

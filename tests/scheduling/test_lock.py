@@ -18,9 +18,9 @@ def _recording_lock() -> tuple[SchedulerLock, list]:
     lock = SchedulerLock()
     flushed: list = []
 
-    def flush(outbox: dict) -> None:
+    def flush(outbox: list) -> None:
         assert lock.locked()  # written before the region lets another in
-        flushed.append({k: list(v) for k, v in outbox.items()})
+        flushed.append(list(outbox))
         outbox.clear()
 
     lock.set_flush(flush)
@@ -30,11 +30,11 @@ def _recording_lock() -> tuple[SchedulerLock, list]:
 def test_a_region_flushes_its_sends_once_as_it_releases() -> None:
     lock, flushed = _recording_lock()
     with lock:
-        lock.outbox["w1"] = [[1]]
-        lock.outbox["w1"].append([2])
-        lock.outbox["w2"] = [[3]]
+        lock.outbox.append(("w1", [1]))
+        lock.outbox.append(("w2", [3]))
+        lock.outbox.append(("w1", [2]))
         assert flushed == []  # nothing written inside the region
-    assert flushed == [{"w1": [[1], [2]], "w2": [[3]]}]
+    assert flushed == [[("w1", [1]), ("w2", [3]), ("w1", [2])]]
     assert not lock.locked()
     with lock:  # a region that sends nothing writes nothing
         pass
@@ -45,23 +45,23 @@ def test_a_condition_wait_flushes_before_it_lets_others_in() -> None:
     lock, flushed = _recording_lock()
     cond = threading.Condition(lock)  # type: ignore[arg-type]
     with cond:
-        lock.outbox["w"] = [[1]]
+        lock.outbox.append(("w", [1]))
         cond.wait(0.01)
-        assert flushed == [{"w": [[1]]}]
+        assert flushed == [[("w", [1])]]
         assert lock.locked()  # held again after the wait
 
 
 def test_a_failing_flush_still_releases_the_lock() -> None:
     lock = SchedulerLock()
 
-    def flush(outbox: dict) -> None:
+    def flush(outbox: list) -> None:
         outbox.clear()
         raise OSError("boom")
 
     lock.set_flush(flush)
     with pytest.raises(OSError):
         with lock:
-            lock.outbox["w"] = [[1]]
+            lock.outbox.append(("w", [1]))
     assert not lock.locked()
     assert lock.acquire(timeout=1)
     lock.release()
