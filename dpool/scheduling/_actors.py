@@ -81,9 +81,11 @@ class ActorState:
 class ActorCalls(SchedulerCore):
     """The scheduler's part for actor groups (see the module docstring)."""
 
-    def _dispatch_actor_locked(self, g: WorkerGroup) -> None:
+    def _dispatch_actor_locked(self, g: WorkerGroup, idle_only: bool = False) -> None:
         """Send ``g``'s calls that are next in its order, ready, to its worker (started
-        here if it has none). A call waiting for an input stops the sending."""
+        here if it has none). A call waiting for an input stops the sending. With
+        ``idle_only`` (a submitting thread) only to an idle worker: a busy one gets the
+        calls queued meanwhile in one batch when its results come back."""
         a: ActorState = g.actor
         w = None
         for x in g.workers:
@@ -94,7 +96,7 @@ class ActorCalls(SchedulerCore):
             if g.workers or self.closed or not a.order or not self._try_spawn_locked(g):
                 return
             w = g.workers[-1]
-        if w.blocked:
+        if w.blocked or (idle_only and w.inflight):
             return  # in a nested wait: its calls wait for it (``_on_unblocked_locked``)
         order, q = a.order, g.queue
         msgs: list = []

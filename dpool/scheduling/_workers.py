@@ -124,7 +124,7 @@ class WorkerPool(SchedulerCore):
             self.fail_group_locked(g, g.broken)
             return
         if g.actor is not None:  # one worker, calls in order (``_actors``)
-            self._dispatch_actor_locked(g)
+            self._dispatch_actor_locked(g, idle_only)
             return
         if g.by_request:  # tasks with resource requests first: what was released is theirs
             self._dispatch_requests_locked(g)
