@@ -272,9 +272,33 @@ def _write(args: argparse.Namespace, med: dict, samples: dict, load0: float) -> 
     for peer in ("manager", "ray"):
         if "error" in med[peer]:
             lines.append(f"\n{peer}: not run ({med[peer]['error']}).")
+    lines += _recovery_section()
     lines += ["", "Samples:", "", "```", json.dumps(samples), "```", ""]
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
+
+
+def _recovery_section() -> list[str]:
+    """From ``bench/actor_recovery.json`` (``bench/actor_recovery.py``), if it was run."""
+    path = os.path.join(ROOT, "bench", "actor_recovery.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        rec = json.load(fh)
+    out = ["", "## Recovery: replay against checkpoints", "",
+           f"`{rec['command']}`, {rec['date']}, {rec['cpus']} CPUs. An actor "
+           "(`max_restarts=-1`) runs N calls of a method that updates its state, its "
+           "process is SIGKILLed, and the time until the next call's result is its "
+           "recovery: a new process boots from the last checkpoint (or the constructor) and "
+           "replays the calls after it. The state after is checked against the state "
+           "before. Median of the repetitions.", "",
+           "| calls before the kill | checkpoint_every | calls replayed | recovery (ms) |",
+           "|---|---|---|---|"]
+    for r in rec["rows"]:
+        out.append(f"| {r['calls']:,} | {r['checkpoint_every'] or 'none'} | "
+                   f"{r['replayed']:,} | {r['recovery_s'] * 1e3:.1f} |")
+    out += ["", "![actor recovery](actor_recovery.png)"]
+    return out
 
 
 def _fmt(v: object) -> str:

@@ -1,6 +1,6 @@
 """PNG plots of the bench/ reports, drawn from the JSON results the scripts saved.
 
-    python bench/plots.py [--only latency,workers,transfer,recovery]
+    python bench/plots.py [--only latency,workers,transfer,recovery,actor_recovery]
 
 - ``latency.png``: round-trip latency distributions (no-op ``submit`` -> ``result`` and
   ``Pool.apply``) of every peer, from ``results.json`` (``bench/run.py``): min, p10,
@@ -11,6 +11,8 @@
   (``bench/transfer.py``).
 - ``recovery.png``: tasks/s over time while a node is killed and re-added, from
   ``recovery.json`` (``bench/recovery.py``).
+- ``actor_recovery.png``: an actor's recovery time against the calls it had run, with
+  and without checkpoints, from ``actor_recovery.json`` (``bench/actor_recovery.py``).
 
 A plot whose JSON is missing is skipped with a message. Needs matplotlib (the ``bench``
 extra); the PNGs are written beside the pages that show them, in ``bench/``.
@@ -78,6 +80,26 @@ def plot_recovery(result: dict, png: Path) -> Path:
     fig.suptitle(f"Throughput through a node failure: 3 nodes x {result['cpus_per_node']} "
                  f"CPUs on loopback, {result['machine_cpus']}-core machine "
                  f"({result['date']})", fontsize=10)
+    return _save(fig, png)
+
+
+def plot_actor_recovery(result: dict, png: Path) -> Path:
+    """Recovery time against calls run before the kill, one line per checkpoint setting."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for every, label, color in ((0, "no checkpoints: every call replayed", "tab:red"),
+                                (result["every"], f"checkpoint_every={result['every']}: "
+                                 "only the calls after the last checkpoint", "tab:blue")):
+        rows = [r for r in result["rows"] if r["checkpoint_every"] == every]
+        ax.plot([r["calls"] for r in rows], [r["recovery_s"] * 1e3 for r in rows], "o-",
+                color=color, label=label)
+        for r in rows:
+            ax.annotate(f"{r['replayed']} replayed", (r["calls"], r["recovery_s"] * 1e3),
+                        fontsize=7, textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("calls the actor ran before its process was SIGKILLed")
+    ax.set_ylabel("kill -> next call's result (ms)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Actor recovery, dpool ({result['date']}, {result['cpus']} cores): "
+                 f"{result['command']}", fontsize=8)
     return _save(fig, png)
 
 
@@ -204,12 +226,13 @@ def plot_transfer(result: dict, png: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="latency,workers,transfer,recovery")
+    ap.add_argument("--only", default="latency,workers,transfer,recovery,actor_recovery")
     args = ap.parse_args()
     plots = {"latency": ("results.json", plot_latency),
              "workers": ("workers.json", plot_workers),
              "transfer": ("transfer.json", plot_transfer),
-             "recovery": ("recovery.json", plot_recovery)}
+             "recovery": ("recovery.json", plot_recovery),
+             "actor_recovery": ("actor_recovery.json", plot_actor_recovery)}
     for name in args.only.split(","):
         src, fn = plots[name]
         path = BENCH / src
