@@ -271,7 +271,8 @@ class ExecutorCore:
         they were made, one at a time, on the actor's state. The actor holds no CPU of
         ``max_workers`` and ends with the executor's ``shutdown()`` (after its pending
         calls), or at ``dpool.kill(handle)``. Options (``name``, ``lifetime="detached"``,
-        ``max_restarts``, ``checkpoint_every``) through ``options(...).actor(...)``."""
+        ``max_restarts``, ``checkpoint_every``, ``max_concurrency``) through
+        ``options(...).actor(...)``."""
         from dpool.actors import create
 
         return create(self, cls, args, kwargs)

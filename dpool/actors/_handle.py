@@ -143,9 +143,11 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
                          f"{max_restarts!r}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"checkpoint_every= must be an int >= 0, got {every!r}")
-    if concurrency != 1:
-        raise ValueError("max_concurrency= other than 1 is not supported yet: an actor runs "
-                         "its calls one at a time")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"max_concurrency= must be an int >= 1, got {concurrency!r}")
+    if concurrency > 1 and (every or max_restarts):
+        raise ValueError("max_concurrency= above 1 takes no checkpoint_every= or "
+                         "max_restarts=: calls running at once have no one order to replay")
     driver = executor._driver
     if driver is None:
         raise errors.Error("actors are created by a driver's executor, not inside a task")
@@ -161,8 +163,8 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
     with _named_lock:
         if name is not None and name in _named and _alive(_named[name]):
             raise ValueError(f"an actor named {name!r} exists already")
-        cfg = ActorConfig(label, boot, ctor, max_restarts, every)
-        initializer = _payload.dumps((boot, (ctor, None, [], every)))
+        cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency)
+        initializer = _payload.dumps((boot, (ctor, None, [], every, concurrency)))
         group: Any = driver.add_group(
             WorkerGroupConfig(1, executor._mp_context, initializer, None, 1, None, None, cfg),
             executor)

@@ -7,7 +7,8 @@ recorded calls of a restart are replayed in order, their outcomes dropped (a cal
 raised the first time raises again; a ``@dpool.readonly`` method is skipped). A call is a
 task whose function is a ``MethodCall``: it runs the method on the instance.
 
-With ``checkpoint_every=N``, after every N calls of methods that are not read-only the
+With ``max_concurrency=N`` the worker runs up to N calls at once, on threads (they start
+in order). With ``checkpoint_every=N``, after every N calls of methods that are not read-only the
 worker sends the results it holds, then ``ActorCheckpoint`` with the pickled instance: a
 restart replays only the calls after it.
 """
@@ -70,7 +71,8 @@ def is_readonly(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, "__dpool_readonly__", False))
 
 
-def boot(ctor: bytes, checkpoint: Optional[bytes], replay: list, every: int) -> None:
+def boot(ctor: bytes, checkpoint: Optional[bytes], replay: list, every: int,
+         concurrency: int = 1) -> None:
     """The actor worker's initializer (see the module docstring)."""
     global _instance, _every, _since
     if checkpoint is not None:
@@ -93,10 +95,12 @@ def boot(ctor: bytes, checkpoint: Optional[bytes], replay: list, every: int) -> 
         replayed += 1
     _every = every
     _since = replayed % every if every else 0
-    if every:
-        worker = _current.this_worker()
-        if worker is not None:
+    worker = _current.this_worker()
+    if worker is not None:
+        if every:
             worker.after_task = _maybe_checkpoint
+        if concurrency > 1:
+            worker.run_concurrently(concurrency)
 
 
 def _maybe_checkpoint(worker: Any) -> None:

@@ -47,7 +47,8 @@ class ActorConfig:
     """What an actor group is made with (``WorkerGroupConfig.actor``)."""
 
     name: str  # how errors and logs name it: its ``name=``, else class and id
-    # ``boot(ctor, checkpoint, replay, checkpoint_every)`` runs in the worker as its
+    # ``boot(ctor, checkpoint, replay, checkpoint_every, max_concurrency)`` runs in the
+    # worker as its
     # initializer: the instance from ``checkpoint`` (a pickled instance) or ``ctor`` (a
     # pickled ``(cls, args, kwargs)``), then each ``(fn payload, args, inputs)`` of
     # ``replay`` in order.
@@ -55,6 +56,7 @@ class ActorConfig:
     ctor: bytes
     max_restarts: int = 0  # -1: restarted whenever it dies
     checkpoint_every: int = 0  # 0: never
+    max_concurrency: int = 1  # calls that may run at once (on threads of the worker)
 
 
 class ActorState:
@@ -75,7 +77,7 @@ class ActorState:
         cfg = self.cfg
         replay = [(functions[fn_id], args, deps) for fn_id, args, deps in self.log]
         return _payload.dumps((cfg.boot, (cfg.ctor, self.checkpoint, replay,
-                                          cfg.checkpoint_every)))
+                                          cfg.checkpoint_every, cfg.max_concurrency)))
 
 
 class ActorCalls(SchedulerCore):
@@ -96,7 +98,8 @@ class ActorCalls(SchedulerCore):
             if g.workers or self.closed or not a.order or not self._try_spawn_locked(g):
                 return
             w = g.workers[-1]
-        if w.blocked or (idle_only and w.inflight):
+        threaded = a.cfg.max_concurrency > 1
+        if not threaded and (w.blocked or (idle_only and w.inflight)):
             return  # in a nested wait: its calls wait for it (``_on_unblocked_locked``)
         order, q = a.order, g.queue
         msgs: list = []
@@ -113,8 +116,9 @@ class ActorCalls(SchedulerCore):
                 continue  # finished unsent (cancelled, failed, an input lost)
             # Short calls go in batches, a long one alone (as to an ordinary worker): the
             # calls behind it stay cancellable here.
+            # (with max_concurrency, every call at once: one may wait for another's)
             est = batch.estimate(t.fn_id)
-            if not batch.fits(len(inflight), w.load, est):
+            if not threaded and not batch.fits(len(inflight), w.load, est):
                 break
             order.popleft()
             if q and q[0] is t:

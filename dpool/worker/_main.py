@@ -73,6 +73,7 @@ class _Worker:
         self.inherited: Optional[tuple] = None  # initargs handed over at process creation
         # called with this worker after each task (an actor's checkpoints), or None
         self.after_task: Optional[Callable[[_Worker], None]] = None
+        self.threads: Any = None  # a thread pool that runs the tasks (``run_concurrently``)
         # where it says which task it runs (``protocol._running``), None: nowhere
         self.running = _running.writer(cfg.slot)
 
@@ -133,6 +134,20 @@ class _Worker:
         running = self.running
         if running is not None:
             running(task.task_id)  # from here, this worker's death is this task's
+        done = self.outcome(task)
+        if running is not None:
+            running(0)  # its result may wait in ``results``: the task is done
+        self.done_count += 1
+        lease = self.lease
+        if lease is not None and task.task_id in lease.tasks:
+            lease.send_done(done)  # straight back to the driver it is lent to
+            return
+        if not self.results:
+            self.first_result_t = time.perf_counter()
+        self.results.append(done)
+
+    def outcome(self, task: m.ExecuteTask) -> m.TaskDone:
+        """Run ``task``; its outcome, as the message that reports it."""
         t0 = time.perf_counter()
         try:
             try:
@@ -158,16 +173,21 @@ class _Worker:
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything, as in the stdlib
             done = m.TaskDone(task.task_id, False, _payload.dumps_error(exc),
                               time.perf_counter() - t0)
-        if running is not None:
-            running(0)  # its result may wait in ``results``: the task is done
-        self.done_count += 1
-        lease = self.lease
-        if lease is not None and task.task_id in lease.tasks:
-            lease.send_done(done)  # straight back to the driver it is lent to
-            return
-        if not self.results:
-            self.first_result_t = time.perf_counter()
-        self.results.append(done)
+        return done
+
+    def run_concurrently(self, threads: int) -> None:
+        """From now on, run up to ``threads`` tasks at once, on threads of their own,
+        each result sent as its task ends (an actor's ``max_concurrency``)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.threads = ThreadPoolExecutor(threads, thread_name_prefix="dpool-call")
+
+    def _execute_on_thread(self, task: m.ExecuteTask) -> None:
+        done = self.outcome(task)
+        try:
+            self.send([done])
+        except ChannelClosed:
+            pass  # the scheduler is gone: the watchdog ends the process
 
     def run(self) -> None:
         if self.cfg.initializer is not None:
@@ -189,6 +209,14 @@ class _Worker:
             if not pending:
                 self.flush()
                 self.receive()
+                continue
+            if self.threads is not None:
+                task = pending.popleft()
+                try:
+                    self.function(task.fn_id)  # (loaded here, once: not by two threads)
+                except BaseException:  # noqa: BLE001, S110 - its thread reports it
+                    pass
+                self.threads.submit(self._execute_on_thread, task)
                 continue
             self.execute(pending.popleft())
             if self.after_task is not None:

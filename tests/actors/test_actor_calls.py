@@ -238,7 +238,9 @@ def test_bad_input_gets_clear_typed_errors(ex):
     with pytest.raises(ValueError, match="resource request"):
         ex.options(num_cpus=2).actor(Counter)
     with pytest.raises(ValueError, match="max_concurrency"):
-        ex.options(max_concurrency=4).actor(Counter)
+        ex.options(max_concurrency=0).actor(Counter)
+    with pytest.raises(ValueError, match="no one order to replay"):
+        ex.options(max_concurrency=2, max_restarts=1).actor(Counter)
     c = ex.actor(Counter)
     with pytest.raises(AttributeError, match="no method 'nope'"):
         c.nope  # noqa: B018
@@ -268,3 +270,38 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class Gate:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)
+
+    def open(self) -> bool:
+        self.event.set()
+        return True
+
+    def nap(self, s: float) -> str:
+        time.sleep(s)
+        return threading.current_thread().name
+
+
+def test_max_concurrency_runs_calls_at_once_on_threads(ex):
+    g = ex.options(max_concurrency=4).actor(Gate)
+    waiting = g.wait.submit(20)  # blocks a thread of the actor ...
+    assert g.open() is True  # ... while another call runs
+    assert waiting.result(timeout=10) is True
+    t0 = time.monotonic()
+    names = [f.result(timeout=10) for f in [g.nap.submit(0.5) for _ in range(4)]]
+    assert time.monotonic() - t0 < 1.5  # four naps of 0.5 s, at once
+    assert len(set(names)) == 4
+
+
+def test_one_call_at_a_time_by_default(ex):
+    g = ex.actor(Gate)
+    t0 = time.monotonic()
+    names = [f.result(timeout=10) for f in [g.nap.submit(0.2) for _ in range(3)]]
+    assert time.monotonic() - t0 >= 0.6 and len(set(names)) == 1
+
