@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
     from dpool.executor import Executor, ProcessPoolExecutor, ResourceOptions, get_executor
     from dpool.futures import Future, ObjectRef
     from dpool.integrations import register_joblib
+    from dpool.managers import Manager
     from dpool.observe import progress, timeline
     from dpool.placement import (
         Demand,
@@ -70,6 +71,7 @@ _LAZY = {
     **dict.fromkeys(("PlacementGroup", "placement_group"), "dpool.runtime"),
     "no_rebuild": "dpool.runtime",
     "register_joblib": "dpool.integrations",
+    "Manager": "dpool.managers",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
                      "PlacementPolicy"), "dpool.placement"),
     **dict.fromkeys(("progress", "timeline"), "dpool.observe"),
@@ -150,4 +152,5 @@ __all__ = [
     "get_actor",
     "kill",
     "readonly",
+    "Manager",
 ]

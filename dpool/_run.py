@@ -5,7 +5,9 @@ Before the program starts, the stdlib's process pools are bound to dpool's:
 - ``concurrent.futures.ProcessPoolExecutor`` (and ``concurrent.futures.process``'s),
 - ``multiprocessing.pool.Pool`` -- which ``multiprocessing.Pool`` and every context's
   ``ctx.Pool(...)`` create (they import it on each call), so those give a ``dpool.Pool``
-  bound to that context.
+  bound to that context;
+- ``multiprocessing.Manager()`` (every context's ``Manager`` method), which returns a
+  started ``dpool.Manager()`` (``multiprocessing.managers``' classes stay the stdlib's).
 
 The stdlib's own pool code refers to its ``Pool`` by that global name (``ThreadPool``
 calls ``Pool.__init__``, the handler threads are ``Pool._handle_*``), so the name is not
@@ -61,8 +63,17 @@ def bind_stdlib() -> None:
     std_pool = multiprocessing.pool.Pool
     if not getattr(std_pool, "_dpool_bound", False):
         multiprocessing.pool.Pool = _bound_pool_class(std_pool, dpool.Pool)  # type: ignore[misc,assignment]
-    log.debug("bound concurrent.futures.ProcessPoolExecutor and multiprocessing.pool.Pool "
-              "to dpool's")
+    import multiprocessing.context
+
+    def Manager(self: Any) -> Any:  # noqa: N802 - the stdlib's name
+        return dpool.Manager()
+
+    Manager.__doc__ = "dpool.Manager(): a started SyncManager whose server is an actor"
+    multiprocessing.context.BaseContext.Manager = Manager  # type: ignore[method-assign]
+    # (``multiprocessing.Manager`` is the default context's method, bound at its import)
+    multiprocessing.Manager = multiprocessing.context._default_context.Manager  # type: ignore[attr-defined,method-assign]
+    log.debug("bound concurrent.futures.ProcessPoolExecutor, multiprocessing.pool.Pool and "
+              "multiprocessing.Manager to dpool's")
 
 
 def _bound_pool_class(std_pool: type, dpool_pool: type) -> type:

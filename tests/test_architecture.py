@@ -7,7 +7,7 @@ bottom (a module may import its own layer and the layers below it):
 
     entry points   cli/, worker/, testing/, __main__, _run, dashboard/
     public API     dpool/__init__, executor, _executor_core, pool, _pool_core, _pool_results,
-                   _resources_api, actors/
+                   _resources_api, actors/, managers/
     runtime/       this process's client (embedded, attached, TCP cluster driver)
     node/, global_scheduler/   the daemons
     scheduling/    the local scheduler
@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                               "dpool.pool", "dpool._pool_core",
                               "dpool._pool_results", "dpool._resources_api",
                               "dpool._process_views", "dpool.integrations",
-                              "dpool.observe", "dpool.actors"})),
+                              "dpool.observe", "dpool.actors", "dpool.managers"})),
     ("runtime", frozenset({"dpool.runtime"})),
     ("daemons", frozenset({"dpool.node", "dpool.global_scheduler"})),
     ("scheduling", frozenset({"dpool.scheduling"})),

@@ -178,3 +178,36 @@ def test_thread_pools_and_pool_subclasses_keep_the_stdlib(tmp_path):
     assert std.stdout == ours.stdout == (
         "threadpool [1, 2]\ndummy [3]\ntpe [4]\nsubclass [5] True\nisinstance True True\n")
     assert std.stderr == ours.stderr == ""
+
+
+MANAGER_PROGRAM = """
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+
+def put(d, lock, k):
+    with lock:
+        d[k] = k * k
+    return k
+
+
+if __name__ == "__main__":
+    with multiprocessing.Manager() as m, ProcessPoolExecutor(2) as ex:
+        d, lock = m.dict(), m.Lock()
+        print(sum(ex.map(put, [d] * 5, [lock] * 5, range(5))), sorted(d.items()))
+        print("manager", type(m).__module__)
+    with multiprocessing.get_context("spawn").Manager() as m:
+        print("ctx", type(m).__module__, m.list([1, 2])[1])
+"""
+
+
+def test_multiprocessing_manager_is_bound_to_dpools(tmp_path):
+    script = _write(tmp_path, "mgr.py", MANAGER_PROGRAM)
+    std, ours = _both(script)
+    assert std.returncode == ours.returncode == 0, (std.stderr, ours.stderr)
+    std_lines, our_lines = std.stdout.splitlines(), ours.stdout.splitlines()
+    assert std_lines[0] == our_lines[0] == "10 [(0, 0), (1, 1), (2, 4), (3, 9), (4, 16)]"
+    assert std_lines[1] == "manager multiprocessing.managers"
+    assert our_lines[1] == "manager dpool.managers._manager"
+    assert std_lines[2] == "ctx multiprocessing.managers 2"
+    assert our_lines[2] == "ctx dpool.managers._manager 2"
