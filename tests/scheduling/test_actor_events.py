@@ -30,7 +30,8 @@ def _actor(sim, max_restarts=0, every=0):
 
 def _boot_args(g):
     _boot, args = _payload.loads(g.initializer)
-    return args  # (ctor, checkpoint, replay, every)
+    assert args[4] == g.actor.cfg.max_concurrency
+    return args[:4]  # (ctor, checkpoint, replay, every)
 
 
 def test_a_call_waiting_for_an_input_holds_back_the_calls_after_it(sim):
