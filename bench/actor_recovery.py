@@ -21,6 +21,7 @@ import signal
 import statistics
 import sys
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,8 +50,8 @@ class Model:
         return self.updates, round(sum(self.weights), 6)
 
 
-def one(ex: object, n: int, every: int) -> dict:
-    a = ex.options(max_restarts=-1, checkpoint_every=every).actor(Model)  # type: ignore[attr-defined]
+def one(ex: Any, n: int, every: int) -> dict:
+    a = ex.options(max_restarts=-1, checkpoint_every=every).actor(Model)
     fs = [a.update.submit(1e-3) for _ in range(n)]
     fs[-1].result()
     before = a.digest()

@@ -54,7 +54,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
 
 _LAZY = {
     **dict.fromkeys(
-        ("ActorDiedError", "AuthenticationError", "CancelledError", "ControlStoreError", "DeserializationError",
+        ("ActorDiedError", "AuthenticationError", "CancelledError", "ControlStoreError",
+         "DeserializationError",
          "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "PlacementError",
          "ProtocolError", "ResourceError", "SerializationError", "TimeoutError",
          "WorkerCrashedError"),

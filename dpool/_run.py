@@ -71,7 +71,8 @@ def bind_stdlib() -> None:
     Manager.__doc__ = "dpool.Manager(): a started SyncManager whose server is an actor"
     multiprocessing.context.BaseContext.Manager = Manager  # type: ignore[method-assign]
     # (``multiprocessing.Manager`` is the default context's method, bound at its import)
-    multiprocessing.Manager = multiprocessing.context._default_context.Manager  # type: ignore[attr-defined,method-assign]
+    default: Any = multiprocessing.context._default_context  # type: ignore[attr-defined]
+    multiprocessing.Manager = default.Manager  # type: ignore[method-assign]
     log.debug("bound concurrent.futures.ProcessPoolExecutor, multiprocessing.pool.Pool and "
               "multiprocessing.Manager to dpool's")
 

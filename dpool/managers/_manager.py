@@ -144,8 +144,9 @@ class BaseManager:
             raise ProcessError("Manager has not been started" if not self._shut
                                else "Manager has shut down")
         oid, exposed = self._server.create(typeid, args, kwds)
-        proxytype = type(self)._registry[typeid][3]
-        return proxytype(self._server, oid, typeid, exposed, type(self))  # type: ignore[no-any-return]
+        proxytype: Any = type(self)._registry[typeid][3]
+        proxy: BaseProxy = proxytype(self._server, oid, typeid, exposed, type(self))
+        return proxy
 
     def _debug_info(self) -> str:
         return f"{self._server.count()} objects"

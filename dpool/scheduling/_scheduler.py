@@ -114,7 +114,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, A
         self.closed = False
         self._out: list = []  # completions gathered under the lock, delivered after it
         self._refill: list[WorkerGroup] = []  # to dispatch once a read is handled (lock held)
-        self._exited = threading.Condition(self.lock)  # type: ignore[arg-type]  # notified when a worker is reaped
+        # notified when a worker is reaped
+        self._exited = threading.Condition(self.lock)  # type: ignore[arg-type]
         self.store = HostStore(os.getpid())
         self._lineage = {}  # result id -> what re-running its task needs (``_lineage``)
         self._function_refusals = {}  # fn id -> why its tasks may not run again, or None
