@@ -17,6 +17,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
     ("shared_arrays.py", "the driver's array is untouched: 8388608.0"),
     ("gpu.py", "every task had one: True; results agree: True"),
     ("actors.py", "20 rollouts scored"),
+    ("parameter_server.py", "learned: True"),
 ])
 def test_example_runs(name, expected):
     out = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
