@@ -22,8 +22,13 @@ another task's writes. Mappings whose inode has no name left are not kept: they 
 :func:`forget`/:func:`prune` (the owner announces frees, spills and pool expiry).
 
 Fork. A flock belongs to the open file description, which a forked child shares, so a
-child takes its own descriptor and lock for each view alive at the fork
-(``_after_fork_in_child``). Callbacks take no lock; the cache is guarded by ``_lock``.
+child needs a description and a lock of its own for each view alive at the fork. The
+parent opens and locks them just before it forks (``_before_fork``) and closes its copies
+just after: the child holds them from its first instant, so the parent dropping its own
+views right after the fork can never leave the child's unprotected (taking them in the
+child, after the fork, left a window in which the parent's unlock let a writer recycle
+the pages under the child's views). Callbacks take no lock; the cache is guarded by
+``_lock``.
 """
 
 from __future__ import annotations
@@ -312,13 +317,49 @@ def cached() -> list[str]:
         return list(_cache)
 
 
+_for_child: list[tuple[_Mapping, int]] = []  # (lend, a description locked for the child)
+
+
+def _locked_copy(entry: _Mapping) -> int:
+    """A new open file description of ``entry``'s segment holding a shared lock; -1 if
+    none can be had (no /proc)."""
+    try:
+        fd = os.open(f"/proc/self/fd/{entry.fd}", os.O_RDONLY)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _before_fork() -> None:
+    """In the parent, about to fork: a locked description for the child of each view
+    alive now (see the module header)."""
+    me = os.getpid()
+    for _ref, entry in list(_live.values()):
+        if entry.pid == me and entry.fd >= 0:
+            fd = _locked_copy(entry)
+            if fd >= 0:
+                _for_child.append((entry, fd))
+
+
+def _after_fork_in_parent() -> None:
+    for _entry, fd in _for_child:
+        os.close(fd)  # (the child's copy of the descriptor keeps the lock)
+    _for_child.clear()
+
+
 def _after_fork_in_child() -> None:
     """Runs in a forked child (a worker, or the user's own fork), single-threaded.
 
     Cached mappings are the parent's: closed here. Views that were alive at the fork
     are the child's too, but their lock lives on an open file description shared with
-    the parent, which unlocks it when *its* views go; so each gets a description (and a
-    shared lock) of the child's own, released when the child's copies of the views go.
+    the parent, which unlocks it when *its* views go; so each takes the description the
+    parent locked for it before the fork (``_before_fork``), released when the child's
+    copies of the views go.
     """
     global _lock
     _lock = threading.Lock()
@@ -327,24 +368,25 @@ def _after_fork_in_child() -> None:
     _cache.clear()
     _returned.clear()
     me = os.getpid()
+    made = {id(entry): fd for entry, fd in _for_child}
+    _for_child.clear()
     for _ref, entry in list(_live.values()):
         if entry.pid == me or entry.fd < 0:
             continue
-        try:
-            fd = os.open(f"/proc/self/fd/{entry.fd}", os.O_RDONLY)
-        except OSError:
-            continue  # no /proc: the child's copy is not protected from recycling
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
+        fd = made.pop(id(entry), -1)
+        if fd < 0:
+            fd = _locked_copy(entry)  # (a lend made while the fork began: late, but
+            if fd < 0:  # still better than none)
+                continue  # no /proc: the child's copy is not protected from recycling
         os.close(entry.fd)  # the parent's description: the parent keeps its lock
         entry.fd = fd
         entry.locked = True
         entry.inherited = True
         entry.pid = me
+    for fd in made.values():  # (a lend whose views went while the fork began)
+        os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
