@@ -28,7 +28,6 @@ here.
 """
 
 from dpool._lazy import front_door
-from dpool.scheduling._actors import ActorConfig
 from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
@@ -36,6 +35,7 @@ from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.scheduling import _detect as detect
+    from dpool.scheduling._actors import ActorConfig
     from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
         DriverService,
@@ -56,6 +56,7 @@ _MODULES = {
     "resources": "dpool.scheduling._resources",
 }
 _LAZY = {
+    "ActorConfig": "dpool.scheduling._actors",
     **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI",
                      "SpillbackService"), "dpool.scheduling._api"),
 }

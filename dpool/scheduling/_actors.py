@@ -16,6 +16,10 @@ the calls that were in flight (uncharged: each completes once) and the rest. Wit
 restarts left, or once it is killed, the group is broken: its pending and later calls
 fail with ``ActorDiedError``. Results of actor calls keep no lineage (re-running a call
 would change the actor's state): one that is lost raises ``ObjectLostError``.
+
+The functions here are the scheduler's part for actor groups (``s``: the scheduler, its
+lock held); its other parts call them where a group is an actor's, importing this module
+then, so that a program without actors never loads it.
 """
 
 from __future__ import annotations
@@ -27,14 +31,15 @@ from dpool import _log, errors
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.protocol import record
-from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._states import DONE, NEXT, QUEUED, SEND, WAITING, illegal
+from dpool.scheduling._workers import _describe_exit
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from typing import Any, Optional
 
+    from dpool.scheduling._core import SchedulerCore
     from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 
 log = _log.getLogger("dpool.scheduling")
@@ -80,141 +85,136 @@ class ActorState:
                                           cfg.checkpoint_every, cfg.max_concurrency)))
 
 
-class ActorCalls(SchedulerCore):
-    """The scheduler's part for actor groups (see the module docstring)."""
-
-    def _dispatch_actor_locked(self, g: WorkerGroup, idle_only: bool = False) -> None:
-        """Send ``g``'s calls that are next in its order, ready, to its worker (started
-        here if it has none). A call waiting for an input stops the sending. With
-        ``idle_only`` (a submitting thread) only to an idle worker: a busy one gets the
-        calls queued meanwhile in one batch when its results come back."""
-        a: ActorState = g.actor
-        w = None
-        for x in g.workers:
-            if x.alive:
-                w = x
-                break
-        if w is None:  # (a worker that has not said Hello yet takes calls)
-            if g.workers or self.closed or not a.order or not self._try_spawn_locked(g):
-                return
-            w = g.workers[-1]
-        threaded = a.cfg.max_concurrency > 1
-        if not threaded and (w.blocked or (idle_only and w.inflight)):
-            return  # in a nested wait: its calls wait for it (``_on_unblocked_locked``)
-        order, q = a.order, g.queue
-        msgs: list = []
-        log_event = self.control.log_event
-        inflight = w.inflight
-        batch = self.batch
-        while order:
-            t = order[0]
-            state = t.state
-            if state == WAITING:
-                break  # the calls after it wait for its input too
-            if state != QUEUED:
-                order.popleft()
-                continue  # finished unsent (cancelled, failed, an input lost)
-            # Short calls go in batches, a long one alone (as to an ordinary worker): the
-            # calls behind it stay cancellable here.
-            # (with max_concurrency, every call at once: one may wait for another's)
-            est = batch.estimate(t.fn_id)
-            if not threaded and not batch.fits(len(inflight), w.load, est):
-                break
-            order.popleft()
-            if q and q[0] is t:
-                q.popleft()
-            else:  # became ready after calls behind it (rare: an input it waited for)
-                q.remove(t)
-            if t.dep_ids and t.deps is None and not self._build_deps_locked(t):
-                if t.state != DONE:
-                    order.appendleft(t)  # it waits for room or a lost input: in its place
-                break
-            if not t.started:
-                if t.future is not None and not t.future.set_running_or_notify_cancel():
-                    self.skip_cancelled_locked(t)
-                    continue
-                t.started = True
-            to = NEXT[t.state][SEND]
-            if to < 0:
-                raise illegal(t, SEND)
-            t.state = to
-            t.attempts += 1
-            t.estimate_s = est
-            w.load += est
-            if t.fn_id not in w.functions:
-                w.functions.add(t.fn_id)
-                msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
-            msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
-            inflight[t.task_id] = t
-            log_event(t.task_id, "start", _now(), w.worker_id)
-            w.assigned += 1
-        if msgs:
-            self.send_locked(w, msgs)
-
-    def _actor_ran_locked(self, t: Task) -> None:
-        """Its worker ran call ``t`` (reported its outcome): into the log, which keeps
-        its stored arguments and inputs (pinned) for a replay."""
-        a: ActorState = t.group.actor
-        a.calls += 1
-        args = t.args
-        t.args = None  # (the log owns them now: ``finish_locked`` does not drop them)
-        deps = t.deps
-        if deps:
-            store = self.store
-            for _oid, ok, payload in deps:
-                if ok:
-                    store.pin(payload)  # (``finish_locked`` takes back the task's own pin)
-        a.log.append((t.fn_id, args, deps))
-
-    def _on_actor_checkpoint_locked(self, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
-        a: Optional[ActorState] = w.group.actor
-        if a is None:
+def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -> None:
+    """Send ``g``'s calls that are next in its order, ready, to its worker (started
+    here if it has none). A call waiting for an input stops the sending. With
+    ``idle_only`` (a submitting thread) only to an idle worker: a busy one gets the
+    calls queued meanwhile in one batch when its results come back."""
+    a: ActorState = g.actor
+    w = None
+    for x in g.workers:
+        if x.alive:
+            w = x
+            break
+    if w is None:  # (a worker that has not said Hello yet takes calls)
+        if g.workers or s.closed or not a.order or not s._try_spawn_locked(g):
             return
-        a.checkpoint = msg.state
-        self._forget_log_locked(a)
+        w = g.workers[-1]
+    threaded = a.cfg.max_concurrency > 1
+    if not threaded and (w.blocked or (idle_only and w.inflight)):
+        return  # in a nested wait: its calls wait for it (``_on_unblocked_locked``)
+    order, q = a.order, g.queue
+    msgs: list = []
+    log_event = s.control.log_event
+    inflight = w.inflight
+    batch = s.batch
+    while order:
+        t = order[0]
+        state = t.state
+        if state == WAITING:
+            break  # the calls after it wait for its input too
+        if state != QUEUED:
+            order.popleft()
+            continue  # finished unsent (cancelled, failed, an input lost)
+        # Short calls go in batches, a long one alone (as to an ordinary worker): the
+        # calls behind it stay cancellable here.
+        # (with max_concurrency, every call at once: one may wait for another's)
+        est = batch.estimate(t.fn_id)
+        if not threaded and not batch.fits(len(inflight), w.load, est):
+            break
+        order.popleft()
+        if q and q[0] is t:
+            q.popleft()
+        else:  # became ready after calls behind it (rare: an input it waited for)
+            q.remove(t)
+        if t.dep_ids and t.deps is None and not s._build_deps_locked(t):
+            if t.state != DONE:
+                order.appendleft(t)  # it waits for room or a lost input: in its place
+            break
+        if not t.started:
+            if t.future is not None and not t.future.set_running_or_notify_cancel():
+                s.skip_cancelled_locked(t)
+                continue
+            t.started = True
+        to = NEXT[t.state][SEND]
+        if to < 0:
+            raise illegal(t, SEND)
+        t.state = to
+        t.attempts += 1
+        t.estimate_s = est
+        w.load += est
+        if t.fn_id not in w.functions:
+            w.functions.add(t.fn_id)
+            msgs.append(m.RegisterFunction(t.fn_id, s._functions[t.fn_id]))
+        msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
+        inflight[t.task_id] = t
+        log_event(t.task_id, "start", _now(), w.worker_id)
+        w.assigned += 1
+    if msgs:
+        s.send_locked(w, msgs)
 
-    def _forget_log_locked(self, a: ActorState) -> None:
-        log_, a.log = a.log, []
-        store = self.store
-        for _fn_id, args, deps in log_:
-            if args is not None and args[:1] == STORED:
-                store.drop(args, unpin=True)
-            for _oid, ok, payload in deps or ():
-                if ok:
-                    store.unpin(payload)
+def ran_locked(s: SchedulerCore, t: Task) -> None:
+    """Its worker ran call ``t`` (reported its outcome): into the log, which keeps
+    its stored arguments and inputs (pinned) for a replay."""
+    a: ActorState = t.group.actor
+    a.calls += 1
+    args = t.args
+    t.args = None  # (the log owns them now: ``finish_locked`` does not drop them)
+    deps = t.deps
+    if deps:
+        store = s.store
+        for _oid, ok, payload in deps:
+            if ok:
+                store.pin(payload)  # (``finish_locked`` takes back the task's own pin)
+    a.log.append((t.fn_id, args, deps))
 
-    def _actor_died_locked(self, w: WorkerHandle, held: list, exitcode: Optional[int],
-                           was_alive: bool) -> None:
-        """The worker of an actor exited or died holding ``held`` (sent, not reported):
-        they go back first in its order, uncharged; then it restarts (from its
-        checkpoint and log) if it may, else every call it has fails."""
-        g = w.group
-        a: ActorState = g.actor
-        if held:
-            self._requeue_locked(w, tuple(t.task_id for t in held))
-        if not was_alive or g.broken is not None:
-            return  # told to stop (its group closed, or it was killed)
-        from dpool.scheduling._workers import _describe_exit  # (it imports this module)
+def checkpoint_locked(s: SchedulerCore, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
+    a: Optional[ActorState] = w.group.actor
+    if a is None:
+        return
+    a.checkpoint = msg.state
+    _forget_log_locked(s, a)
 
-        how = _describe_exit(exitcode)
-        cfg = a.cfg
-        if cfg.max_restarts < 0 or a.restarts < cfg.max_restarts:
-            a.restarts += 1
-            log.warning("actor %s: its worker (pid %s) died with %s; restarting it (restart "
-                        "%d of %s) and replaying %d call(s)%s", cfg.name, w.pid, how,
-                        a.restarts, "unlimited" if cfg.max_restarts < 0 else cfg.max_restarts,
-                        len(a.log), " after its checkpoint" if a.checkpoint else "")
-            g.initializer = a.boot_payload(self._functions)
-            return  # (``_on_closed`` dispatches: a worker starts for its calls)
-        self.break_group_locked(g, f"its worker (pid {w.pid}) died with {how}" + (
-            f" after {a.restarts} restart(s)" if a.restarts else " (max_restarts=0)"))
+def _forget_log_locked(s: SchedulerCore, a: ActorState) -> None:
+    log_, a.log = a.log, []
+    store = s.store
+    for _fn_id, args, deps in log_:
+        if args is not None and args[:1] == STORED:
+            store.drop(args, unpin=True)
+        for _oid, ok, payload in deps or ():
+            if ok:
+                store.unpin(payload)
 
-    def end_actor_locked(self, g: WorkerGroup) -> None:
-        """An actor group is gone: its log lets go of what it kept."""
-        a: Optional[ActorState] = g.actor
-        if a is not None:
-            self._forget_log_locked(a)
-            a.order.clear()
+def died_locked(s: SchedulerCore, w: WorkerHandle, held: list, exitcode: Optional[int],
+                was_alive: bool) -> None:
+    """The worker of an actor exited or died holding ``held`` (sent, not reported):
+    they go back first in its order, uncharged; then it restarts (from its
+    checkpoint and log) if it may, else every call it has fails."""
+    g = w.group
+    a: ActorState = g.actor
+    if held:
+        s._requeue_locked(w, tuple(t.task_id for t in held))
+    if not was_alive or g.broken is not None:
+        return  # told to stop (its group closed, or it was killed)
+    how = _describe_exit(exitcode)
+    cfg = a.cfg
+    if cfg.max_restarts < 0 or a.restarts < cfg.max_restarts:
+        a.restarts += 1
+        log.warning("actor %s: its worker (pid %s) died with %s; restarting it (restart "
+                    "%d of %s) and replaying %d call(s)%s", cfg.name, w.pid, how,
+                    a.restarts, "unlimited" if cfg.max_restarts < 0 else cfg.max_restarts,
+                    len(a.log), " after its checkpoint" if a.checkpoint else "")
+        g.initializer = a.boot_payload(s._functions)
+        return  # (``_on_closed`` dispatches: a worker starts for its calls)
+    s.break_group_locked(g, f"its worker (pid {w.pid}) died with {how}" + (
+        f" after {a.restarts} restart(s)" if a.restarts else " (max_restarts=0)"))
+
+def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
+    """An actor group is gone: its log lets go of what it kept."""
+    a: Optional[ActorState] = g.actor
+    if a is not None:
+        _forget_log_locked(s, a)
+        a.order.clear()
 
 
 def actor_error(g: WorkerGroup, reason: str) -> bytes:

@@ -67,7 +67,9 @@ class WorkerMessages(SchedulerCore):
             self._release_allocation_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
         if t.group.actor is not None:
-            self._actor_ran_locked(t)  # (its log, for a restart)
+            from dpool.scheduling import _actors
+
+            _actors.ran_locked(self, t)  # (its log, for a restart)
         ok, payload = self._adopt_result_locked(msg.ok, msg.payload,
                                                 self.rebuilding_locked(t))
         self.finish_locked(t, ok, payload)
@@ -159,6 +161,11 @@ class WorkerMessages(SchedulerCore):
         w.blocked = False
         if w.group.actor is not None and w.group.queue:
             self._dispatch_locked(w.group)  # its calls waited for it
+
+    def _on_actor_checkpoint_locked(self, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
+        from dpool.scheduling import _actors
+
+        _actors.checkpoint_locked(self, w, msg)
 
     def _on_return_tasks_locked(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
         self._requeue_locked(w, msg.task_ids)

@@ -46,7 +46,6 @@ from dpool.objects import payload as _payload
 from dpool.protocol import SPIN_S, IOLoop, preload_worker, record
 from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
-from dpool.scheduling._actors import ActorCalls, ActorConfig, ActorState, actor_error
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
 from dpool.scheduling._lineage import STORED
@@ -72,6 +71,8 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
+    from dpool.scheduling._actors import ActorConfig
+
     from dpool.control import ControlStore
     from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
 
@@ -93,8 +94,7 @@ class WorkerGroupConfig:
     actor: Optional[ActorConfig] = None  # an actor's group (``_actors``): one worker
 
 
-class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ActorCalls,
-                     ObjectTable):
+class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
     """The local scheduler; on a node daemon its services use it as ``SchedulerAPI``."""
 
     def __init__(self, control: ControlStore) -> None:
@@ -162,6 +162,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, A
                       cfg.max_tasks, cfg.max_attempts)
             g.inherited = cfg.inherited
             if cfg.actor is not None:
+                from dpool.scheduling._actors import ActorState
+
                 g.actor = ActorState(cfg.actor)
             self._groups[g.group_id] = g
             return g
@@ -375,9 +377,13 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, A
         self._objects[t.task_id] = obj
         if g.broken is not None or (g.closed and g.actor is not None):
             why = g.broken or _SHUT_DOWN
-            self.finish_locked(t, False, _payload.dumps_error(errors.broken_pool(why))
-                               if g.actor is None else actor_error(g, why),
-                               counted=False)
+            if g.actor is None:
+                err = _payload.dumps_error(errors.broken_pool(why))
+            else:
+                from dpool.scheduling._actors import actor_error
+
+                err = actor_error(g, why)
+            self.finish_locked(t, False, err, counted=False)
             return
         g.outstanding += 1
         if g.actor is not None:

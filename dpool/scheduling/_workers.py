@@ -43,7 +43,6 @@ from dpool.protocol import Channel, ChannelClosed, WorkerConfig, encode_batch, s
 from dpool.protocol import messages as m
 from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc
-from dpool.scheduling._actors import actor_error
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._states import (
@@ -124,7 +123,9 @@ class WorkerPool(SchedulerCore):
             self.fail_group_locked(g, g.broken)
             return
         if g.actor is not None:  # one worker, calls in order (``_actors``)
-            self._dispatch_actor_locked(g, idle_only)
+            from dpool.scheduling import _actors
+
+            _actors.dispatch_locked(self, g, idle_only)
             return
         if g.by_request:  # tasks with resource requests first: what was released is theirs
             self._dispatch_requests_locked(g)
@@ -417,7 +418,9 @@ class WorkerPool(SchedulerCore):
                 w.slot = -1
             lost = held
             if g.actor is not None:  # restarted with its state, or its calls fail
-                self._actor_died_locked(w, held, exitcode, was_alive)
+                from dpool.scheduling import _actors
+
+                _actors.died_locked(self, w, held, exitcode, was_alive)
                 lost = held = []
             elif left == W_STARTING and g.broken is None:
                 self._died_starting_locked(w, held, exitcode)
@@ -507,7 +510,9 @@ class WorkerPool(SchedulerCore):
         g.broken = reason
         self.fail_group_locked(g, reason)
         if g.actor is not None:
-            self.end_actor_locked(g)
+            from dpool.scheduling import _actors
+
+            _actors.end_locked(self, g)
         if g.owner is not None and g.owner.alive:  # an attached driver's executor
             self.send_locked(g.owner, [m.GroupBroken(g.group_id, reason)])
 
@@ -526,8 +531,12 @@ class WorkerPool(SchedulerCore):
 
         def err() -> bytes:  # made only if a task fails: the common close fails none
             if not made:
-                made.append(actor_error(g, reason) if g.actor is not None
-                            else _payload.dumps_error(errors.broken_pool(reason)))
+                if g.actor is not None:
+                    from dpool.scheduling._actors import actor_error
+
+                    made.append(actor_error(g, reason))
+                else:
+                    made.append(_payload.dumps_error(errors.broken_pool(reason)))
             return made[0]
 
         if self._spillback is not None:  # its tasks running on other nodes fail too
@@ -569,7 +578,9 @@ class WorkerPool(SchedulerCore):
                 self.send_locked(w, [m.Shutdown()])
         self._exited.notify_all()
         if g.actor is not None:
-            self.end_actor_locked(g)
+            from dpool.scheduling import _actors
+
+            _actors.end_locked(self, g)
         if not g.workers and g.actor is None:
             self._groups.pop(g.group_id, None)
         hooks, g.on_idle = g.on_idle, []
