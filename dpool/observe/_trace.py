@@ -17,6 +17,9 @@ several at once (batching), which it runs one after another: a span therefore st
 the later of its start event and the end of the previous span on the same worker lane,
 so lanes never overlap (``args.sent_us`` keeps the send time). An attempt sent again
 before its worker was free never ran there: it is an instant ("sent again"), not a span.
+A worker that runs several at once (an actor with ``max_concurrency``) shows it by a span
+that ended before the one ahead of it on its lane: it goes to another lane of that worker
+("worker 7, thread 2"), the first one free at its send time.
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ def build_trace(events: list[Event], fn_of: dict[int, int], names: dict[int, str
 
     lanes: dict[tuple, float] = {}
     used_lanes: set[tuple] = set()
+    extra: dict[tuple, list] = {}  # (node, worker) -> [free at, tid] of its other threads
+    next_tid = max((r[1] for r in raw), default=0) + 1
+    extra_names: list[tuple] = []  # (node, tid, worker, thread number)
     for node, wid, sent, end, tid, attempt, attempts, outcome, submitted in sorted(
             raw, key=lambda r: (r[0], r[1], r[2], r[3])):
         lane = (node, wid)
@@ -92,6 +98,16 @@ def build_trace(events: list[Event], fn_of: dict[int, int], names: dict[int, str
         fn = fn_of.get(tid)
         name = names.get(fn, f"function {fn}") if fn is not None else "task"
         free = lanes.get(lane, sent)
+        lane_tid = wid
+        if outcome != "lost" and end < free:  # it ran beside the span ahead: a thread
+            threads = extra.setdefault(lane, [])
+            slot = next((s for s in threads if s[0] <= sent), None)
+            if slot is None:
+                slot = [sent, next_tid]
+                threads.append(slot)
+                extra_names.append((node, next_tid, wid, len(threads) + 1))
+                next_tid += 1
+            lane_tid, free, slot[0] = slot[1], sent, end
         if outcome == "lost" and end <= free:
             # sent behind a busy worker's running task and sent elsewhere before that
             # finished (taken back, or the worker died first): it never ran on this lane
@@ -100,25 +116,26 @@ def build_trace(events: list[Event], fn_of: dict[int, int], names: dict[int, str
                         "args": {"task_id": tid, "attempt": attempt}})
             continue
         begin = min(max(sent, free), end)
-        lanes[lane] = max(free, end)
+        if lane_tid == wid:
+            lanes[lane] = max(free, end)
         args: dict[str, Any] = {"task_id": tid, "attempt": attempt, "attempts": attempts,
                                 "outcome": outcome, "sent_us": _us(sent, t0)}
         if submitted is not None:
             args["wait_ms"] = round((begin - submitted) * 1e3, 3)
         pid = pid_of[node]
         out.append({"name": name, "cat": "task", "ph": "X", "ts": _us(begin, t0),
-                    "dur": _us(end, begin), "pid": pid, "tid": wid, "args": args})
+                    "dur": _us(end, begin), "pid": pid, "tid": lane_tid, "args": args})
         if outcome == "error":
             out.append({"name": f"failed: {name}", "cat": "failure", "ph": "i", "s": "t",
-                        "ts": _us(end, t0), "pid": pid, "tid": wid,
+                        "ts": _us(end, t0), "pid": pid, "tid": lane_tid,
                         "args": {"task_id": tid, "attempt": attempt}})
         elif outcome == "lost":
             out.append({"name": "worker lost", "cat": "failure", "ph": "i", "s": "t",
-                        "ts": _us(end, t0), "pid": pid, "tid": wid,
+                        "ts": _us(end, t0), "pid": pid, "tid": lane_tid,
                         "args": {"task_id": tid, "attempt": attempt}})
         if attempt > 1:
             out.append({"name": f"retry: {name}", "cat": "retry", "ph": "i", "s": "t",
-                        "ts": _us(sent, t0), "pid": pid, "tid": wid,
+                        "ts": _us(sent, t0), "pid": pid, "tid": lane_tid,
                         "args": {"task_id": tid, "attempt": attempt}})
     out.extend(instants)
 
@@ -133,5 +150,8 @@ def build_trace(events: list[Event], fn_of: dict[int, int], names: dict[int, str
         if wid:
             meta.append({"name": "thread_name", "ph": "M", "pid": pid_of[node], "tid": wid,
                          "args": {"name": f"worker {wid}"}})
+    for node, lane_tid, wid, k in extra_names:
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid_of[node], "tid": lane_tid,
+                     "args": {"name": f"worker {wid}, thread {k}"}})
     return {"traceEvents": meta + out, "displayTimeUnit": "ms",
             "otherData": {"t0": t0, "source": "dpool"}}

@@ -107,3 +107,28 @@ def test_parse_duration():
     for bad in ("", "m", "-1s", "x10"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+class _Sleeper:
+    def nap(self, s):
+        time.sleep(s)
+        return s
+
+
+def test_an_actors_calls_at_once_get_a_lane_each():
+    with ProcessPoolExecutor(1) as ex:
+        a = ex.options(max_concurrency=3).actor(_Sleeper)
+        calls = [a.nap.submit(s) for s in (0.3, 0.1, 0.2)]  # the later end first
+        assert [f.result(30) for f in calls] == [0.3, 0.1, 0.2]
+        one = ex.actor(_Sleeper)
+        serial = [one.nap.submit(0.02) for _ in range(3)]
+        [f.result(30) for f in serial]
+    doc = dpool.timeline()
+    spans = check_trace(doc)  # (no two spans of one lane overlap)
+    mine = _mine(spans, calls)
+    assert len(mine) == 3 and {s["name"] for s in mine} == {"MethodCall"}
+    assert len({s["tid"] for s in mine}) >= 2  # they ran at once: on threads of a lane each
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any(", thread " in names[s["tid"]] for s in mine)
+    assert len({s["tid"] for s in _mine(spans, serial)}) == 1  # one at a time: one lane
