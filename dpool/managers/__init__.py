@@ -45,6 +45,11 @@ _LAZY = {
 }
 _MODULES: dict = {}
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AcquirerProxy", "ArrayProxy", "AutoProxy", "BarrierProxy", "BaseListProxy",
+    "BaseManager", "BaseProxy", "ConditionProxy", "DictProxy", "EventProxy",
+    "IteratorProxy", "ListProxy", "MakeProxyType", "Manager", "Namespace", "NamespaceProxy",
+    "RemoteError", "SyncManager", "Value", "ValueProxy",
+]
 
 __getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -47,6 +47,10 @@ class Counter:
     def call_other(self, other: dpool.ActorHandle, k: int) -> int:
         return other.add(k)
 
+    def touch(self, path: str) -> bool:
+        open(path, "w").close()
+        return True
+
 
 def _slow(x: int, s: float) -> int:
     time.sleep(s)
@@ -118,14 +122,22 @@ def test_a_handle_passes_to_tasks_and_to_other_actors(ex):
     assert c.add(1) == 6
 
 
-def test_an_actor_holds_no_worker_of_max_workers():
+def _wait_for(path: str) -> bool:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_an_actor_holds_no_worker_of_max_workers(tmp_path):
     with ProcessPoolExecutor(1) as ex:
         c = ex.actor(Counter)
-        busy = ex.submit(_slow, 1, 2.0)  # the executor's one worker, busy
-        t0 = time.monotonic()
-        assert c.add(1) == 1  # runs meanwhile
-        assert time.monotonic() - t0 < 1.5
-        assert busy.result() == 1
+        marker = str(tmp_path / "touched")
+        busy = ex.submit(_wait_for, marker)  # the executor's one worker, busy until ...
+        assert c.touch(marker) is True  # ... the actor runs a call meanwhile
+        assert busy.result() is True
 
 
 def test_shutdown_runs_the_pending_calls_then_ends_the_actor():
@@ -145,8 +157,10 @@ def test_shutdown_cancel_futures_cancels_the_calls_not_started():
     ex = ProcessPoolExecutor(2)
     c = ex.actor(Counter)
     running = c.sleep.submit(0.5)
-    time.sleep(0.2)
-    queued = [c.add.submit(1) for _ in range(5)]
+    end = time.monotonic() + 30
+    while not running.running() and time.monotonic() < end:  # sent to the actor
+        time.sleep(0.01)
+    queued = [c.add.submit(1) for _ in range(5)]  # (held back while it runs)
     ex.shutdown(wait=True, cancel_futures=True)
     assert running.result(0) == 0
     assert all(f.cancelled() for f in queued)
@@ -275,6 +289,11 @@ def _alive(pid: int) -> bool:
 class Gate:
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.barrier = threading.Barrier(4)
+
+    def meet(self) -> str:
+        self.barrier.wait(20)  # passes only if four calls wait at once
+        return threading.current_thread().name
 
     def wait(self, timeout: float) -> bool:
         return self.event.wait(timeout)
@@ -293,10 +312,8 @@ def test_max_concurrency_runs_calls_at_once_on_threads(ex):
     waiting = g.wait.submit(20)  # blocks a thread of the actor ...
     assert g.open() is True  # ... while another call runs
     assert waiting.result(timeout=10) is True
-    t0 = time.monotonic()
-    names = [f.result(timeout=10) for f in [g.nap.submit(0.5) for _ in range(4)]]
-    assert time.monotonic() - t0 < 1.5  # four naps of 0.5 s, at once
-    assert len(set(names)) == 4
+    names = [f.result(timeout=30) for f in [g.meet.submit() for _ in range(4)]]
+    assert len(set(names)) == 4  # four threads
 
 
 def test_one_call_at_a_time_by_default(ex):
