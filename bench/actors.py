@@ -274,8 +274,15 @@ def _write(args: argparse.Namespace, med: dict, samples: dict, load0: float) -> 
             lines.append(f"\n{peer}: not run ({med[peer]['error']}).")
     lines += _recovery_section()
     lines += ["", "Samples:", "", "```", json.dumps(samples), "```", ""]
+    kept = ""  # the applications' section (``bench/actor_apps.py``), if it was run
+    marker = "\n## Applications: parameter server, asynchronous simulation\n"
+    if os.path.exists(args.out):
+        with open(args.out) as fh:
+            old = fh.read()
+        if marker in old:
+            kept = marker + old.split(marker, 1)[1]
     with open(args.out, "w") as fh:
-        fh.write("\n".join(lines))
+        fh.write("\n".join(lines) + kept)
 
 
 def _recovery_section() -> list[str]:
