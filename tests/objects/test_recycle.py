@@ -528,3 +528,33 @@ def test_recycling_can_be_turned_off(names, monkeypatch):
     assert not pool.retire(old, seg.segment_size(old))  # the caller unlinks it
     monkeypatch.setenv("DPOOL_SEGMENT_POOL_TTL", "not a number")
     assert _recycle.pool_ttl() == 0.5
+
+
+def test_a_childs_locks_are_taken_before_the_fork(names):
+    """The parent locks a description per live view *before* forking, so the child holds
+    its lock from its first instant: the parent dropping its own views right after the
+    fork can no longer let a writer recycle the pages under the child (the order that
+    raced: parent unlocks, a writer takes the exclusive lock, the child had not run yet).
+    Driven without a fork: the hooks themselves, in the order a fork runs them."""
+    import fcntl
+
+    old = new_name(names)
+    seg.write_object(old, serialize(np.full(N, 1.0)))
+    held = seg.read_object(old)
+    _mapping._before_fork()  # (what os.fork runs first, in the parent)
+    try:
+        assert len(_mapping._for_child) >= 1
+        kept = [fd for _entry, fd in _mapping._for_child]
+    finally:
+        _mapping._for_child.clear()  # (the child's copies: here, this test's)
+    del held
+    gc.collect()  # the parent's views are gone: its own lock with them
+    probe = os.open(seg.SHM_DIR + old, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # still locked, for the "child"
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for fd in kept:
+            os.close(fd)  # the child's views went
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # now a writer may reuse it
+    finally:
+        os.close(probe)
