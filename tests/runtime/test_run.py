@@ -211,3 +211,21 @@ def test_multiprocessing_manager_is_bound_to_dpools(tmp_path):
     assert our_lines[1] == "manager dpool.managers._manager"
     assert std_lines[2] == "ctx multiprocessing.managers 2"
     assert our_lines[2] == "ctx dpool.managers._manager 2"
+
+
+@pytest.mark.parametrize("address, module", [("", "dpool._run"),
+                                             ("127.0.0.1:1", "multiprocessing.context")])
+def test_multiprocessing_manager_is_bound_on_the_embedded_runtime_only(address, module):
+    # dpool's managers are actors, which run on one host for now: in cluster mode a
+    # program keeps the stdlib's Manager (nothing connects here: binding only)
+    code = ("from dpool._run import bind_stdlib; bind_stdlib(); "
+            "import multiprocessing, multiprocessing.context as c; "
+            "print(c.BaseContext.Manager.__module__, multiprocessing.Manager.__func__ is "
+            "c.BaseContext.Manager)")
+    env = {k: v for k, v in os.environ.items() if k != "DPOOL_ADDRESS"}
+    if address:
+        env["DPOOL_ADDRESS"] = address
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [module, "True"]
