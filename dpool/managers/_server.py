@@ -233,19 +233,6 @@ class CallerCondition:
         finally:
             self._lock._take_back(held)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: Optional[float] = None) -> Any:
-        import time
-
-        end = None if timeout is None else time.monotonic() + timeout
-        result = predicate()
-        while not result:
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            self.wait(left)
-            result = predicate()
-        return result
-
     def notify(self, n: int = 1) -> None:
         if not self._lock._owned():
             raise RuntimeError("cannot notify on un-acquired lock")

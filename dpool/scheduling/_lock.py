@@ -7,7 +7,7 @@ writes them when the region releases it -- one frame per handle, the messages in
 order the region recorded them, still holding the lock so that the frames of successive
 regions reach each handle in the order the regions ran. A ``threading.Condition`` over
 this lock flushes the same way when it waits. Writes never block (a full socket buffer
-is left to the IO loop: ``LocalScheduler.flush_locked``), so holding the lock for them
+is left to the IO loop: ``write_sends``), so holding the lock for them
 costs what writing them inline did; a region that sends one handle several times writes
 one frame.
 """
@@ -15,6 +15,8 @@ one frame.
 from __future__ import annotations
 
 import threading
+
+from dpool.protocol import ChannelClosed, encode_batch
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -51,14 +53,39 @@ class SchedulerLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
-        if self.outbox:
-            try:
-                self._flush(self.outbox)
-            finally:
-                self._release()
-            return
-        self._release()
+        self.release()
 
 
 def _no_flush(outbox: list) -> None:
     raise RuntimeError("SchedulerLock: sends recorded before a flush was set")
+
+
+def write_sends(outbox: list, want_write: Callable[[Any], None]) -> None:
+    """Write the ``(handle, messages)`` a region recorded: one frame per handle, its
+    messages in the order recorded. Never blocks: what a socket cannot take now,
+    ``want_write(handle)`` leaves to the IO loop. Empties ``outbox``."""
+    if len(outbox) == 1:  # (most regions: one send)
+        w, msgs = outbox.pop()
+        _write(w, msgs, want_write)
+        return
+    try:
+        merged: dict = {}
+        for w, msgs in outbox:
+            mine = merged.get(w)
+            if mine is None:
+                merged[w] = list(msgs)  # (a copy: one list may go to several)
+            else:
+                mine.extend(msgs)
+        for w, msgs in merged.items():
+            _write(w, msgs, want_write)
+    finally:
+        outbox.clear()
+
+
+def _write(w: Any, msgs: list, want_write: Callable[[Any], None]) -> None:
+    try:
+        if not w.chan.send(encode_batch(msgs)):
+            want_write(w)
+    except ChannelClosed:
+        pass  # the IO loop sees the EOF and handles the death
+

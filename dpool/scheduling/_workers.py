@@ -39,11 +39,12 @@ from dpool import _log, errors
 from dpool.errors import Error
 from dpool.objects import owners as _owners
 from dpool.objects import payload as _payload
-from dpool.protocol import Channel, ChannelClosed, WorkerConfig, encode_batch, start_worker
+from dpool.protocol import Channel, WorkerConfig, start_worker
 from dpool.protocol import messages as m
 from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc
 from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._lock import write_sends
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._states import (
     NEXT,
@@ -336,33 +337,8 @@ class WorkerPool(SchedulerCore):
         self._outbox.append((w, msgs))
 
     def flush_locked(self, outbox: list) -> None:
-        """Write the sends a region recorded: one frame per handle, its messages in the
-        order recorded (``_lock``; never blocks: what a socket cannot take now, the IO
-        loop writes when it can)."""
-        if len(outbox) == 1:  # (most regions: one send)
-            w, msgs = outbox.pop()
-            try:
-                if not w.chan.send(encode_batch(msgs)):
-                    self.io.want_write(w)
-            except ChannelClosed:
-                pass  # the IO loop sees the EOF and handles the death
-            return
-        try:
-            merged: dict = {}
-            for w, msgs in outbox:
-                mine = merged.get(w)
-                if mine is None:
-                    merged[w] = list(msgs)  # (a copy: one list may go to several)
-                else:
-                    mine.extend(msgs)
-            for w, msgs in merged.items():
-                try:
-                    if not w.chan.send(encode_batch(msgs)):
-                        self.io.want_write(w)
-                except ChannelClosed:
-                    pass
-        finally:
-            outbox.clear()
+        """Write the sends a region recorded (``_lock.write_sends``)."""
+        write_sends(outbox, self.io.want_write)
 
     def _requeue_locked(self, w: WorkerHandle, task_ids: tuple) -> None:
         for tid in reversed(task_ids):

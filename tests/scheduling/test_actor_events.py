@@ -9,17 +9,8 @@ from dpool import ActorDiedError
 from dpool.objects import payload as _payload
 from dpool.protocol import _messages as m
 from dpool.scheduling import ActorConfig, WorkerGroupConfig
-from tests.scheduling._sim import SimScheduler
 
 pytestmark = pytest.mark.timeout(20)
-
-
-@pytest.fixture
-def sim():
-    s = SimScheduler()
-    yield s
-    for w in s.started:
-        w.chan.sock.close()
 
 
 def _actor(sim, max_restarts=0, every=0):
@@ -97,7 +88,7 @@ def test_a_death_without_restarts_fails_every_call_with_actor_died_error(sim):
 
 def test_a_checkpoint_replaces_the_calls_before_it(sim):
     g = _actor(sim, max_restarts=-1, every=2)
-    (c1, f1), (c2, f2) = sim.task(g), sim.task(g)
+    (c1, _f1), (c2, _f2) = sim.task(g), sim.task(g)
     (w,) = sim.started
     w.hello()
     w.take()

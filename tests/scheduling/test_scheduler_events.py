@@ -10,17 +10,8 @@ import pytest
 from dpool import WorkerCrashedError
 from dpool.protocol import _messages as m
 from dpool.scheduling import _states as S
-from tests.scheduling._sim import SimScheduler
 
 pytestmark = pytest.mark.timeout(20)
-
-
-@pytest.fixture
-def sim():
-    s = SimScheduler()
-    yield s
-    for w in s.started:
-        w.chan.sock.close()
 
 
 def _batch(sim, g, n):
