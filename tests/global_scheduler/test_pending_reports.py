@@ -36,7 +36,8 @@ def _report(gs: GlobalScheduler, chan: Channel, address: str, busy: int, cpus: i
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with gs._lock:
-            if gs._nodes[address][1].avg_task_s == mark:
+            entry = gs._nodes.get(address)  # (its hello may not be handled yet)
+            if entry is not None and entry[1].avg_task_s == mark:
                 return
         time.sleep(0.005)
     raise AssertionError(f"the report of {address} was not applied within 10 s")
