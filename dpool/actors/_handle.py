@@ -63,21 +63,27 @@ class ActorHandle:
     other actors (of the same runtime)."""
 
     __slots__ = ("_group", "_group_id", "_name", "_methods", "_future_type", "_bound",
-                 "__weakref__")
+                 "_host", "__weakref__")
 
     def __init__(self, group: Any, group_id: int, name: str, methods: dict[str, bool],
-                 future_type: type) -> None:
+                 future_type: type, host: str = "") -> None:
         self._group = group  # the scheduler's group in the driver; None in a worker
         self._group_id = group_id
         self._name = name
         self._methods = methods  # method name -> whether it is read-only
         self._future_type = future_type
         self._bound: dict[str, ActorMethod] = {}
+        self._host = host  # the node that hosts it (a cluster's); "" on one host
 
     def _target(self) -> Any:
-        """What this process's client submits to: the group, or its id in a worker."""
+        """What this process's client submits to: the group, or its id in a worker
+        (whose node learns first where the actor lives, if that is another node)."""
         g = self._group
-        return self._group_id if g is None else g
+        if g is not None:
+            return g
+        if self._host:
+            _current.client().actor_route(self._group_id, self._host, self._name)
+        return self._group_id
 
     def __getattr__(self, attr: str) -> ActorMethod:
         if attr.startswith("__") or attr not in self._methods:
@@ -91,13 +97,14 @@ class ActorHandle:
         return sorted(self._methods)
 
     def __reduce__(self) -> tuple:
-        return (_rebuild, (self._group_id, self._name, self._methods))
+        return (_rebuild, (self._group_id, self._name, self._methods, self._host))
 
     def __repr__(self) -> str:
         return f"<ActorHandle {self._name}>"
 
 
-def _rebuild(group_id: int, name: str, methods: dict[str, bool]) -> ActorHandle:
+def _rebuild(group_id: int, name: str, methods: dict[str, bool], host: str = ""
+             ) -> ActorHandle:
     from dpool.futures import Future
 
     group = None
@@ -106,7 +113,7 @@ def _rebuild(group_id: int, name: str, methods: dict[str, bool]) -> ActorHandle:
         if group is None:
             raise errors.Error(f"actor {name} is not one of this driver's: an actor "
                                "handle works only in the runtime that created it")
-    return ActorHandle(group, group_id, name, methods, Future)
+    return ActorHandle(group, group_id, name, methods, Future, host)
 
 
 def public_methods(cls: type) -> dict[str, bool]:
@@ -171,7 +178,7 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
         if name is None:
             cfg.name = f"{label}#{group.group_id}"
         handle = ActorHandle(group, group.group_id, cfg.name, public_methods(cls),
-                             executor._future_type)
+                             executor._future_type, getattr(driver, "node_id", ""))
         if name is not None:
             _named[name] = handle
     if lifetime != "detached":

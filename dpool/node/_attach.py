@@ -102,6 +102,19 @@ class PeerHandle(WorkerHandle):
         self.tasks_in = 0
 
 
+def _actor_state(msg: m.CreateGroup) -> Any:
+    """The scheduler's state of the actor ``msg`` creates: its boot function and
+    constructor are in its initializer, ``(boot, (ctor, ...))`` -- the boot function is
+    dpool's, by reference, and the constructor stays a pickle (the user's class is
+    loaded only in the actor's worker)."""
+    from dpool.scheduling import ActorConfig, ActorState
+
+    boot, boot_args = _payload.loads(msg.initializer or b"")
+    name, max_restarts, every, concurrency = msg.actor
+    return ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
+                                  concurrency))
+
+
 class DriverSessions:
     """Serves the drivers attached to one local scheduler (its ``DriverService``)."""
 
@@ -315,6 +328,8 @@ class DriverSessions:
             if here != root:  # the unpacked copy stands in for the driver's directory
                 g.cwd = map_path(d.cwd, root, here)
                 g.sys_path = [here, *(map_path(p, root, here) for p in d.sys_path)]
+        if msg.actor:
+            g.actor = _actor_state(msg)
         g.owner = d
         self._s.insert_group_locked(g)
         d.groups.add(g.group_id)

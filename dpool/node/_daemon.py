@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Optional
 
 from dpool.control import ClusterControlStore, InProcessControlStore
 from dpool.node import _process
+from dpool.node._actor_calls import ActorCalls
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
@@ -144,12 +145,13 @@ class NodeDaemon:
         self.agent = ClusterAgent(self, store)
         self.spillback = Spillback(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers,
-            local_groups=lambda g: (self.runner.is_mirror(g)
+            local_groups=lambda g: (self.runner.is_mirror(g) or g.actor is not None
                                     or not self.sessions.allows_spillback(g)),
             mirror=self.runner.is_mirror)
         self.spillback.token = self.token
         self.placement_groups = NodePlacementGroups(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
+        self.actor_calls = ActorCalls(self.scheduler, self.node_id)  # (through spillback)
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)

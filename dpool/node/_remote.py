@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.control import ClusterControlStore
-from dpool.errors import Error, ObjectLostError
+from dpool.errors import Error, ObjectLostError, actor_died
 from dpool.node._attach import PeerHandle
 from dpool.node._workdirs import WorkdirCache
 from dpool.objects import inline as _inline
@@ -353,6 +353,13 @@ class RemoteRunner:
     def _run_locked(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
         keys = self._remote_inputs(msg)
+        if not msg.group_cfg and any(not h.group_cfg and h.group_id == msg.group_id
+                                     for h in self._held):
+            # an actor's calls run in the order sent: behind one that waits for inputs
+            if not accepted:
+                self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
+            self._held.append(msg)
+            return
         if keys:
             if not all(k in self._copies and (self._copies[k].payload is not None or
                                               self._copies[k].error is not None)
@@ -374,8 +381,16 @@ class RemoteRunner:
             if localized is None:
                 return
             msg = localized
-        g = self._group_locked(msg)
-        self._last_used[g.group_id] = time.monotonic()
+        if msg.group_cfg:
+            g = self._group_locked(msg)
+            self._last_used[g.group_id] = time.monotonic()
+        else:  # a call of an actor of this node's
+            g = s.group(msg.group_id)  # type: ignore[assignment]
+            if g is None or g.actor is None or g.actor.host:
+                self._send(msg.origin, [m.TaskResult(msg.task_id, False, _payload.dumps_error(
+                    actor_died(f"#{msg.group_id}", f"it is not on node {self.node_id} (it "
+                               "ended, or its node restarted)")), 0.0)])
+                return
         fkey = (msg.origin, msg.fn_id)
         fn_id = self._fns.get(fkey)
         if fn_id is None:
@@ -434,9 +449,11 @@ class RemoteRunner:
                    if msg.origin == origin)
         here: set = set()
         for g in list(self._s.groups_locked()):
-            if self._origin.get(g.group_id, ("",))[0] != origin:
-                continue
+            if self._origin.get(g.group_id, ("",))[0] != origin and g.actor is None:
+                continue  # (an actor's calls may come from any node)
             here.update(t.task_id for t in g.queue)
+            if g.actor is not None:
+                here.update(t.task_id for t in g.actor.order)
             for waiting in g.by_request.values():
                 here.update(t.task_id for t in waiting)
             for w in g.workers:

@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from dpool.errors import PlacementError, WorkerCrashedError
+from dpool.errors import PlacementError, WorkerCrashedError, actor_died
 from dpool.node._spillback_base import (
     _BACKOFF_S,
     _CHECK_S,
@@ -177,14 +177,35 @@ class Spillback(SpillbackWaits, SpillbackResults):
         for gs, msgs in batches.items():
             self._send(gs, msgs)
 
-    def _start_locked(self, t: Task, gss: list) -> Optional[str]:
-        """``t`` leaves for another node: its future runs (None: it was cancelled, and
-        is skipped); the global scheduler to send it to, in turn."""
+    def forward_locked(self, g: WorkerGroup, calls: list, node: str) -> None:
+        """Calls of another node's actor (``g`` is its proxy here) go to that node, in
+        order, as spilled tasks do (``node._actor_calls``)."""
+        msgs = []
+        for t in calls:
+            if not self._started_locked(t):
+                continue
+            try:
+                msgs.append(self._spillback_locked(t, g, node))
+            except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
+                self._s.finish_locked(t, False, _payload.dumps_error(exc))
+        if msgs:
+            self._send(node, msgs)
+
+    def _started_locked(self, t: Task) -> bool:
+        """``t`` leaves for another node: its future runs (False: it was cancelled, and
+        is skipped)."""
         if t.future is not None and not t.started:
             if not t.future.set_running_or_notify_cancel():
                 self._s.skip_cancelled_locked(t)
-                return None
+                return False
         t.started = True
+        return True
+
+    def _start_locked(self, t: Task, gss: list) -> Optional[str]:
+        """``t`` leaves for another node: its future runs (None: it was cancelled, and
+        is skipped); the global scheduler to send it to, in turn."""
+        if not self._started_locked(t):
+            return None
         gs = gss[self._rr % len(gss)]
         self._rr += 1
         return gs
@@ -205,8 +226,9 @@ class Spillback(SpillbackWaits, SpillbackResults):
             deps = tuple((oid, ok, self._outgoing(p, lenders) if ok else p)
                          for oid, ok, p in inputs)
         ctx = g.mp_context
-        cfg = (g.max_workers, ctx.get_start_method() if ctx is not None else "",
-               g.initializer, g.max_tasks, g.max_attempts)
+        cfg = () if g.actor is not None else (  # (an actor's call: its node has the group)
+            g.max_workers, ctx.get_start_method() if ctx is not None else "",
+            g.initializer, g.max_tasks, g.max_attempts)
         msg = m.RemoteTask(t.task_id, self.address, g.group_id, cfg, t.fn_id,
                            s.function_payload(t.fn_id),
                            self._outgoing(t.args) if t.args else t.args, deps,
@@ -313,7 +335,11 @@ class Spillback(SpillbackWaits, SpillbackResults):
         for msg in msgs:
             if isinstance(msg, m.RemoteTask):
                 t = self._take_locked(msg.task_id)
-                if t is not None:
+                if t is None:
+                    pass
+                elif t.group.actor is not None:  # its actor's node: nowhere else to go
+                    self._actor_lost_locked(t, f"its node {address} cannot be reached")
+                else:
                     self._home_locked(t, charge=False)
 
     def peer_closed_locked(self, h: Any) -> None:
@@ -338,6 +364,9 @@ class Spillback(SpillbackWaits, SpillbackResults):
                 self._home_locked(t, charge=False)
                 continue
             g = t.group
+            if g.actor is not None:  # (a call may have changed the actor: not run again)
+                self._actor_lost_locked(t, f"its node {a.node} went away")
+                continue
             if t.attempts < g.max_attempts and g.broken is None:
                 log.warning("node %s went away running task %#x: retrying it", a.node,
                             t.task_id)
@@ -347,6 +376,11 @@ class Spillback(SpillbackWaits, SpillbackResults):
                     f"the node running this task ({a.node}) went away, on attempt "
                     f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
                 self._s.finish_locked(t, False, _payload.dumps_error(err))
+
+    def _actor_lost_locked(self, t: Task, reason: str) -> None:
+        """A call of another node's actor is lost with that node: it fails."""
+        name = t.group.actor.cfg.name
+        self._s.finish_locked(t, False, _payload.dumps_error(actor_died(name, reason)))
 
     def fail_group_locked(self, g: WorkerGroup, err: bytes) -> None:
         """The group broke or was terminated: its tasks away fail now (late results are

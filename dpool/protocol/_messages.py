@@ -168,6 +168,19 @@ class ActorCheckpoint(Slotted):
     state: bytes
 
 
+class ActorRoute(Slotted):
+    """W->S, D->N the actor of group ``group_id`` (named ``name``) lives on node
+    ``node``: this node's calls of it go there (``node._actor_calls``). Sent before the
+    first call through a handle that came from elsewhere; ignored by the hosting node.
+    An embedded runtime (an executor made inside a task) cannot reach it: its calls
+    fail there (``LocalScheduler._on_actor_route_locked``)."""
+
+    CODE: ClassVar[int] = 39
+    group_id: int
+    node: str
+    name: str
+
+
 class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -199,6 +212,7 @@ EMBEDDED_MESSAGES = (
     Forget,
     Output,
     ActorCheckpoint,
+    ActorRoute,
 )
 
 

@@ -57,7 +57,9 @@ class RemoteTask(Slotted):
 
     Self-contained: the function's pickle, the arguments and the dependency values travel
     inline, with the configuration of the group (executor) it belongs to:
-    ``group_cfg`` = (max_workers, start_method, initializer, max_tasks, max_attempts)."""
+    ``group_cfg`` = (max_workers, start_method, initializer, max_tasks, max_attempts).
+    N->N a call of an actor the receiving node hosts (``group_cfg`` is ``()``; the group
+    is the actor's own), sent by a node whose worker or driver made it."""
 
     CODE: ClassVar[int] = 28
     task_id: int
@@ -287,6 +289,9 @@ class CreateGroup(Slotted):
     max_tasks: Optional[int]
     max_attempts: int
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
+    # an actor's group: (name, max_restarts, checkpoint_every, max_concurrency); its
+    # ``initializer`` is then ``(boot, (ctor, ...))`` (``dpool.actors``); () otherwise
+    actor: tuple = ()
 
 
 class GroupOp(Slotted):

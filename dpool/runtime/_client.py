@@ -60,6 +60,11 @@ class Client(FutureClient, Protocol):
     def release(self, object_id: int) -> None:
         """Drop one handle of the object (from ``__del__``: takes no lock)."""
 
+    def actor_route(self, group_id: int, node: str, name: str) -> None:
+        """Before the first call of an actor that cluster node ``node`` hosts, through a
+        handle that came from elsewhere: this process's node (if any) learns where its
+        calls go."""
+
     def lead(self, future: TaskFuture, timeout: Optional[float]) -> Optional[float]:
         """Wait a while for ``future`` by reading its result on this thread (where the
         runtime can); what is left of ``timeout``."""

@@ -211,6 +211,11 @@ class ClusterRuntime(ChannelClient):
     def function_payload(self, fn_id: int) -> bytes:
         return self._fn_payloads[fn_id]
 
+    def actor_route(self, group_id: int, node: str, name: str) -> None:
+        """Before the first call of another driver's actor (``dpool.get_actor``): tell
+        this driver's node where its calls go (sent with that call)."""
+        self.note(m.ActorRoute(group_id, node, name))
+
     def note(self, msg: Any) -> None:
         """Send ``msg`` with the next message or flush (no wake-up: it can wait)."""
         self._pending.append(msg)
@@ -224,11 +229,6 @@ class ClusterRuntime(ChannelClient):
                 f"over ({kinds}: multiprocessing shares locks, queues and shared values by "
                 f"inheritance), but on a cluster the node daemons start the workers. Pass "
                 f"a multiprocessing.Manager() proxy instead, or run without DPOOL_ADDRESS")
-        if getattr(cfg, "actor", None) is not None:
-            from dpool.errors import Error
-
-            raise Error("actors run on the embedded runtime only, for now: unset "
-                        "DPOOL_ADDRESS to use executor.actor()")
         workdir: tuple = ()
         msgs: list = []
         root = _workdir.chosen(getattr(cfg, "working_dir", None))  # raises a clear Error
@@ -242,11 +242,17 @@ class ClusterRuntime(ChannelClient):
                     self.mover.workdirs[digest] = root
         gid = self.new_id()
         g = RemoteGroup(gid, cfg.max_workers, cfg.max_tasks, cfg.max_attempts)
+        actor: tuple = ()
+        if cfg.actor is not None:  # its calls go through the node, in order (no lease)
+            a = cfg.actor
+            actor = (a.name, a.max_restarts, a.checkpoint_every, a.max_concurrency)
+            g.actor = a.name
+            g.lease_closed = True
         self._groups[gid] = g
         self._executors.add(executor)
         method = cfg.mp_context.get_start_method() if cfg.mp_context is not None else ""
         g.create = m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
-                                 cfg.max_tasks, cfg.max_attempts, workdir)
+                                 cfg.max_tasks, cfg.max_attempts, workdir, actor)
         msgs.append(g.create)
         self._send(msgs)
         if self.leases is not None and not g.lease_closed:
@@ -254,7 +260,7 @@ class ClusterRuntime(ChannelClient):
         return g
 
     def group_of(self, group_id: int) -> Any:
-        return None  # (actors run on the embedded runtime only, for now)
+        return self._groups.get(group_id)
 
     def start_workers(self, group: RemoteGroup, n: int) -> None:
         pass  # the nodes start their workers when work needs them; none are on this host

@@ -151,6 +151,9 @@ class DriverRuntime:
                 cache = self._arg_cache
         return cache
 
+    def actor_route(self, group_id: int, node: str, name: str) -> None:
+        pass  # (no cluster here: a handle from one does not unpickle in this driver)
+
     def lead(self, future: TaskFuture, timeout: Any) -> Any:
         """Wait a while for ``future`` by reading its worker's socket on this thread
         (see ``LocalScheduler.lead``); returns what is left of ``timeout``."""

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from dpool import _log
+from dpool import _log, errors
 from dpool._task_future import ObjectRef, TaskFuture
 from dpool.errors import Error, NodeLostError, ObjectLostError
 from dpool.futures import Future
@@ -217,6 +217,9 @@ class Mover:
                 log.warning("dpool: cannot pack %s again for the new node: %s", root, exc)
                 continue
             msgs.append(m.WorkingDir(digest, root, archive))
+        for g in rt._groups.values():  # an actor's state was the dead node's
+            if g.actor and g.broken is None:
+                g.broken = f"its node {dead} was lost"
         groups = [g for g in rt._groups.values()
                   if g.create is not None and not g.exited.is_set() and g.broken is None]
         msgs += [g.create for g in groups]
@@ -262,6 +265,8 @@ class Mover:
 
     def _why_not(self, oid: int, rec: TaskRecord, dead: str) -> Optional[BaseException]:
         g = rec.group
+        if g.actor:
+            return errors.actor_died(g.actor, g.broken or f"its node {dead} was lost")
         if g.broken is not None or g.exited.is_set():
             return NodeLostError(f"node {dead} was lost with task {oid:#x}, whose pool "
                                  f"was already broken or shut down ({g.broken})")

@@ -15,7 +15,7 @@ class RemoteGroup:
 
     __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
                  "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed",
-                 "lease_recalled", "max_attempts", "create", "closing")
+                 "lease_recalled", "max_attempts", "create", "closing", "actor")
 
     def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int],
                  max_attempts: int = 3) -> None:
@@ -25,6 +25,7 @@ class RemoteGroup:
         self.max_attempts = max_attempts
         self.create: Any = None  # its CreateGroup (sent again after a move: ``_move``)
         self.closing = ""  # the close op sent ("close", "close_notify"), if any
+        self.actor = ""  # an actor's group: the actor's name (it lives on the node)
         self.broken: Optional[str] = None
         self.exited = threading.Event()
         self.cancelled = threading.Event()
@@ -35,3 +36,8 @@ class RemoteGroup:
         self.lease_retry_at = 0.0
         # never to lease (again): shut down, or the node's workers do not suit leases
         self.lease_closed = max_tasks is not None
+
+    @property
+    def closed(self) -> bool:
+        """Shut down (closing or exited), as the embedded ``WorkerGroup.closed``."""
+        return bool(self.closing) or self.exited.is_set()

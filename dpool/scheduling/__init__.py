@@ -35,7 +35,7 @@ from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.scheduling import _detect as detect
-    from dpool.scheduling._actors import ActorConfig
+    from dpool.scheduling._actors import ActorConfig, ActorState
     from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
         DriverService,
@@ -57,12 +57,14 @@ _MODULES = {
 }
 _LAZY = {
     "ActorConfig": "dpool.scheduling._actors",
+    "ActorState": "dpool.scheduling._actors",
     **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI",
                      "SpillbackService"), "dpool.scheduling._api"),
 }
 
 __all__ = [
     "ActorConfig",
+    "ActorState",
     "BatchPolicy",
     "DriverService",
     "Handler",

@@ -67,10 +67,13 @@ class ActorConfig:
 class ActorState:
     """An actor group's calls, log and restarts (under the scheduler's lock)."""
 
-    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls")
+    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host")
 
-    def __init__(self, cfg: ActorConfig) -> None:
+    def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
+        # Another node's actor (a node's *proxy* group: no worker here, its calls are
+        # sent to ``host`` as they become ready, in order): that node's address.
+        self.host = host
         self.order: deque = deque()  # its calls not yet sent, in the order admitted
         self.log: list = []  # (fn_id, args, inputs) of the calls run since ``checkpoint``
         self.checkpoint: Optional[bytes] = None
@@ -91,6 +94,9 @@ def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -
     ``idle_only`` (a submitting thread) only to an idle worker: a busy one gets the
     calls queued meanwhile in one batch when its results come back."""
     a: ActorState = g.actor
+    if a.host:
+        _forward_locked(s, g, a)
+        return
     w = None
     for x in g.workers:
         if x.alive:
@@ -152,6 +158,31 @@ def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -
         w.assigned += 1
     if msgs:
         s.send_locked(w, msgs)
+
+def _forward_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> None:
+    """A proxy's calls that are next in its order, ready, go to the actor's node (its
+    inputs travel with each: the hosting node admits them in the order sent)."""
+    order, q = a.order, g.queue
+    calls = []
+    while order:
+        t = order[0]
+        if t.state == WAITING:
+            break
+        order.popleft()
+        if t.state != QUEUED:
+            continue
+        if q and q[0] is t:
+            q.popleft()
+        else:
+            q.remove(t)
+        calls.append(t)
+    if calls:
+        if s._spillback is None:  # (proxies are made by nodes, which have one)
+            for t in calls:
+                s.finish_locked(t, False, actor_error(g, "no route to its node"))
+            return
+        s._spillback.forward_locked(g, calls, a.host)
+
 
 def ran_locked(s: SchedulerCore, t: Task) -> None:
     """Its worker ran call ``t`` (reported its outcome): into the log, which keeps

@@ -81,6 +81,11 @@ class SpillbackService(Protocol):
         """``g`` broke: its tasks away fail with ``err``."""
         ...
 
+    def forward_locked(self, g: WorkerGroup, calls: list, node: str) -> None:
+        """Send ``calls`` (taken off ``g``'s queue, in order) to the node that hosts
+        ``g``'s actor; their outcomes come back as a spilled task's do."""
+        ...
+
     def tick_locked(self) -> None:
         """Periodic work (the IO thread's tick)."""
         ...

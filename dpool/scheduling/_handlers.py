@@ -20,7 +20,7 @@ from dpool.protocol import decode_batch
 from dpool.protocol import messages as m
 from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import ObjectEntry, Task, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 
 log = _log.getLogger("dpool.scheduling")
 
@@ -126,10 +126,15 @@ class WorkerMessages(SchedulerCore):
         self.control.register_function(msg.fn_id, "", msg.payload)
 
     def _on_submit_locked(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
-        g = self._groups.get(msg.group_id, w.group)
+        g = self._groups.get(msg.group_id)
+        if g is None:  # (a worker of a mirror group: its driver's group is the origin's)
+            g = w.group
+            if g is not None and g.actor is not None and g.group_id != msg.group_id:
+                g = None  # (an actor's worker never runs a task of another group)
         if g is None:  # an attached driver's group that is gone
             self.send_locked(w, [m.ObjectValue(msg.task_id, False, _payload.dumps_error(
-                errors.broken_pool("the pool this task was submitted to was shut down")))])
+                errors.broken_pool("the pool or actor this task was submitted to was shut "
+                                   "down, or is not on this node")))])
             return
         w.owned.add(msg.task_id)
         t = Task(msg.task_id, msg.fn_id, msg.args, msg.dep_ids, g, w, None)
@@ -161,6 +166,20 @@ class WorkerMessages(SchedulerCore):
         w.blocked = False
         if w.group.actor is not None and w.group.queue:
             self._dispatch_locked(w.group)  # its calls waited for it
+
+    def _on_actor_route_locked(self, w: WorkerHandle, msg: m.ActorRoute) -> None:
+        """A handle of a cluster's actor reached this embedded runtime (one made inside a
+        task): no route leads there, so its calls fail at once."""
+        if msg.group_id in self._groups:
+            return
+        from dpool.scheduling._actors import ActorConfig, ActorState
+
+        g = WorkerGroup(msg.group_id, 1, None, None, None, 1)
+        g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)
+        g.broken = (f"it lives on node {msg.node}, which this runtime cannot reach (an "
+                    "executor made inside a task is a runtime of its own: call the actor "
+                    "from the task itself)")
+        self._groups[g.group_id] = g
 
     def _on_actor_checkpoint_locked(self, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
         from dpool.scheduling import _actors

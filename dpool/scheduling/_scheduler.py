@@ -146,6 +146,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             m.PutObject.CODE: self._on_put_locked,
             m.Output.CODE: self._on_output_locked,
             m.ActorCheckpoint.CODE: self._on_actor_checkpoint_locked,
+            m.ActorRoute.CODE: self._on_actor_route_locked,  # (a node replaces it)
         }
         self._leading = threading.Lock()  # held by the one driver thread that leads
         self.io = IOLoop(self._on_frames, self._on_closed, self._on_tick)

@@ -55,6 +55,7 @@ class WorkerClient(ChannelClient):
         self._blocked = False
         self._thread: threading.Thread | None = None
         self.wake_fd: int | None = None  # a lent worker's main loop waits on it (_lease)
+        self._routed: set[int] = set()  # actors whose node this worker's node was told
         worker.client = self
 
     # -- sending ---------------------------------------------------------------------------
@@ -76,6 +77,13 @@ class WorkerClient(ChannelClient):
                                          name="dpool-worker-receiver")
                     t.start()
                     self._thread = t
+
+    def actor_route(self, group_id: int, node: str, name: str) -> None:
+        """Before the first call of an actor on node ``node`` (a handle that came from
+        elsewhere): tell this worker's node where its calls go (``node._actor_calls``)."""
+        if group_id not in self._routed:
+            self._routed.add(group_id)
+            self._send([m.ActorRoute(group_id, node, name)])
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,

@@ -1,0 +1,210 @@
+"""Actors on a real two-node cluster: created by a driver (on its node's host, or over
+TCP), called by the driver and by tasks that run on the other node, restarted with their
+state, killed; ``ActorDiedError`` where they are gone."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.cluster.conftest import (
+    TIMEOUT,
+    Cluster,
+    host,
+    start_node,
+    stop_cluster,
+    wait_for_nodes,
+)
+
+pytestmark = pytest.mark.timeout(2 * TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """The head (``host(2)``, 2 CPUs) and ``host(3)`` (2 CPUs and 2 "OTHER"): a task
+    that asks for "OTHER" runs on ``host(3)``."""
+    tmp = tmp_path_factory.mktemp("actors")
+    head, token = start_node(tmp, host(2), head=True,
+                             extra=("--shards", "1", "--global-schedulers", "1"))
+    c = Cluster(head, token, [head])
+    try:
+        other, _ = start_node(tmp, host(3), head=False, address=head.address, token=token,
+                              extra=("--resources", '{"OTHER": 2}'))
+        c.nodes.append(other)
+        wait_for_nodes(c, 2)
+    except BaseException:
+        stop_cluster(c)
+        raise
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+COMMON = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np
+    import dpool
+    from dpool import ProcessPoolExecutor
+
+    class Counter:
+        def __init__(self, start):
+            self.n = start
+            self.seen = []
+
+        def add(self, k):
+            self.n += k
+            self.seen.append(k)
+            return self.n
+
+        def history(self):
+            return self.seen
+
+        def pid(self):
+            return os.getpid()
+
+        def node(self):
+            return os.environ.get("DPOOL_NODE_ID")
+
+        def ones(self, n):
+            return np.ones(n)
+
+        def fail(self):
+            raise KeyError("no such thing")
+
+    def node():
+        return os.environ.get("DPOOL_NODE_ID")
+
+    def call_many(counter, n):
+        fs = [counter.add.submit(i) for i in range(n)]
+        return node(), [f.result() for f in fs]
+
+    def big_sum(counter, n):
+        return node(), float(counter.ones(n).sum())
+
+    class Caller:  # an actor that calls another
+        def __init__(self, counter):
+            self.counter = counter
+
+        def call(self, n):
+            return call_many(self.counter, n)
+
+    def nested(counter):  # an executor made in a task is an embedded runtime of its own
+        with ProcessPoolExecutor(1) as inner:
+            try:
+                inner.submit(call_many, counter, 1).result()
+            except dpool.ActorDiedError as e:
+                return "cannot reach" in str(e)
+""")
+
+
+def _run(c: Cluster, tmp_path, body: str, on_host: bool = False):
+    env = c.driver_env(DPOOL_STATE_DIR=c.head.state_dir) if on_host else None
+    out = c.run_script(COMMON + textwrap.dedent(body), tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    return [line for line in out.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["unix-driver", "tcp-driver"])
+def test_a_drivers_actor_keeps_its_state_and_raises_its_errors(two_nodes, tmp_path, on_host):
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                c = ex.actor(Counter, 10)
+                print(c.add(1), c.add.submit(2).result())
+                fs = [c.add.submit(1) for _ in range(200)]
+                print(fs[-1].result(timeout=30), c.history()[-3:])
+                try:
+                    c.fail()
+                except KeyError as e:
+                    print("KeyError", e, "Traceback" in str(e.__cause__))
+                print(c.add(0))  # it lives on
+                print(ex.submit(call_many, c, 2).result(timeout=30)[1])
+    """, on_host)
+    assert lines[0] == "11 13"
+    assert lines[1] == "213 [1, 1, 1]"
+    assert lines[2] == "KeyError 'no such thing' True"
+    assert lines[3] == "213"
+    assert lines[4] == "[213, 214]"
+
+
+def test_tasks_on_another_node_call_the_actor_in_order(two_nodes, tmp_path):
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                c = ex.actor(Counter, 0)
+                other = ex.options(resources={"OTHER": 1})
+                where, values = other.submit(call_many, c, 100).result(timeout=30)
+                print(where == "%s", values == [sum(range(i + 1)) for i in range(100)])
+                print(c.history() == list(range(100)))
+                # a large result crosses to the caller's node (pulled, not inline)
+                print(other.submit(big_sum, c, 400_000).result(timeout=30)[1])
+                # and a future of an actor call, read by a task over there
+                f = c.ones.submit(300_000)
+                print(other.submit(lambda a: float(a.sum()), f).result(timeout=30))
+                # a handle held by another actor
+                print(ex.actor(Caller, c).call(3)[1])
+                # but not in a runtime nested in a task: a clear error, no hang
+                print(other.submit(nested, c).result(timeout=30))
+    """ % two_nodes.nodes[1].address)
+    assert lines[0] == "True True"
+    assert lines[1] == "True"
+    assert lines[2] == "400000.0"
+    assert lines[3] == "300000.0"
+    assert lines[4] == "[4950, 4951, 4953]"
+    assert lines[5] == "True"
+
+
+def test_an_actor_restarts_with_its_state_and_a_killed_one_says_so(two_nodes, tmp_path):
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                c = ex.options(max_restarts=1, checkpoint_every=3).actor(Counter, 0)
+                for k in (1, 2, 3, 4, 5):
+                    c.add(k)
+                first = c.pid()
+                os.kill(first, signal.SIGKILL)  # (the node is on this host)
+                print(c.add(10), c.pid() != first)
+                dpool.kill(c)
+                try:
+                    c.add(1)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "killed" in str(e))
+                other = ex.options(resources={"OTHER": 1})
+                try:
+                    other.submit(call_many, c, 1).result(timeout=30)
+                except dpool.ActorDiedError as e:
+                    print("from the other node: ActorDiedError")
+                d = ex.actor(Counter, 0)
+                os.kill(d.pid(), signal.SIGKILL)
+                try:
+                    d.add(1)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "max_restarts=0" in str(e))
+    """)
+    assert lines == ["25 True", "ActorDiedError True", "from the other node: ActorDiedError",
+                     "ActorDiedError True"]
+
+
+def test_named_actors_and_bad_input_on_a_cluster(two_nodes, tmp_path):
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                c = ex.options(name="counter").actor(Counter, 5)
+                print(dpool.get_actor("counter").add(1))
+                try:
+                    ex.options(name="counter").actor(Counter, 0)
+                except ValueError as e:
+                    print("ValueError", e)
+                try:
+                    c.nope
+                except AttributeError as e:
+                    print("AttributeError")
+            try:
+                c.add(1)
+            except dpool.ActorDiedError as e:
+                print("after shutdown: ActorDiedError")
+    """)
+    assert lines == ["6", "ValueError an actor named 'counter' exists already",
+                     "AttributeError", "after shutdown: ActorDiedError"]
