@@ -7,9 +7,9 @@ Before the program starts, the stdlib's process pools are bound to dpool's:
   ``ctx.Pool(...)`` create (they import it on each call), so those give a ``dpool.Pool``
   bound to that context;
 - ``multiprocessing.Manager()`` (every context's ``Manager`` method), which returns a
-  started ``dpool.Manager()`` (``multiprocessing.managers``' classes stay the stdlib's) --
-  on the embedded runtime only: with ``DPOOL_ADDRESS`` set it stays the stdlib's, since
-  dpool's managers are actors, which run on one host for now.
+  started ``dpool.Manager()`` (``multiprocessing.managers``' classes stay the stdlib's):
+  its server is an actor, on the embedded runtime or on the cluster, whose proxies work
+  in tasks on any node.
 
 The stdlib's own pool code refers to its ``Pool`` by that global name (``ThreadPool``
 calls ``Pool.__init__``, the handler threads are ``Pool._handle_*``), so the name is not
@@ -65,10 +65,6 @@ def bind_stdlib() -> None:
     std_pool = multiprocessing.pool.Pool
     if not getattr(std_pool, "_dpool_bound", False):
         multiprocessing.pool.Pool = _bound_pool_class(std_pool, dpool.Pool)  # type: ignore[misc,assignment]
-    if os.environ.get("DPOOL_ADDRESS"):  # actors (so dpool's managers) are embedded-only
-        log.debug("bound concurrent.futures.ProcessPoolExecutor and multiprocessing.pool.Pool"
-                  " to dpool's (multiprocessing.Manager stays the stdlib's in cluster mode)")
-        return
     import multiprocessing.context
 
     def Manager(self: Any) -> Any:  # noqa: N802 - the stdlib's name

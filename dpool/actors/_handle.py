@@ -108,8 +108,11 @@ def _rebuild(group_id: int, name: str, methods: dict[str, bool], host: str = ""
     from dpool.futures import Future
 
     group = None
-    if not _current.in_worker():  # (a driver: its own group record)
-        group = _current.driver().group_of(group_id)
+    if not _current.in_worker():  # (a driver: its group record)
+        driver = _current.driver()
+        group = driver.group_of(group_id)
+        if group is None and host:  # another driver's, on the same cluster
+            group = driver.foreign_actor(group_id, name, host)
         if group is None:
             raise errors.Error(f"actor {name} is not one of this driver's: an actor "
                                "handle works only in the runtime that created it")
@@ -170,16 +173,24 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
     with _named_lock:
         if name is not None and name in _named and _alive(_named[name]):
             raise ValueError(f"an actor named {name!r} exists already")
-        cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency)
+        cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency,
+                          lifetime == "detached")
         initializer = _payload.dumps((boot, (ctor, None, [], every, concurrency)))
         group: Any = driver.add_group(
             WorkerGroupConfig(1, executor._mp_context, initializer, None, 1, None, None, cfg),
             executor)
         if name is None:
             cfg.name = f"{label}#{group.group_id}"
-        handle = ActorHandle(group, group.group_id, cfg.name, public_methods(cls),
-                             executor._future_type, getattr(driver, "node_id", ""))
+        methods = public_methods(cls)
+        host = getattr(driver, "node_id", "")
+        handle = ActorHandle(group, group.group_id, cfg.name, methods,
+                             executor._future_type, host)
         if name is not None:
+            try:  # where every driver (and task) of the runtime finds it
+                driver.name_actor(name, (group.group_id, cfg.name, methods, host))
+            except BaseException:
+                driver.terminate_group(group, f"its name {name!r} is taken")
+                raise
             _named[name] = handle
     if lifetime != "detached":
         executor._actor_groups.append(group)  # shut down with the executor
@@ -193,15 +204,26 @@ def _alive(handle: ActorHandle) -> bool:
 
 
 def get_actor(name: str) -> ActorHandle:
-    """The handle of the live actor created with ``name=`` by this driver."""
-    if _current.in_worker():
-        raise errors.Error("get_actor() works in the driver that created the actor; pass "
-                           "its handle to tasks instead")
-    with _named_lock:
-        handle = _named.get(name)
-    if handle is None or not _alive(handle):
+    """The handle of the live actor created with ``name=``: by this driver, or, on a
+    cluster, by any driver (also from a task)."""
+    if not isinstance(name, str):
+        raise TypeError(f"get_actor() takes the actor's name, a str, got {name!r}")
+    if not _current.in_worker():
+        with _named_lock:
+            handle = _named.get(name)
+        if handle is not None and _alive(handle):
+            return handle
+    record = _current.client().find_actor(name)
+    if record is None:
         raise ValueError(f"no live actor named {name!r}")
-    return handle
+    from dpool.futures import Future
+
+    group_id, label, methods, host = record
+    group = None
+    if not _current.in_worker():
+        driver = _current.driver()
+        group = driver.group_of(group_id) or driver.foreign_actor(group_id, label, host)
+    return ActorHandle(group, group_id, label, methods, Future, host)
 
 
 def kill(handle: ActorHandle) -> None:
@@ -209,9 +231,7 @@ def kill(handle: ActorHandle) -> None:
     ``dpool.ActorDiedError``."""
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an actor handle, got {type(handle).__name__}")
-    if handle._group is None:
-        raise errors.Error("kill() works in the driver that created the actor")
-    _current.driver().terminate_group(handle._group, "it was killed (dpool.kill)")
+    _current.client().kill_actor(handle._group_id, handle._host, "it was killed (dpool.kill)")
 
 
 def readonly(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,6 +30,8 @@ key                        shard     contents
 ``dpool:idprefix``         0         counter: ``INCR`` hands out id prefixes
 ``dpool:workdir:<hash>``   by hash   string: a packed working directory by content hash
                                      (``protocol._workdir``), set once, with a TTL
+``dpool:actor:<name>``     by name   string: the named actor's record (JSON: ``group``,
+                                     ``label``, ``methods``, ``node``); set while it lives
 =========================  ========  ==========================================================
 
 Channels: ``dpool:ch:object-ready`` is published on the object's shard (subscribers listen
@@ -82,6 +84,11 @@ Id = int | str
 
 def fn_key(fn_id: int) -> bytes:
     return b"dpool:fn:%d" % fn_id
+
+
+def actor_key(name: str) -> bytes:
+    """A named actor's record (``dpool.get_actor``)."""
+    return b"dpool:actor:" + name.encode()
 
 
 def workdir_key(digest: str) -> bytes:

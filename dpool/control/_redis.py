@@ -48,6 +48,11 @@ log = logging.getLogger("dpool.control")
 
 EVENT_LOG_ENTRIES = 20_000  # per shard; each entry is one flush's events (MAXLEN ~)
 _FLUSHER_IDLE_S = 1.0  # the longest sleep of a flusher with nothing queued
+# compare-and-set / compare-and-delete of one key (the actor directory)
+_SWAP = "if redis.call('GET', KEYS[1]) == ARGV[1] then " \
+        "redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0"
+_DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then " \
+             "return redis.call('DEL', KEYS[1]) end return 0"
 
 
 def _parse_address(address: str) -> tuple[str, int]:
@@ -381,6 +386,38 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         shard = self._shard(digest)
         with self._errors(shard, "get_workdir"):
             return self._clients[shard].get(K.workdir_key(digest))
+
+    # -- the actor directory (named actors) ---------------------------------------------
+    def claim_actor_name(self, name: str, record: bytes,
+                         stale: Callable[[bytes], bool]) -> bytes | None:
+        """Give ``name`` to the actor ``record``: None, or the record of the actor that
+        holds it (taken over instead when ``stale(record)`` says that one is gone)."""
+        shard = self._shard(name)
+        key = K.actor_key(name)
+        with self._errors(shard, "claim_actor_name"):
+            client = self._clients[shard]
+            for _ in range(3):
+                if client.set(key, record, nx=True):
+                    return None
+                have = client.get(key)
+                if have is None:
+                    continue  # (released meanwhile)
+                if not stale(have):
+                    return bytes(have)
+                if client.eval(_SWAP, 1, key, have, record):
+                    return None
+            return bytes(client.get(key) or b"")
+
+    def find_actor_name(self, name: str) -> bytes | None:
+        shard = self._shard(name)
+        with self._errors(shard, "find_actor_name"):
+            return self._clients[shard].get(K.actor_key(name))
+
+    def release_actor_name(self, name: str, record: bytes) -> None:
+        """Free ``name`` if ``record`` still holds it."""
+        shard = self._shard(name)
+        with self._errors(shard, "release_actor_name"):
+            self._clients[shard].eval(_DELETE_IF, 1, K.actor_key(name), record)
 
     def get_object(self, object_id: int) -> tuple[int, str] | None:
         """``(size, a location)``, or None if the object is unknown or has no copy left."""

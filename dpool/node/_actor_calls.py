@@ -15,14 +15,27 @@ A proxy has no worker: its calls wait at B for their inputs (a call waiting hold
 calls after it), then go to A one message each, over the link between the two nodes, so
 A admits them in the order the caller made them. A call whose node goes away fails with
 ``ActorDiedError`` (it may have run: it is not sent again). The hosting node ignores the
-route. Handlers run under the scheduler's lock.
+route.
+
+Named actors are in the cluster's actor directory (the control store's
+``dpool:actor:<name>``): the node that hosts one claims its name for it when its driver
+asks (``ActorName``, answered once the claim is made or refused) and frees it when the
+actor ends; ``ActorFind`` (``dpool.get_actor``, from a driver or a task) reads it. A name
+whose actor's node is dead, or gone from its node, is free. ``KillActor`` ends an actor
+from any driver or task: the hosting node terminates it, another passes it on there.
+Handlers run under the scheduler's lock; the control store is read and written on
+threads of their own, which take the lock to answer.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+import threading
+from typing import Any, Callable, Optional
 
+from dpool.control import ClusterControlStore
+from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling import ActorConfig, ActorState, SchedulerAPI, WorkerGroup
 
@@ -30,13 +43,25 @@ log = logging.getLogger("dpool.scheduling")
 
 
 class ActorCalls:
-    """A node's routes to the actors of other nodes."""
+    """A node's routes to the actors of other nodes, and its part of the actor
+    directory."""
 
-    def __init__(self, scheduler: SchedulerAPI, node_id: str) -> None:
+    def __init__(self, scheduler: SchedulerAPI, node_id: str,
+                 send: Callable[[str, list], None]) -> None:
         self._s = scheduler
         self.node_id = node_id
-        scheduler.register_handler(m.ActorRoute.CODE, self._on_route_locked)
+        self._send = send  # a peer link's send, by node address
+        self.control: Optional[ClusterControlStore] = None  # the directory (a cluster's)
+        self.alive_nodes: Callable[[], set] = lambda: {node_id}
+        self._names: dict[int, tuple[str, bytes]] = {}  # group id -> its name and record
+        scheduler.attach_services(actors=self)
+        for msg_type, handler in ((m.ActorRoute, self._on_route_locked),
+                                  (m.ActorName, self._on_name_locked),
+                                  (m.ActorFind, self._on_find_locked),
+                                  (m.KillActor, self._on_kill_locked)):
+            scheduler.register_handler(msg_type.CODE, handler)
 
+    # -- calls ---------------------------------------------------------------------------
     def _on_route_locked(self, h: Any, msg: m.ActorRoute) -> None:
         s = self._s
         if not msg.node or msg.node == self.node_id or s.group(msg.group_id) is not None:
@@ -45,3 +70,94 @@ class ActorCalls:
         g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)
         s.insert_group_locked(g)
         log.debug("calls of actor %s go to node %s", msg.name, msg.node)
+
+    def _on_kill_locked(self, h: Any, msg: m.KillActor) -> None:
+        g = self._s.group(msg.group_id)
+        if g is not None and g.actor is not None and not g.actor.host:
+            g.closed = True  # the calls after this message fail (the killer's too: its
+            g.broken = g.broken or msg.reason  # node forwards them after it, in order)
+            threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
+                             daemon=True, name="dpool-kill-actor").start()
+        elif msg.node and msg.node != self.node_id:
+            self._send(msg.node, [msg])
+
+    # -- the directory -------------------------------------------------------------------
+    def _on_name_locked(self, h: Any, msg: m.ActorName) -> None:
+        threading.Thread(target=self._name, args=(h, msg), daemon=True,
+                         name="dpool-actor-name").start()
+
+    def _on_find_locked(self, h: Any, msg: m.ActorFind) -> None:
+        threading.Thread(target=self._find, args=(h, msg), daemon=True,
+                         name="dpool-actor-find").start()
+
+    def _name(self, h: Any, msg: m.ActorName) -> None:
+        s = self._s
+        gid = msg.record[0]
+        taken = ValueError(f"an actor named {msg.name!r} exists already")
+        err: Optional[BaseException] = None
+        try:
+            if self.control is None:
+                if not s.name_actor(msg.name, msg.record):
+                    err = taken
+            else:
+                gid, label, methods, node = msg.record
+                blob = json.dumps({"group": gid, "label": label, "methods": methods,
+                                   "node": node}, sort_keys=True).encode()
+                if self.control.claim_actor_name(msg.name, blob, self._stale) is not None:
+                    err = taken
+                else:
+                    with s.lock:
+                        g = s.group(gid)
+                        live = g is not None and g.actor is not None and g.broken is None
+                        if live:
+                            g.actor.named = msg.name  # type: ignore[union-attr]
+                            self._names[gid] = (msg.name, blob)
+                    if not live:  # it ended meanwhile
+                        self.control.release_actor_name(msg.name, blob)
+        except Exception as exc:  # noqa: BLE001 - the driver's create() raises it
+            err = exc
+        self._answer(h, msg.request_id, err is None,
+                     _payload.dumps(None) if err is None else _payload.dumps_error(err))
+
+    def _find(self, h: Any, msg: m.ActorFind) -> None:
+        try:
+            if self.control is None:
+                record = self._s.find_actor(msg.name)
+            else:
+                blob = self.control.find_actor_name(msg.name)
+                record = None
+                if blob is not None and not self._stale(blob):
+                    r = json.loads(blob)
+                    record = (r["group"], r["label"], r["methods"], r["node"])
+            self._answer(h, msg.request_id, True, _payload.dumps(record))
+        except Exception as exc:  # noqa: BLE001 - get_actor() raises it
+            self._answer(h, msg.request_id, False, _payload.dumps_error(exc))
+
+    def _stale(self, blob: bytes) -> bool:
+        """Whether the actor of a directory record is gone: its node is dead, or it is
+        not on its node (this one) any more."""
+        try:
+            r = json.loads(blob)
+        except ValueError:
+            return True
+        if r.get("node") != self.node_id:
+            return r.get("node") not in self.alive_nodes()
+        with self._s.lock:
+            g = self._s.group(r.get("group", 0))
+            return g is None or g.actor is None or g.broken is not None or g.closed
+
+    def ended_locked(self, name: str, group_id: int) -> None:
+        """An actor of this node's that had a name ended: the name is free."""
+        held = self._names.pop(group_id, None)
+        control = self.control
+        if held is not None and control is not None:
+            threading.Thread(target=control.release_actor_name, args=held, daemon=True,
+                             name="dpool-actor-unname").start()
+
+    def _answer(self, h: Any, request_id: int, ok: bool, payload: bytes) -> None:
+        s = self._s
+        with s.lock:
+            if h.alive:
+                s.send_locked(h, [m.ObjectValue(request_id, ok, payload)])
+            out = s.take_out_locked()
+        s.deliver(out)

@@ -110,9 +110,9 @@ def _actor_state(msg: m.CreateGroup) -> Any:
     from dpool.scheduling import ActorConfig, ActorState
 
     boot, boot_args = _payload.loads(msg.initializer or b"")
-    name, max_restarts, every, concurrency = msg.actor
+    name, max_restarts, every, concurrency, detached = msg.actor
     return ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
-                                  concurrency))
+                                  concurrency, detached))
 
 
 class DriverSessions:
@@ -496,6 +496,9 @@ class DriverSessions:
         for gid in list(d.groups):
             g = s.group(gid)
             if g is None:
+                continue
+            if g.actor is not None and g.actor.cfg.detached and g.broken is None:
+                g.owner = None  # it outlives its driver (until dpool.kill)
                 continue
             g.closed = True
             g.broken = g.broken or "the driver that owned this pool disconnected"

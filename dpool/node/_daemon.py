@@ -116,6 +116,7 @@ class NodeDaemon:
         self.runner.token = token
         self.sessions.remote_origin = self.runner.origin_of
         self.sessions.send_to_node = self.links.send
+        self.actor_calls = ActorCalls(self.scheduler, self.node_id, self.links.send)
         self.control: Optional[ClusterControlStore] = None
         self.agent: Optional[ClusterAgent] = None
         self.spillback: Optional[Spillback] = None
@@ -151,7 +152,8 @@ class NodeDaemon:
         self.spillback.token = self.token
         self.placement_groups = NodePlacementGroups(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
-        self.actor_calls = ActorCalls(self.scheduler, self.node_id)  # (through spillback)
+        self.actor_calls.control = store
+        self.actor_calls.alive_nodes = self._alive_nodes
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)
@@ -189,6 +191,13 @@ class NodeDaemon:
                 "global_schedulers": [{"address": g.get("address"), "alive": g.get("alive")}
                                       for g in gss],
                 "shards": control.shard_info()}
+
+    def _alive_nodes(self) -> set:
+        """The nodes the node table says are alive (the actor directory's check)."""
+        control = self.control
+        if control is None:
+            return {self.node_id}
+        return {row["node_id"] for row in control.nodes() if row.get("alive")}
 
     def node_info(self) -> dict:
         return {"address": self.address, "num_cpus": self.num_cpus,

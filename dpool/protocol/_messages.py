@@ -181,6 +181,25 @@ class ActorRoute(Slotted):
     name: str
 
 
+class ActorFind(Slotted):
+    """W->S, D->N which live actor is named ``name`` (``dpool.get_actor``)? Answered with
+    ``ObjectValue(request_id)``: ``(group id, label, methods, node)``, or None."""
+
+    CODE: ClassVar[int] = 40
+    request_id: int
+    name: str
+
+
+class KillActor(Slotted):
+    """W->S, D->N, N->N end the actor of group ``group_id`` now (``dpool.kill``) for
+    ``reason``; a node that does not host it passes it on to ``node``, which does."""
+
+    CODE: ClassVar[int] = 41
+    group_id: int
+    node: str
+    reason: str
+
+
 class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -213,6 +232,8 @@ EMBEDDED_MESSAGES = (
     Output,
     ActorCheckpoint,
     ActorRoute,
+    ActorFind,
+    KillActor,
 )
 
 

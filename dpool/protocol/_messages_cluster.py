@@ -255,6 +255,17 @@ class TasksKnown(Slotted):
     unknown: tuple
 
 
+class ActorName(Slotted):
+    """D->N register ``name`` for the actor ``record`` (group id, label, methods, node)
+    in the cluster's actor directory, unless a live actor has it. Answered with
+    ``ObjectValue(request_id)``: None, or the ``ValueError`` that says it is taken."""
+
+    CODE: ClassVar[int] = 107
+    request_id: int
+    name: str
+    record: tuple
+
+
 class Attach(Slotted):
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
@@ -289,8 +300,9 @@ class CreateGroup(Slotted):
     max_tasks: Optional[int]
     max_attempts: int
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
-    # an actor's group: (name, max_restarts, checkpoint_every, max_concurrency); its
-    # ``initializer`` is then ``(boot, (ctor, ...))`` (``dpool.actors``); () otherwise
+    # an actor's group: (name, max_restarts, checkpoint_every, max_concurrency,
+    # detached); its ``initializer`` is then ``(boot, (ctor, ...))`` (``dpool.actors``);
+    # () otherwise
     actor: tuple = ()
 
 
@@ -461,11 +473,12 @@ CLUSTER_MESSAGES = (
     BundleHeld,
     TasksQuery,
     TasksKnown,
+    ActorName,
 )
 
 __all__ = [
-    "CLUSTER_MESSAGES", "Accepted", "Attach", "Attached", "BundleHeld", "BundleHold",
-    "CancelTask", "CreateGroup", "DropGroup", "FetchSegment", "GroupBroken", "GroupExited",
+    "CLUSTER_MESSAGES", "Accepted", "ActorName", "Attach", "Attached", "BundleHeld",
+    "BundleHold", "CancelTask", "CreateGroup", "DropGroup", "FetchSegment", "GroupBroken", "GroupExited",
     "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost", "LeaseReady", "LeaseRecall",
     "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask", "Load", "PeerHello",
     "PeerWelcome", "PlacementFailed", "PlacementGroupRemove", "PlacementGroupReserve",

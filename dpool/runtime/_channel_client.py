@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     T = TypeVar("T")
 
 
+_ASK_TIMEOUT = 30.0  # (the node answers from the control store: a lost answer is a bug)
+
+
 class ChannelClient:
     """The shared half of a client whose runtime is at the other end of a channel."""
 
@@ -56,6 +59,22 @@ class ChannelClient:
         self._futures[ref.id] = fut
         self._send([m.GetObjects((ref.id,))])
         return fut
+
+    def request(self, make: Callable[[int], Any]) -> TaskFuture:
+        """Ask the scheduler something: ``make(reply_id)`` is the question, answered by
+        ``ObjectValue(reply_id)`` (a value, or an error that ``result()`` raises)."""
+        rid = self.new_id()
+        fut = Future(0, self) if self.gives_back_slot else Future()
+        fut.set_running_or_notify_cancel()
+        self._futures[rid] = fut
+        self._send([make(rid)])
+        return fut
+
+    def find_actor(self, name: str) -> Optional[tuple]:
+        return self.request(lambda rid: m.ActorFind(rid, name)).result(_ASK_TIMEOUT)
+
+    def kill_actor(self, group_id: int, node: str, reason: str) -> None:
+        self._send([m.KillActor(group_id, node, reason)])
 
     def release(self, object_id: int) -> None:
         """Drop one handle. Safe from ``__del__`` in any thread: no lock is taken."""

@@ -65,6 +65,12 @@ class Client(FutureClient, Protocol):
         handle that came from elsewhere: this process's node (if any) learns where its
         calls go."""
 
+    def find_actor(self, name: str) -> Optional[tuple]:
+        """The live actor named ``name``: (group id, label, methods, node), or None."""
+
+    def kill_actor(self, group_id: int, node: str, reason: str) -> None:
+        """End the actor of group ``group_id`` (hosted by ``node``) for ``reason``."""
+
     def lead(self, future: TaskFuture, timeout: Optional[float]) -> Optional[float]:
         """Wait a while for ``future`` by reading its result on this thread (where the
         runtime can); what is left of ``timeout``."""
@@ -87,9 +93,17 @@ class Driver(Client, Protocol):
         says); the executor is shut down when the driver closes. The calls below take the
         group this returned."""
 
+    def name_actor(self, name: str, record: tuple) -> None:
+        """Give the actor ``record`` (group id, label, methods, node) ``name`` where every
+        driver finds it; ``ValueError`` if a live actor has it."""
+
+    def foreign_actor(self, group_id: int, label: str, node: str) -> Any:
+        """What this driver submits the calls of another driver's actor to (on a
+        cluster: a group record of its own for it, ``node`` hosts the actor)."""
+
     def group_of(self, group_id: int) -> Any:
         """The group ``add_group`` made with this id, while this runtime knows it (None
-        after; on a cluster driver, None: only the nodes know groups by id)."""
+        after, and for another driver's)."""
 
     def start_workers(self, group: Any, n: int) -> None:
         """Have ``n`` of ``group``'s workers running on this host (at most its

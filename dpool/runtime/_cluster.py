@@ -216,6 +216,9 @@ class ClusterRuntime(ChannelClient):
         this driver's node where its calls go (sent with that call)."""
         self.note(m.ActorRoute(group_id, node, name))
 
+    def name_actor(self, name: str, record: tuple) -> None:
+        self.request(lambda rid: m.ActorName(rid, name, record)).result(CONNECT_TIMEOUT)
+
     def note(self, msg: Any) -> None:
         """Send ``msg`` with the next message or flush (no wake-up: it can wait)."""
         self._pending.append(msg)
@@ -228,7 +231,9 @@ class ClusterRuntime(ChannelClient):
                 f"initargs hold objects that only process creation on this host can hand "
                 f"over ({kinds}: multiprocessing shares locks, queues and shared values by "
                 f"inheritance), but on a cluster the node daemons start the workers. Pass "
-                f"a multiprocessing.Manager() proxy instead, or run without DPOOL_ADDRESS")
+                f"a dpool.Manager() proxy instead (m = dpool.Manager(); m.Lock(), "
+                f"m.Queue(), m.Value(...): they work on every node), or run without "
+                f"DPOOL_ADDRESS")
         workdir: tuple = ()
         msgs: list = []
         root = _workdir.chosen(getattr(cfg, "working_dir", None))  # raises a clear Error
@@ -245,7 +250,8 @@ class ClusterRuntime(ChannelClient):
         actor: tuple = ()
         if cfg.actor is not None:  # its calls go through the node, in order (no lease)
             a = cfg.actor
-            actor = (a.name, a.max_restarts, a.checkpoint_every, a.max_concurrency)
+            actor = (a.name, a.max_restarts, a.checkpoint_every, a.max_concurrency,
+                     a.detached)
             g.actor = a.name
             g.lease_closed = True
         self._groups[gid] = g
@@ -261,6 +267,24 @@ class ClusterRuntime(ChannelClient):
 
     def group_of(self, group_id: int) -> Any:
         return self._groups.get(group_id)
+
+    def kill_actor(self, group_id: int, node: str, reason: str) -> None:
+        g = self._groups.get(group_id)
+        if g is not None and g.create is not None:  # this driver's: until its worker exits
+            self.terminate_group(g, reason)
+        else:  # another driver's: its node ends it
+            self._send([m.KillActor(group_id, node, reason)])
+
+    def foreign_actor(self, group_id: int, label: str, node: str) -> RemoteGroup:
+        """What this driver submits calls of another driver's actor to (``get_actor``);
+        its node learns where the actor lives with the first of them."""
+        g = self._groups.get(group_id)
+        if g is None:
+            g = self._groups[group_id] = RemoteGroup(group_id, 1, None, 1)
+            g.actor = label
+            g.lease_closed = True
+            self.actor_route(group_id, node, label)
+        return g
 
     def start_workers(self, group: RemoteGroup, n: int) -> None:
         pass  # the nodes start their workers when work needs them; none are on this host
@@ -352,6 +376,9 @@ class ClusterRuntime(ChannelClient):
                kwargs: dict, req: Optional[_resources.Request], future_type: Any) -> Future:
         oid = self.new_id()
         fut = _ClusterFuture(oid, self)
+        if group.actor and group.broken is not None:  # (lost with its node: ``_move``)
+            fut._client = None
+            return _calls.failed_future(fut, errors.actor_died(group.actor, group.broken))
         try:
             if self.store_owner:  # on the node's host: large values go to its store
                 fn_id, payload, deps = _calls.submit_prepared(self, fn, args, kwargs, fut)

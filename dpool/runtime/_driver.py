@@ -154,6 +154,21 @@ class DriverRuntime:
     def actor_route(self, group_id: int, node: str, name: str) -> None:
         pass  # (no cluster here: a handle from one does not unpickle in this driver)
 
+    def foreign_actor(self, group_id: int, label: str, node: str) -> Any:
+        return self.group_of(group_id)  # (one runtime: every actor is this driver's)
+
+    def name_actor(self, name: str, record: tuple) -> None:
+        if not self.scheduler.name_actor(name, record):
+            raise ValueError(f"an actor named {name!r} exists already")
+
+    def find_actor(self, name: str) -> Optional[tuple]:
+        return self.scheduler.find_actor(name)
+
+    def kill_actor(self, group_id: int, node: str, reason: str) -> None:
+        g = self.scheduler.group(group_id)
+        if g is not None and g.actor is not None:
+            self.scheduler.terminate_group(g, reason)
+
     def lead(self, future: TaskFuture, timeout: Any) -> Any:
         """Wait a while for ``future`` by reading its worker's socket on this thread
         (see ``LocalScheduler.lead``); returns what is left of ``timeout``."""

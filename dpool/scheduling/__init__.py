@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from dpool.scheduling._actors import ActorConfig, ActorState
     from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
+        ActorService,
         DriverService,
         Handler,
         LeaseService,
@@ -58,12 +59,13 @@ _MODULES = {
 _LAZY = {
     "ActorConfig": "dpool.scheduling._actors",
     "ActorState": "dpool.scheduling._actors",
-    **dict.fromkeys(("DriverService", "Handler", "LeaseService", "SchedulerAPI",
-                     "SpillbackService"), "dpool.scheduling._api"),
+    **dict.fromkeys(("ActorService", "DriverService", "Handler", "LeaseService",
+                     "SchedulerAPI", "SpillbackService"), "dpool.scheduling._api"),
 }
 
 __all__ = [
     "ActorConfig",
+    "ActorService",
     "ActorState",
     "BatchPolicy",
     "DriverService",

@@ -62,15 +62,17 @@ class ActorConfig:
     max_restarts: int = 0  # -1: restarted whenever it dies
     checkpoint_every: int = 0  # 0: never
     max_concurrency: int = 1  # calls that may run at once (on threads of the worker)
+    detached: bool = False  # lifetime="detached": on a cluster, outlives its driver
 
 
 class ActorState:
     """An actor group's calls, log and restarts (under the scheduler's lock)."""
 
-    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host")
+    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named")
 
     def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
+        self.named = ""  # the name it holds in the actor directory (``name_locked``)
         # Another node's actor (a node's *proxy* group: no worker here, its calls are
         # sent to ``host`` as they become ready, in order): that node's address.
         self.host = host
@@ -241,11 +243,44 @@ def died_locked(s: SchedulerCore, w: WorkerHandle, held: list, exitcode: Optiona
         f" after {a.restarts} restart(s)" if a.restarts else " (max_restarts=0)"))
 
 def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
-    """An actor group is gone: its log lets go of what it kept."""
+    """An actor group is gone: its log lets go of what it kept, its name is free."""
     a: Optional[ActorState] = g.actor
     if a is not None:
         _forget_log_locked(s, a)
         a.order.clear()
+        if a.named:
+            name, a.named = a.named, ""
+            if s.actor_names.get(name, (0,))[0] == g.group_id:
+                del s.actor_names[name]
+            if s._actor_service is not None:
+                s._actor_service.ended_locked(name, g.group_id)
+
+
+def _live(s: SchedulerCore, group_id: int) -> Optional[WorkerGroup]:
+    g = s._groups.get(group_id)
+    if g is None or g.actor is None or g.broken is not None or g.closed:
+        return None
+    return g
+
+
+def name_locked(s: SchedulerCore, name: str, record: tuple) -> bool:
+    """Give the actor of ``record`` (group id, label, methods, node) ``name``, unless a
+    live actor has it (False)."""
+    have = s.actor_names.get(name)
+    if have is not None and _live(s, have[0]) is not None:
+        return False
+    g = _live(s, record[0])
+    if g is None:
+        return True  # (it ended already: nothing to find it by)
+    s.actor_names[name] = record
+    g.actor.named = name
+    return True
+
+
+def find_locked(s: SchedulerCore, name: str) -> Optional[tuple]:
+    """The record of the live actor named ``name``, or None."""
+    rec = s.actor_names.get(name)
+    return rec if rec is not None and _live(s, rec[0]) is not None else None
 
 
 def actor_error(g: WorkerGroup, reason: str) -> bytes:

@@ -97,6 +97,15 @@ class SpillbackService(Protocol):
 
 
 @runtime_checkable
+class ActorService(Protocol):
+    """A node's part of the actor directory (``node._actor_calls.ActorCalls``)."""
+
+    def ended_locked(self, name: str, group_id: int) -> None:
+        """The actor of group ``group_id``, which had ``name``, ended: the name is free."""
+        ...
+
+
+@runtime_checkable
 class LeaseService(Protocol):
     """Workers lent to drivers of this host (``node._leases.LeaseDesk``)."""
 
@@ -168,7 +177,8 @@ class SchedulerAPI(Protocol):
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
                         spillback: Optional[SpillbackService] = None,
-                        leases: Optional[LeaseService] = None) -> None:
+                        leases: Optional[LeaseService] = None,
+                        actors: Optional[ActorService] = None) -> None:
         """Plug in the node's services (those given; the others stay as they were)."""
         ...
 
@@ -204,6 +214,14 @@ class SchedulerAPI(Protocol):
     # -- lock held: groups ---------------------------------------------------------------
     def groups_locked(self) -> ValuesView[WorkerGroup]:
         """Every group (a live view: copy it before changing groups while iterating)."""
+        ...
+
+    def find_actor(self, name: str) -> Optional[tuple]:
+        """The record of the live actor named ``name`` here, or None (takes the lock)."""
+        ...
+
+    def name_actor(self, name: str, record: tuple) -> bool:
+        """Register ``name`` for an actor of this scheduler's (takes the lock)."""
         ...
 
     def insert_group_locked(self, g: WorkerGroup) -> None:

@@ -35,7 +35,13 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Optional, Protocol
 
     from dpool.control import ControlStore
-    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
+    from dpool.scheduling._api import (
+        ActorService,
+        DriverService,
+        Handler,
+        LeaseService,
+        SpillbackService,
+    )
 
     class SchedulerCore(Protocol):
         lock: SchedulerLock
@@ -48,6 +54,8 @@ if TYPE_CHECKING:
         cpu_limit: Optional[int]
         zygote: Any  # the fork server (``_zygote.Zygote``) or None
         id_prefix: Optional[Callable[[], int]]
+        actor_names: dict[str, tuple]
+        _actor_service: Optional[ActorService]
         ledger: Optional[Ledger]
         ledger_spec: Optional[dict]
         _groups: dict[int, WorkerGroup]
@@ -109,6 +117,9 @@ if TYPE_CHECKING:
         def _adopt_result_locked(self, ok: bool, payload: bytes,
                                  rebuilt: bool = False) -> tuple[bool, bytes]:
             ...
+
+        # -- GroupCalls ------------------------------------------------------------------------
+        def terminate_group(self, group: WorkerGroup, reason: str) -> None: ...
 
         # -- ResourceDispatch ------------------------------------------------------------------
         def resources_locked(self) -> Ledger: ...

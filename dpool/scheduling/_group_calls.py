@@ -113,3 +113,19 @@ class GroupCalls(SchedulerCore):
         for w in victims:
             _reap(w, kill_after=0.5)
         self.deliver(out)
+
+    # -- named actors (``_actors``) -----------------------------------------------------
+    def name_actor(self, name: str, record: tuple) -> bool:
+        """Register ``name`` for the actor ``record`` (group id, label, methods, node);
+        False if a live actor has it."""
+        from dpool.scheduling import _actors
+
+        with self.lock:
+            return _actors.name_locked(self, name, record)
+
+    def find_actor(self, name: str) -> Optional[tuple]:
+        """The record of the live actor named ``name``, or None."""
+        from dpool.scheduling import _actors
+
+        with self.lock:
+            return _actors.find_locked(self, name)

@@ -181,6 +181,22 @@ class WorkerMessages(SchedulerCore):
                     "from the task itself)")
         self._groups[g.group_id] = g
 
+    def _on_actor_find_locked(self, w: WorkerHandle, msg: m.ActorFind) -> None:
+        from dpool.scheduling import _actors
+
+        self.send_locked(w, [m.ObjectValue(msg.request_id, True, _payload.dumps(
+            _actors.find_locked(self, msg.name)))])
+
+    def _on_kill_actor_locked(self, w: WorkerHandle, msg: m.KillActor) -> None:
+        g = self._groups.get(msg.group_id)
+        if g is not None and g.actor is not None and not g.actor.host:
+            import threading  # (terminating takes the lock and waits for the worker)
+
+            g.closed = True  # the calls after this message fail (the killer's too)
+            g.broken = g.broken or msg.reason
+            threading.Thread(target=self.terminate_group, args=(g, msg.reason),
+                             daemon=True, name="dpool-kill-actor").start()
+
     def _on_actor_checkpoint_locked(self, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
         from dpool.scheduling import _actors
 

@@ -74,7 +74,13 @@ if TYPE_CHECKING:
     from dpool.scheduling._actors import ActorConfig
 
     from dpool.control import ControlStore
-    from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
+    from dpool.scheduling._api import (
+        ActorService,
+        DriverService,
+        Handler,
+        LeaseService,
+        SpillbackService,
+    )
 
 log = _log.getLogger("dpool.scheduling")
 
@@ -128,6 +134,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
+        # named actors: name -> (group id, label, methods, node) (``_actors``); a node
+        # keeps its names in the control store (its ``ActorService``)
+        self.actor_names: dict[str, tuple] = {}
+        self._actor_service: Optional[ActorService] = None
         # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
@@ -146,7 +156,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             m.PutObject.CODE: self._on_put_locked,
             m.Output.CODE: self._on_output_locked,
             m.ActorCheckpoint.CODE: self._on_actor_checkpoint_locked,
-            m.ActorRoute.CODE: self._on_actor_route_locked,  # (a node replaces it)
+            # (a node replaces these three: ``node._actor_calls``)
+            m.ActorRoute.CODE: self._on_actor_route_locked,
+            m.ActorFind.CODE: self._on_actor_find_locked,
+            m.KillActor.CODE: self._on_kill_actor_locked,
         }
         self._leading = threading.Lock()  # held by the one driver thread that leads
         self.io = IOLoop(self._on_frames, self._on_closed, self._on_tick)
@@ -303,8 +316,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
                         spillback: Optional[SpillbackService] = None,
-                        leases: Optional[LeaseService] = None) -> None:
+                        leases: Optional[LeaseService] = None,
+                        actors: Optional[ActorService] = None) -> None:
         with self.lock:
+            if actors is not None:
+                self._actor_service = actors
             if sessions is not None:
                 self._sessions = sessions
             if spillback is not None:

@@ -85,6 +85,10 @@ class WorkerClient(ChannelClient):
             self._routed.add(group_id)
             self._send([m.ActorRoute(group_id, node, name)])
 
+    def request(self, make: Callable[[int], Any]) -> TaskFuture:
+        self._ensure_receiver()  # the answer arrives while the task waits
+        return super().request(make)
+
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
                req: Optional[resources.Request], future_type: type[TaskFuture]) -> TaskFuture:

@@ -211,6 +211,38 @@ def test_named_actors_and_kill(ex):
     ex.options(name="the-counter").actor(Counter)  # the name is free again
 
 
+def _add_to(name: str, k: int) -> int:
+    return dpool.get_actor(name).add(k)
+
+
+def _find(name: str) -> str:
+    try:
+        dpool.get_actor(name)
+    except ValueError as e:
+        return str(e)
+    return "found"
+
+
+def _kill(name: str) -> str:
+    dpool.kill(dpool.get_actor(name))
+    return "sent"
+
+
+def test_tasks_find_named_actors_and_kill_them(ex):
+    c = ex.options(name="found-by-tasks").actor(Counter, 10)
+    assert ex.submit(_add_to, "found-by-tasks", 5).result(timeout=30) == 15
+    assert c.history() == [5]
+    assert ex.submit(_find, "nobody").result(timeout=30) == "no live actor named 'nobody'"
+    assert ex.submit(_kill, "found-by-tasks").result(timeout=30) == "sent"
+    with pytest.raises(dpool.ActorDiedError, match="killed"):
+        c.sleep.submit(0).result(timeout=30)  # (the kill arrives while this waits, or first)
+        c.sleep.submit(30).result(timeout=30)
+    assert ex.submit(_find, "found-by-tasks").result(timeout=30) == \
+        "no live actor named 'found-by-tasks'"
+    with pytest.raises(TypeError, match="name"):
+        dpool.get_actor(3)  # type: ignore[arg-type]
+
+
 def test_a_detached_actor_outlives_its_executors_shutdown():
     ex = ProcessPoolExecutor(1)
     c = ex.options(lifetime="detached").actor(Counter)

@@ -38,12 +38,24 @@ MOVES = textwrap.dedent("""
     def total(a, small):
         return float(a.sum()) + small["k"]
 
+    class Keeper:  # an actor on the node that dies: gone with it
+        def __init__(self):
+            self.n = 0
+
+        def add(self, k, wait=0.0):
+            time.sleep(wait)
+            self.n += k
+            return self.n
+
     if __name__ == "__main__":
         victim = int(sys.argv[1])
         with dpool.ProcessPoolExecutor() as ex:
             small = dpool.put({"k": 5})
             big = dpool.put(np.ones(1_000_000))              # 8 MB: pushed, not kept
             assert ex.submit(total, big, small).result(timeout=60) == 1_000_005.0
+            keeper = ex.actor(Keeper)
+            assert keeper.add(1) == 1
+            in_flight = keeper.add.submit(1, 5.0)
             fs = [ex.submit(slow, i) for i in range(24)]
             chain = [ex.submit(grow, np.zeros(1_000_000), 1)]
             for k in range(2, 6):
@@ -54,6 +66,11 @@ MOVES = textwrap.dedent("""
             print("SLOW", sorted(x for x, _ in out), flush=True)
             last = chain[-1].result(timeout=90)
             print("CHAIN", last.shape, float(last[0]), float(last[-1]), flush=True)
+            for f in (in_flight, keeper.add.submit(1)):
+                try:
+                    f.result(timeout=60)
+                except dpool.ActorDiedError as exc:
+                    print("ACTOR", "was lost" in str(exc), flush=True)
             later = ex.submit(total, np.ones(10), small).result(timeout=60)
             print("SMALL", later, flush=True)
             try:
@@ -94,6 +111,7 @@ def test_a_tcp_drivers_node_sigkilled_the_driver_moves_and_loses_no_future(tmp_p
         assert f"SLOW {list(range(24))}" in lines, out.stdout
         assert "CHAIN (1000000,) 15.0 15.0" in lines, out.stdout  # 1+2+3+4+5
         assert "SMALL 15.0" in lines, out.stdout
+        assert lines.count("ACTOR True") == 2, out.stdout
         assert "GET True True" in lines, out.stdout
         assert "TASK True" in lines, out.stdout
         assert "RECORDS 0 1" in lines, out.stdout  # nothing kept but the live small put

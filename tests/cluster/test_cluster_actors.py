@@ -208,3 +208,80 @@ def test_named_actors_and_bad_input_on_a_cluster(two_nodes, tmp_path):
     """)
     assert lines == ["6", "ValueError an actor named 'counter' exists already",
                      "AttributeError", "after shutdown: ActorDiedError"]
+
+
+def test_a_detached_named_actor_outlives_its_driver_and_others_find_it(two_nodes, tmp_path):
+    """Driver 1 (on the head) leaves a detached actor behind; driver 2, attached to the
+    other node, finds it by name, calls it (from a task too) and kills it; then the name
+    is free."""
+    first = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(1) as ex:
+                keeper = ex.options(name="keeper", lifetime="detached").actor(Counter, 100)
+                short = ex.options(name="short").actor(Counter, 0)
+                print(keeper.add(1), short.add(1))
+    """)
+    assert first == ["101 1"]
+    other = two_nodes.nodes[1]
+    env = two_nodes.driver_env(DPOOL_ADDRESS=other.address)
+    out = two_nodes.run_script(COMMON + textwrap.dedent("""
+        def from_a_task(k):
+            return dpool.get_actor("keeper").add(k)
+
+        if __name__ == "__main__":
+            keeper = dpool.get_actor("keeper")
+            print(keeper.add(1), keeper.history())
+            with ProcessPoolExecutor(1) as ex:
+                print(ex.submit(from_a_task, 10).result(timeout=30))
+                try:
+                    ex.options(name="keeper").actor(Counter, 0)
+                except ValueError as e:
+                    print("taken")
+            for name in ("short", "nobody"):
+                try:
+                    dpool.get_actor(name)
+                except ValueError as e:
+                    print(e)
+            dpool.kill(keeper)
+            try:
+                keeper.add(1)
+            except dpool.ActorDiedError as e:
+                print("ActorDiedError")
+    """), tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "102 [1, 1]", "112", "taken", "no live actor named 'short'",
+        "no live actor named 'nobody'", "ActorDiedError"]
+    # the name is free again, on the head too
+    again = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(1) as ex:
+                try:
+                    dpool.get_actor("keeper")
+                except ValueError:
+                    print("gone")
+                k = ex.options(name="keeper").actor(Counter, 7)
+                print(dpool.get_actor("keeper").add(0))
+    """)
+    assert again == ["gone", "7"]
+
+
+def test_a_dpool_manager_serves_tasks_on_every_node(two_nodes, tmp_path):
+    lines = _run(two_nodes, tmp_path, """
+        def bump(d, lock, q, k):
+            with lock:
+                d[k] = d.get(k, 0) + 1
+            q.put(node())
+            return node()
+
+        if __name__ == "__main__":
+            with dpool.Manager() as m:
+                d, lock, q = m.dict(), m.Lock(), m.Queue()
+                with ProcessPoolExecutor(2) as ex:
+                    here = [ex.submit(bump, d, lock, q, i % 3) for i in range(12)]
+                    there = [ex.options(resources={"OTHER": 1}).submit(bump, d, lock, q, i % 3)
+                             for i in range(12)]
+                    print(len({f.result(timeout=30) for f in here + there}))
+                print(sorted(d.items()), q.qsize())
+    """)
+    assert lines == ["2", "[(0, 8), (1, 8), (2, 8)] 24"]

@@ -19,7 +19,13 @@ from typing import Any, Optional
 from dpool.control import InProcessControlStore
 from dpool.protocol import _messages as m
 from dpool.scheduling import BatchPolicy, ObjectEntry, Task, WorkerGroup, WorkerHandle
-from dpool.scheduling._api import DriverService, Handler, LeaseService, SpillbackService
+from dpool.scheduling._api import (
+    ActorService,
+    DriverService,
+    Handler,
+    LeaseService,
+    SpillbackService,
+)
 from dpool.scheduling._resources import Ledger
 
 
@@ -80,6 +86,7 @@ class FakeScheduler:
         self.sessions: Optional[DriverService] = None
         self.spillback: Optional[SpillbackService] = None
         self.leases: Optional[LeaseService] = None
+        self.actors: Optional[ActorService] = None
         # what was asked of it
         self.submitted: list = []
         self.put: list = []
@@ -100,10 +107,12 @@ class FakeScheduler:
 
     def attach_services(self, *, sessions: Optional[DriverService] = None,
                         spillback: Optional[SpillbackService] = None,
-                        leases: Optional[LeaseService] = None) -> None:
+                        leases: Optional[LeaseService] = None,
+                        actors: Optional[ActorService] = None) -> None:
         self.sessions = sessions or self.sessions
         self.spillback = spillback or self.spillback
         self.leases = leases or self.leases
+        self.actors = actors or self.actors
 
     def set_control(self, control: Any) -> None:
         self.control = control
@@ -120,6 +129,12 @@ class FakeScheduler:
 
     def release(self, object_id: int) -> None:
         self.released.append(object_id)
+
+    def find_actor(self, name: str) -> Optional[tuple]:
+        return None
+
+    def name_actor(self, name: str, record: tuple) -> bool:
+        return True
 
     def terminate_group(self, group: WorkerGroup, reason: str) -> None:
         self.failed_groups.append((group, reason))

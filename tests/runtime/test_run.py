@@ -213,11 +213,11 @@ def test_multiprocessing_manager_is_bound_to_dpools(tmp_path):
     assert our_lines[2] == "ctx dpool.managers._manager 2"
 
 
-@pytest.mark.parametrize("address, module", [("", "dpool._run"),
-                                             ("127.0.0.1:1", "multiprocessing.context")])
-def test_multiprocessing_manager_is_bound_on_the_embedded_runtime_only(address, module):
-    # dpool's managers are actors, which run on one host for now: in cluster mode a
-    # program keeps the stdlib's Manager (nothing connects here: binding only)
+@pytest.mark.parametrize("address", ["", "127.0.0.1:1"])
+def test_multiprocessing_manager_is_bound_on_a_cluster_too(address):
+    # dpool's managers are actors, which run on a cluster too (nothing connects here:
+    # binding only; tests/cluster/test_cluster_actors.py runs one)
+    module = "dpool._run"
     code = ("from dpool._run import bind_stdlib; bind_stdlib(); "
             "import multiprocessing, multiprocessing.context as c; "
             "print(c.BaseContext.Manager.__module__, multiprocessing.Manager.__func__ is "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dpool.scheduling import (
+    ActorService,
     DriverService,
     LeaseService,
     LocalScheduler,
@@ -93,12 +94,13 @@ def test_local_scheduler_implements_the_api() -> None:
 
 
 def test_the_node_services_implement_what_the_scheduler_calls() -> None:
+    from dpool.node._actor_calls import ActorCalls
     from dpool.node._attach import DriverSessions
     from dpool.node._leases import LeaseDesk
     from dpool.node._spillback import Spillback
 
     for cls, proto in ((DriverSessions, DriverService), (Spillback, SpillbackService),
-                       (LeaseDesk, LeaseService)):
+                       (LeaseDesk, LeaseService), (ActorCalls, ActorService)):
         missing = [n for n in _members(proto) if not hasattr(cls, n)
                    and n not in inspect.getsource(cls.__init__)]  # (instance attributes)
         assert not missing, f"{cls.__name__} lacks {missing} of {proto.__name__}"
