@@ -457,14 +457,15 @@ class ResourceOptions:
                             "submit() or map()")
 
     def actor(self, cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
-        """``executor.actor(cls, *args, **kwargs)`` with this view's actor options."""
-        if self._spec or self._pg is not None:
-            raise ValueError("an actor takes no resource request or placement yet "
-                             f"(got {sorted(self._spec)}): it runs in a worker of its own "
-                             "that holds no CPU of max_workers")
+        """``executor.actor(cls, *args, **kwargs)`` with this view's actor options and
+        resources, which the actor holds for its lifetime (CPUs only those given)."""
+        if self._pg is not None or _resources.STRATEGY in self._spec:
+            raise ValueError("an actor takes no placement_group= or scheduling= yet: it "
+                             "runs on its driver's node (on one host: this host)")
+        req = _resources.build({"CPU": 0}, self._spec) if self._spec else None
         from dpool.actors import create
 
-        return create(self._executor, cls, args, kwargs, self._actor)
+        return create(self._executor, cls, args, kwargs, self._actor, req)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
         """``executor.submit(fn, *args, **kwargs)`` with this view's resource request."""

@@ -132,8 +132,9 @@ def public_methods(cls: type) -> dict[str, bool]:
 
 
 def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs: dict,
-           options: Optional[dict] = None) -> ActorHandle:
-    """``executor.actor(cls, *args, **kwargs)`` with ``options`` (see ``ACTOR_OPTIONS``)."""
+           options: Optional[dict] = None, req: Any = None) -> ActorHandle:
+    """``executor.actor(cls, *args, **kwargs)`` with ``options`` (see ``ACTOR_OPTIONS``)
+    and ``req``, the resources it holds while it lives (a ``Request``; None: none)."""
     if not isinstance(cls, type):
         raise TypeError(f"actor() takes a class, got {type(cls).__name__} {cls!r}")
     opts = dict(options or {})
@@ -174,7 +175,7 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
         if name is not None and name in _named and _alive(_named[name]):
             raise ValueError(f"an actor named {name!r} exists already")
         cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency,
-                          lifetime == "detached")
+                          lifetime == "detached", req)
         initializer = _payload.dumps((boot, (ctor, None, [], every, concurrency)))
         group: Any = driver.add_group(
             WorkerGroupConfig(1, executor._mp_context, initializer, None, 1, None, None, cfg),

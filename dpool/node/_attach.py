@@ -108,11 +108,12 @@ def _actor_state(msg: m.CreateGroup) -> Any:
     dpool's, by reference, and the constructor stays a pickle (the user's class is
     loaded only in the actor's worker)."""
     from dpool.scheduling import ActorConfig, ActorState
+    from dpool.scheduling import resources as _resources
 
     boot, boot_args = _payload.loads(msg.initializer or b"")
-    name, max_restarts, every, concurrency, detached = msg.actor
+    name, max_restarts, every, concurrency, detached, req = msg.actor
     return ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
-                                  concurrency, detached))
+                                  concurrency, detached, _resources.from_wire(req)))
 
 
 class DriverSessions:

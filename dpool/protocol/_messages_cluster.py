@@ -301,8 +301,8 @@ class CreateGroup(Slotted):
     max_attempts: int
     workdir: tuple  # (digest, the driver's directory) of its shipped code, or ()
     # an actor's group: (name, max_restarts, checkpoint_every, max_concurrency,
-    # detached); its ``initializer`` is then ``(boot, (ctor, ...))`` (``dpool.actors``);
-    # () otherwise
+    # detached, its resource request in wire form or None); its ``initializer`` is then
+    # ``(boot, (ctor, ...))`` (``dpool.actors``); () otherwise
     actor: tuple = ()
 
 

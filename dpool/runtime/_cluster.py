@@ -251,7 +251,7 @@ class ClusterRuntime(ChannelClient):
         if cfg.actor is not None:  # its calls go through the node, in order (no lease)
             a = cfg.actor
             actor = (a.name, a.max_restarts, a.checkpoint_every, a.max_concurrency,
-                     a.detached)
+                     a.detached, _resources.to_wire(a.req))
             g.actor = a.name
             g.lease_closed = True
         self._groups[gid] = g

@@ -24,6 +24,7 @@ then, so that a program without actors never loads it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -63,16 +64,19 @@ class ActorConfig:
     checkpoint_every: int = 0  # 0: never
     max_concurrency: int = 1  # calls that may run at once (on threads of the worker)
     detached: bool = False  # lifetime="detached": on a cluster, outlives its driver
+    req: Any = None  # the resources it holds while its worker lives (a ``Request``)
 
 
 class ActorState:
     """An actor group's calls, log and restarts (under the scheduler's lock)."""
 
-    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named")
+    __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named",
+                 "alloc")
 
     def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
         self.named = ""  # the name it holds in the actor directory (``name_locked``)
+        self.alloc: Any = None  # what its worker holds of ``cfg.req`` (an ``Allocation``)
         # Another node's actor (a node's *proxy* group: no worker here, its calls are
         # sent to ``host`` as they become ready, in order): that node's address.
         self.host = host
@@ -105,7 +109,11 @@ def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -
             w = x
             break
     if w is None:  # (a worker that has not said Hello yet takes calls)
-        if g.workers or s.closed or not a.order or not s._try_spawn_locked(g):
+        if g.workers or s.closed or not a.order:
+            return
+        if a.cfg.req is not None and a.alloc is None and not _acquire_locked(s, g, a):
+            return  # (its resources are in use: it starts when they are released)
+        if not s._try_spawn_locked(g, a.alloc.gpu_ids or None if a.alloc else None):
             return
         w = g.workers[-1]
     threaded = a.cfg.max_concurrency > 1
@@ -160,6 +168,68 @@ def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -
         w.assigned += 1
     if msgs:
         s.send_locked(w, msgs)
+
+def new_state_locked(s: SchedulerCore, cfg: ActorConfig) -> ActorState:
+    """The state of a new actor group; ``ResourceError`` if it asks for what this
+    runtime can never give it."""
+    why = None if cfg.req is None else impossible_locked(s, cfg.req)
+    if why is not None:
+        raise errors.ResourceError(why)
+    return ActorState(cfg)
+
+
+def impossible_locked(s: SchedulerCore, req: Any) -> Optional[str]:
+    """Why an actor asking ``req`` can never start here (None: it can, once enough is
+    free). Its CPUs count against a node's; on one host, against the host's."""
+    problems = []
+    total = s.cpu_limit if s.cpu_limit is not None else (os.cpu_count() or 1)
+    if req.cpus > total:
+        problems.append(f"CPU: {req.cpus} asked, {total} here")
+    short = s.resources_locked().shortfall(req)
+    if short:
+        problems.append(short)
+    if not problems:
+        return None
+    where = "this host" if s.cpu_limit is None else "this node"
+    return f"the actor asks for {req} but {where} offers {s.offer_locked()}: " + \
+        "; ".join(problems)
+
+
+def _acquire_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> bool:
+    """Take the actor's resources for its next worker (False: not free now)."""
+    req = a.cfg.req
+    why = impossible_locked(s, req)
+    if why is not None:
+        s.break_group_locked(g, f"it cannot get its resources: {why}")
+        return False
+    if req.cpus and s.cpu_limit is not None and s.busy_cpus_locked() + req.cpus > s.cpu_limit:
+        return False
+    alloc = s.resources_locked().acquire(req)
+    if alloc is None:
+        return False
+    a.alloc = alloc
+    g.extra += req.cpus  # (a node counts them busy: ``busy_cpus_locked``)
+    if alloc.gpu_ids:
+        s._refence_all_locked()  # other workers that see its GPUs take no plain tasks
+    return True
+
+
+def _free_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> None:
+    """The actor's worker is gone: what it held is free for others (a restart takes
+    it again)."""
+    alloc, a.alloc = a.alloc, None
+    if alloc is None:
+        return
+    s._free_alloc_locked(alloc)
+    g.extra -= a.cfg.req.cpus
+    if alloc.gpu_ids:
+        s._refence_all_locked()
+    refill = s._refill
+    for x in s._groups.values():
+        if (x.by_request or x.queue) and x not in refill:
+            refill.append(x)
+    s.io.poke()
+
 
 def _forward_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> None:
     """A proxy's calls that are next in its order, ready, go to the actor's node (its
@@ -225,6 +295,7 @@ def died_locked(s: SchedulerCore, w: WorkerHandle, held: list, exitcode: Optiona
     checkpoint and log) if it may, else every call it has fails."""
     g = w.group
     a: ActorState = g.actor
+    _free_locked(s, g, a)
     if held:
         s._requeue_locked(w, tuple(t.task_id for t in held))
     if not was_alive or g.broken is not None:
@@ -247,6 +318,7 @@ def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
     a: Optional[ActorState] = g.actor
     if a is not None:
         _forget_log_locked(s, a)
+        _free_locked(s, g, a)
         a.order.clear()
         if a.named:
             name, a.named = a.named, ""

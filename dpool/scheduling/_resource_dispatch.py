@@ -493,7 +493,8 @@ class ResourceDispatch(SchedulerCore):
             self._refence_all_locked()
         refill = self._refill
         for g in self._groups.values():
-            if (g.by_request or (g.queue and g.n_fenced)) and g not in refill:
+            if (g.by_request or (g.queue and (g.n_fenced or g.actor is not None))) \
+                    and g not in refill:  # (an actor may wait for what was released)
                 refill.append(g)
         self.io.poke()  # (the tick dispatches them when no read does: ``protocol._ioloop``)
 

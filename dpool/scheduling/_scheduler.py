@@ -74,13 +74,8 @@ if TYPE_CHECKING:
     from dpool.scheduling._actors import ActorConfig
 
     from dpool.control import ControlStore
-    from dpool.scheduling._api import (
-        ActorService,
-        DriverService,
-        Handler,
-        LeaseService,
-        SpillbackService,
-    )
+    from dpool.scheduling._api import ActorService, DriverService, Handler
+    from dpool.scheduling._api import LeaseService, SpillbackService
 
 log = _log.getLogger("dpool.scheduling")
 
@@ -130,14 +125,12 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self._sessions: Optional[DriverService] = None
         self._spillback: Optional[SpillbackService] = None
         self._leases: Optional[LeaseService] = None
+        self._actor_service: Optional[ActorService] = None  # (a node's actor directory)
         # A node's CPUs: at most this many workers run tasks at once, over every group
         # (None on the embedded runtime: each executor has its own max_workers only).
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
-        # named actors: name -> (group id, label, methods, node) (``_actors``); a node
-        # keeps its names in the control store (its ``ActorService``)
-        self.actor_names: dict[str, tuple] = {}
-        self._actor_service: Optional[ActorService] = None
+        self.actor_names: dict[str, tuple] = {}  # name -> (group id, label, methods, node)
         # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
@@ -176,9 +169,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
                       cfg.max_tasks, cfg.max_attempts)
             g.inherited = cfg.inherited
             if cfg.actor is not None:
-                from dpool.scheduling._actors import ActorState
+                from dpool.scheduling import _actors
 
-                g.actor = ActorState(cfg.actor)
+                g.actor = _actors.new_state_locked(self, cfg.actor)  # (ResourceError)
             self._groups[g.group_id] = g
             return g
 

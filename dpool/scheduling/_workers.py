@@ -226,8 +226,10 @@ class WorkerPool(SchedulerCore):
         return best
 
     def busy_cpus_locked(self) -> int:
-        """Workers running tasks now, over every group."""
-        return sum(1 for g in self._groups.values() for w in g.workers
+        """Workers running tasks now, over every group (an actor that holds CPUs: those,
+        running or not)."""
+        return sum(1 for g in self._groups.values()
+                   if g.actor is None or g.actor.alloc is None for w in g.workers
                    if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
             sum(g.extra for g in self._groups.values())
 
@@ -262,9 +264,9 @@ class WorkerPool(SchedulerCore):
             self._retire_worker_locked(victim)
         return self._try_spawn_locked(g)
 
-    def _try_spawn_locked(self, g: WorkerGroup) -> bool:
+    def _try_spawn_locked(self, g: WorkerGroup, gpus: Optional[tuple] = None) -> bool:
         try:
-            self.spawn_locked(g)
+            self.spawn_locked(g, gpus)
             return True
         except (OSError, Error) as exc:  # out of processes / fds / memory / id prefixes
             log.error("dpool: cannot start a worker process: %s", exc)

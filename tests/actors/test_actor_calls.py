@@ -281,8 +281,8 @@ def test_bad_input_gets_clear_typed_errors(ex):
         ex.options(max_restarts=1).submit(abs, 1)
     with pytest.raises(ValueError, match="max_restarts"):
         ex.options(max_restarts=-2).actor(Counter)
-    with pytest.raises(ValueError, match="resource request"):
-        ex.options(num_cpus=2).actor(Counter)
+    with pytest.raises(ValueError, match="placement_group= or scheduling="):
+        ex.options(scheduling="spread").actor(Counter)
     with pytest.raises(ValueError, match="max_concurrency"):
         ex.options(max_concurrency=0).actor(Counter)
     with pytest.raises(ValueError, match="no one order to replay"):

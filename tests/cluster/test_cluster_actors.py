@@ -285,3 +285,35 @@ def test_a_dpool_manager_serves_tasks_on_every_node(two_nodes, tmp_path):
                 print(sorted(d.items()), q.qsize())
     """)
     assert lines == ["2", "[(0, 8), (1, 8), (2, 8)] 24"]
+
+
+def test_an_actor_holds_its_nodes_resources(two_nodes, tmp_path):
+    """An actor lives on its driver's node and holds what it asks there: a task that
+    needs the same waits until the actor is killed; a node without it cannot start the
+    actor (the global scheduler does not place actors yet)."""
+    other = two_nodes.nodes[1]
+    env = two_nodes.driver_env(DPOOL_ADDRESS=other.address)
+    out = two_nodes.run_script(COMMON + textwrap.dedent("""
+        from concurrent.futures import wait
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                holder = ex.options(resources={"OTHER": 2}).actor(Counter, 0)
+                print(holder.add(1), holder.node() == os.environ["DPOOL_ADDRESS"])
+                task = ex.options(resources={"OTHER": 1}).submit(node)
+                print(len(wait([task], timeout=0.5).done))
+                dpool.kill(holder)
+                print(task.result(timeout=30) == os.environ["DPOOL_ADDRESS"])
+    """), tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["1 True", "0", "True"]
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                lacking = ex.options(resources={"OTHER": 1}).actor(Counter, 0)
+                try:
+                    lacking.add(1)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "cannot get its resources" in str(e))
+    """)
+    assert lines == ["ActorDiedError True"]
