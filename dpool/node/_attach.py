@@ -102,16 +102,16 @@ class PeerHandle(WorkerHandle):
         self.tasks_in = 0
 
 
-def _actor_state(msg: m.CreateGroup) -> Any:
-    """The scheduler's state of the actor ``msg`` creates: its boot function and
+def actor_state(actor: tuple, initializer: Optional[bytes]) -> Any:
+    """The scheduler's state of an actor (``CreateGroup.actor``): its boot function and
     constructor are in its initializer, ``(boot, (ctor, ...))`` -- the boot function is
     dpool's, by reference, and the constructor stays a pickle (the user's class is
     loaded only in the actor's worker)."""
     from dpool.scheduling import ActorConfig, ActorState
     from dpool.scheduling import resources as _resources
 
-    boot, boot_args = _payload.loads(msg.initializer or b"")
-    name, max_restarts, every, concurrency, detached, req = msg.actor
+    boot, boot_args = _payload.loads(initializer or b"")
+    name, max_restarts, every, concurrency, detached, req = actor
     return ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
                                   concurrency, detached, _resources.from_wire(req)))
 
@@ -141,6 +141,9 @@ class DriverSessions:
         self.published: set[str] = set()  # digests other nodes can fetch
         # called with a peer's handle (a PeerHandle) that closed, lock held
         self.peer_closed_hooks: list[Callable[[Any], None]] = []
+        # (a group, its CreateGroup) of an actor: placed on another node if this one
+        # lacks what it asks (``_actor_calls``)
+        self.place_actor: Optional[Callable[[WorkerGroup, m.CreateGroup], bool]] = None
         # called with a driver's handle that detached, lock held (its placement groups)
         self.driver_closed_hooks: list[Callable[[Any], None]] = []
         scheduler.register_handler(m.CreateGroup.CODE, self._on_create_group_locked)
@@ -330,10 +333,12 @@ class DriverSessions:
                 g.cwd = map_path(d.cwd, root, here)
                 g.sys_path = [here, *(map_path(p, root, here) for p in d.sys_path)]
         if msg.actor:
-            g.actor = _actor_state(msg)
+            g.actor = actor_state(msg.actor, msg.initializer)
         g.owner = d
         self._s.insert_group_locked(g)
         d.groups.add(g.group_id)
+        if msg.actor and self.place_actor is not None:
+            self.place_actor(g, msg)  # (on another node, if this one lacks what it asks)
 
     def _group_locked(self, d: DriverHandle, group_id: int) -> Optional[WorkerGroup]:
         if group_id not in d.groups:
@@ -504,7 +509,10 @@ class DriverSessions:
             g.closed = True
             g.broken = g.broken or "the driver that owned this pool disconnected"
             victims += g.workers  # (failing the group may already retire them)
-            s.fail_group_locked(g, g.broken)
+            if g.actor is not None:  # (its end: its name freed, its placed actor killed)
+                s.break_group_locked(g, g.broken)
+            else:
+                s.fail_group_locked(g, g.broken)
             for w in g.workers:
                 if w.mark_stopping():
                     s.send_locked(w, [m.Shutdown()])  # the IO loop reaps them as they exit

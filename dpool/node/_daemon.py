@@ -40,7 +40,7 @@ from dpool.node._links import Links, dial, peer_hello, welcome_message
 from dpool.node._placement_groups import NodePlacementGroups
 from dpool.node._remote import RemoteRunner
 from dpool.node._server import NodeServer
-from dpool.node._spillback import Spillback
+from dpool.node._spillback import Spillback, resource_grace_s
 from dpool.node._workdirs import WorkdirCache
 from dpool.protocol import Channel
 from dpool.protocol import messages as m
@@ -154,6 +154,11 @@ class NodeDaemon:
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
         self.actor_calls.control = store
         self.actor_calls.alive_nodes = self._alive_nodes
+        self.actor_calls.schedulers = self.agent.linked_schedulers
+        self.actor_calls.grace_s = resource_grace_s()
+        self.actor_calls.chain_placement_answers()  # (after the spillback's handlers)
+        self.actor_calls.placed_hook = self.runner.placed_locked
+        self.sessions.place_actor = self.actor_calls.place_locked
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)

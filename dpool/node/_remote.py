@@ -33,8 +33,8 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.control import ClusterControlStore
-from dpool.errors import Error, ObjectLostError, actor_died
-from dpool.node._attach import PeerHandle
+from dpool.errors import Error, ObjectLostError, ResourceError, actor_died
+from dpool.node._attach import PeerHandle, actor_state
 from dpool.node._workdirs import WorkdirCache
 from dpool.objects import inline as _inline
 from dpool.objects import payload as _payload
@@ -42,7 +42,7 @@ from dpool.objects import segment as _segment
 from dpool.objects import values as _values
 from dpool.protocol import map_path
 from dpool.protocol import messages as m
-from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
+from dpool.scheduling import ActorState, SchedulerAPI, Task, WorkerGroup
 from dpool.scheduling import resources as _resources
 from dpool.transfer import pull as _pull
 
@@ -99,6 +99,7 @@ class RemoteRunner:
         self._lent: dict[str, tuple] = {}
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
         self._remote: dict[int, tuple] = {}  # local task id -> (origin, its task id)
+        self._relay: dict[int, list] = {}  # actor calls waiting for their actor's node
         scheduler.register_handler(m.RemoteTask.CODE, self._on_task_locked)
         scheduler.register_handler(m.DropGroup.CODE, self._on_drop_locked)
         scheduler.register_handler(m.ReleaseLent.CODE, self._on_release_lent_locked)
@@ -129,6 +130,16 @@ class RemoteRunner:
         # tasks in this node's queue)
         g = WorkerGroup(next(self._ids), max(1, max_workers), ctx, initializer, max_tasks,
                   max_attempts)
+        self._paths(g, msg)
+        self._groups[key] = g
+        self._s.insert_group_locked(g)
+        self.mirror_ids.add(g.group_id)
+        self._origin[g.group_id] = key
+        return g
+
+    def _paths(self, g: WorkerGroup, msg: m.RemoteTask) -> None:
+        """``g``'s working directory and ``sys.path``: the origin driver's, or this node's
+        copy of its shipped code."""
         g.cwd = msg.cwd
         g.sys_path = list(msg.sys_path)
         if msg.workdir and self.workdirs is not None:
@@ -137,11 +148,6 @@ class RemoteRunner:
             g.cwd = map_path(msg.cwd, root, here)
             g.sys_path = [here, *(map_path(p, root, here) for p in msg.sys_path)]
             g.workdir = (digest, here)
-        self._groups[key] = g
-        self._s.insert_group_locked(g)
-        self.mirror_ids.add(g.group_id)
-        self._origin[g.group_id] = key
-        return g
 
     def _on_task_locked(self, h: Any, msg: m.RemoteTask) -> None:
         if isinstance(h, PeerHandle):
@@ -352,6 +358,18 @@ class RemoteRunner:
 
     def _run_locked(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
+        if msg.group_cfg[:1] == ("actor",):
+            self._host_actor_locked(msg)
+            return
+        if not msg.group_cfg:  # an actor's call: its proxy here passes it on to its node
+            p = s.group(msg.group_id)
+            host = p.actor.host if p is not None and p.actor is not None else ""
+            if host == ActorState.PLACING:
+                self._relay.setdefault(msg.group_id, []).append(msg)
+                return
+            if host:
+                self._send(host, [msg])  # (its answers go to its origin from there)
+                return
         keys = self._remote_inputs(msg)
         if not msg.group_cfg and any(not h.group_cfg and h.group_id == msg.group_id
                                      for h in self._held):
@@ -427,6 +445,44 @@ class RemoteRunner:
         # timelines: this task runs the origin's task ``origin_id`` (worker-id field)
         s.control.log_event(local_id, "remote", time.time(), origin_id)
         s.admit_locked(t)
+
+    def _host_actor_locked(self, msg: m.RemoteTask) -> None:
+        """A global scheduler placed a driver's actor here (its node lacked what it
+        asks): its group, whose output goes to that node; the answer is this node's
+        address (``_actor_calls``)."""
+        s = self._s
+        _, _max_workers, method, initializer, max_tasks, max_attempts, actor = \
+            msg.group_cfg
+        try:
+            if s.group(msg.group_id) is None:  # (else: a placement asked again)
+                try:
+                    ctx = mp.get_context(method or None)
+                except ValueError:
+                    ctx = mp.get_context()
+                g = WorkerGroup(msg.group_id, 1, ctx, initializer, max_tasks, max_attempts)
+                self._paths(g, msg)
+                g.actor = actor_state(actor, initializer)
+                req = g.actor.cfg.req
+                limit = s.cpu_limit
+                short = s.resources_locked().shortfall(req) if req is not None else None
+                if req is not None and limit is not None and req.cpus > limit:
+                    short = f"CPU: {req.cpus} asked, {limit} here"
+                if short:
+                    raise ResourceError(f"node {self.node_id} cannot host it: {short}")
+                s.insert_group_locked(g)
+                self._origin[g.group_id] = (msg.origin, msg.group_id)  # (its output)
+            self._send(msg.origin, [m.TaskResult(msg.task_id, True,
+                                                 _payload.dumps(self.node_id), 0.0)])
+        except Exception as exc:  # noqa: BLE001 - its driver's calls say why
+            self._send(msg.origin, [m.TaskResult(msg.task_id, False,
+                                                 _payload.dumps_error(exc), 0.0)])
+
+    def placed_locked(self, group_id: int, host: str) -> None:
+        """A driver's actor whose proxy is here got its node: the calls other nodes
+        sent here meanwhile go there, in order."""
+        msgs = self._relay.pop(group_id, [])
+        if msgs:
+            self._send(host, msgs)
 
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here

@@ -70,6 +70,8 @@ class ActorConfig:
 class ActorState:
     """An actor group's calls, log and restarts (under the scheduler's lock)."""
 
+    PLACING = "(placing)"  # ``host`` while a global scheduler looks for a node for it
+
     __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named",
                  "alloc")
 
@@ -234,6 +236,8 @@ def _free_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> None:
 def _forward_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> None:
     """A proxy's calls that are next in its order, ready, go to the actor's node (its
     inputs travel with each: the hosting node admits them in the order sent)."""
+    if a.host == ActorState.PLACING:
+        return  # (its calls wait, in order, until it has a node)
     order, q = a.order, g.queue
     calls = []
     while order:
@@ -324,8 +328,8 @@ def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
             name, a.named = a.named, ""
             if s.actor_names.get(name, (0,))[0] == g.group_id:
                 del s.actor_names[name]
-            if s._actor_service is not None:
-                s._actor_service.ended_locked(name, g.group_id)
+        if s._actor_service is not None:
+            s._actor_service.ended_locked(g)
 
 
 def _live(s: SchedulerCore, group_id: int) -> Optional[WorkerGroup]:

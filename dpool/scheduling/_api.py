@@ -100,8 +100,9 @@ class SpillbackService(Protocol):
 class ActorService(Protocol):
     """A node's part of the actor directory (``node._actor_calls.ActorCalls``)."""
 
-    def ended_locked(self, name: str, group_id: int) -> None:
-        """The actor of group ``group_id``, which had ``name``, ended: the name is free."""
+    def ended_locked(self, g: WorkerGroup) -> None:
+        """Actor group ``g`` ended (or a proxy of one): its name is free, and an actor
+        it stood for on another node ends too."""
         ...
 
 
@@ -234,6 +235,11 @@ class SchedulerAPI(Protocol):
 
     def fail_group_locked(self, g: WorkerGroup, reason: str) -> None:
         """Fail every queued, waiting and running task of ``g`` with ``reason``."""
+        ...
+
+    def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
+        """``g`` can run nothing any more: fail what it has and is given, tell its
+        driver."""
         ...
 
     # -- lock held: tasks ----------------------------------------------------------------

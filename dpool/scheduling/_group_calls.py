@@ -109,6 +109,10 @@ class GroupCalls(SchedulerCore):
             for w in victims:
                 w.mark_stopping()
                 self.send_locked(w, [m.Shutdown()])
+            if group.actor is not None:
+                from dpool.scheduling import _actors
+
+                _actors.end_locked(self, group)
             out = self.take_out_locked()
         for w in victims:
             _reap(w, kill_after=0.5)

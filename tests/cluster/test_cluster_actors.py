@@ -4,6 +4,7 @@ state, killed; ``ActorDiedError`` where they are gone."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -23,19 +24,27 @@ pytestmark = pytest.mark.timeout(2 * TIMEOUT)
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """The head (``host(2)``, 2 CPUs) and ``host(3)`` (2 CPUs and 2 "OTHER"): a task
-    that asks for "OTHER" runs on ``host(3)``."""
+    that asks for "OTHER" runs on ``host(3)``. What no node has fails after 2 s."""
     tmp = tmp_path_factory.mktemp("actors")
-    head, token = start_node(tmp, host(2), head=True,
-                             extra=("--shards", "1", "--global-schedulers", "1"))
-    c = Cluster(head, token, [head])
+    saved = os.environ.get("DPOOL_RESOURCE_GRACE_S")
+    os.environ["DPOOL_RESOURCE_GRACE_S"] = "2"  # the daemons inherit it
     try:
-        other, _ = start_node(tmp, host(3), head=False, address=head.address, token=token,
-                              extra=("--resources", '{"OTHER": 2}'))
-        c.nodes.append(other)
-        wait_for_nodes(c, 2)
-    except BaseException:
-        stop_cluster(c)
-        raise
+        head, token = start_node(tmp, host(2), head=True,
+                                 extra=("--shards", "1", "--global-schedulers", "1"))
+        c = Cluster(head, token, [head])
+        try:
+            other, _ = start_node(tmp, host(3), head=False, address=head.address,
+                                  token=token, extra=("--resources", '{"OTHER": 2}'))
+            c.nodes.append(other)
+            wait_for_nodes(c, 2)
+        except BaseException:
+            stop_cluster(c)
+            raise
+    finally:
+        if saved is None:
+            os.environ.pop("DPOOL_RESOURCE_GRACE_S", None)
+        else:
+            os.environ["DPOOL_RESOURCE_GRACE_S"] = saved
     try:
         yield c
     finally:
@@ -288,9 +297,8 @@ def test_a_dpool_manager_serves_tasks_on_every_node(two_nodes, tmp_path):
 
 
 def test_an_actor_holds_its_nodes_resources(two_nodes, tmp_path):
-    """An actor lives on its driver's node and holds what it asks there: a task that
-    needs the same waits until the actor is killed; a node without it cannot start the
-    actor (the global scheduler does not place actors yet)."""
+    """An actor lives on its driver's node when that node has what it asks, and holds
+    it there: a task that needs the same waits until the actor is killed."""
     other = two_nodes.nodes[1]
     env = two_nodes.driver_env(DPOOL_ADDRESS=other.address)
     out = two_nodes.run_script(COMMON + textwrap.dedent("""
@@ -307,13 +315,45 @@ def test_an_actor_holds_its_nodes_resources(two_nodes, tmp_path):
     """), tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["1 True", "0", "True"]
+
+
+def test_an_actor_its_node_cannot_host_is_placed_by_the_global_scheduler(two_nodes,
+                                                                         tmp_path):
+    """The driver's node (the head) has no "OTHER": a global scheduler places the actor
+    on the node that has it; the driver's calls, and those of tasks on the head (whose
+    handle names the head), go there; shutdown ends it there. What no node has fails
+    once the resource grace has passed."""
     lines = _run(two_nodes, tmp_path, """
+        def call_it(counter, k):
+            return node(), counter.add(k)
+
         if __name__ == "__main__":
             with ProcessPoolExecutor(2) as ex:
-                lacking = ex.options(resources={"OTHER": 1}).actor(Counter, 0)
+                placed = ex.options(resources={"OTHER": 2}, name="placed").actor(Counter, 0)
+                print(placed.add(1), placed.node() == "%s")
+                pid = placed.pid()
+                print(ex.submit(call_it, placed, 10).result(timeout=30)[1])
+                print(placed.history())
+                nowhere = ex.options(resources={"NOWHERE": 1}).actor(Counter, 0)
                 try:
-                    lacking.add(1)
+                    nowhere.add(1)
                 except dpool.ActorDiedError as e:
                     print("ActorDiedError", "cannot get its resources" in str(e))
-    """)
-    assert lines == ["ActorDiedError True"]
+            try:
+                dpool.get_actor("placed")
+            except ValueError:
+                print("ended with its executor")
+            import psutil  # (the other node is on this host)
+            deadline = time.monotonic() + 20
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:
+                try:
+                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.Error:
+                    break
+                time.sleep(0.05)
+            print("its process exited", not psutil.pid_exists(pid) or
+                  psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    """ % two_nodes.nodes[1].address)
+    assert lines == ["1 True", "11", "[1, 10]", "ActorDiedError True",
+                     "ended with its executor", "its process exited True"]

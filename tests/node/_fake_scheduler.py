@@ -153,6 +153,9 @@ class FakeScheduler:
         g.closed = True
         self.closed_groups.append(g)
 
+    def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
+        self.fail_group_locked(g, reason)
+
     def fail_group_locked(self, g: WorkerGroup, reason: str) -> None:
         self.failed_groups.append((g, reason))
 
