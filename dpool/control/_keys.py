@@ -11,7 +11,8 @@ key                        shard     contents
 ``dpool:fn:<fn_id>``       by id     hash: ``name``, ``payload`` (the pickled function)
 ``dpool:task:<task_id>``   by id     hash: lineage -- ``fn``, ``args`` (absent if None),
                                      ``deps`` (packed ids), ``group``, ``state``, ``att``,
-                                     ``node``, ``t0`` (submit time), ``t1`` (end time)
+                                     ``node``, ``t0`` (submit time), ``t1`` (end time),
+                                     ``after`` (an actor's call: the call before it)
 ``dpool:obj:<oid>``        by id     hash: ``size``
 ``dpool:loc:<oid>``        by id     set: node ids holding a copy
 ``dpool:node:<node_id>``   by id     hash: ``info`` (JSON: ``address``, ``resources``),

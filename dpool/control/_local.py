@@ -28,6 +28,7 @@ class InProcessControlStore:
         self._apply_lock = threading.Lock()
         self._functions: dict[int, tuple[str, bytes]] = {}
         self._tasks: dict[int, tuple] = {}  # task id -> (add_task op, state, attempts)
+        self._edges: dict[int, int] = {}  # an actor's call -> the call before it
         self._objects: dict[int, tuple[int, str]] = {}
         self._events: collections.deque = collections.deque(maxlen=event_log_size)
         self._push = self._ops.append
@@ -44,6 +45,9 @@ class InProcessControlStore:
                        at: Optional[float] = None, error: Optional[bytes] = None,
                        size: Optional[int] = None) -> None:
         self._push((2, task_id, state, attempts, at))  # (no traceback kept on one host)
+
+    def add_call_edge(self, task_id: int, after: int) -> None:
+        self._push((9, task_id, after))
 
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))
@@ -87,6 +91,9 @@ class InProcessControlStore:
                 elif code == 4:
                     self._objects.pop(op[1], None)
                     tasks.pop(op[1], None)  # lineage no longer needed
+                    self._edges.pop(op[1], None)
+                elif code == 9:
+                    self._edges[op[1]] = op[2]
                 else:  # pragma: no cover - guards edits above
                     raise ValueError(f"unknown control-store op {code}")
 
@@ -97,7 +104,8 @@ class InProcessControlStore:
         if rec is None:
             return None
         (_, tid, fn_id, args, dep_ids, group_id, _at, _w), state, attempts = rec
-        return TaskRecord(tid, fn_id, args, dep_ids or (), group_id, state, attempts, (tid,))
+        return TaskRecord(tid, fn_id, args, dep_ids or (), group_id, state, attempts, (tid,),
+                          self._edges.get(tid, 0))
 
     def get_function(self, fn_id: int) -> Optional[bytes]:
         self.flush()

@@ -193,6 +193,9 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         else:
             self._push((2, task_id, state, attempts, at, error, size))
 
+    def add_call_edge(self, task_id: int, after: int) -> None:
+        self._push((9, task_id, after))
+
     def add_object(self, object_id: int, size: int, location: str) -> None:
         self._push((3, object_id, size, location))
 
@@ -367,7 +370,8 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         deps = row.get(b"deps")
         return TaskRecord(task_id, int(row[b"fn"]), row.get(b"args"),
                           K.unpack_ids(deps) if deps else (), int(row[b"group"]),
-                          row[b"state"].decode(), int(row[b"att"]), (task_id,))
+                          row[b"state"].decode(), int(row[b"att"]), (task_id,),
+                          int(row.get(b"after", 0)))
 
     def get_function(self, fn_id: int) -> bytes | None:
         self._flush_before_read()

@@ -96,6 +96,8 @@ def encode_ops(ops: list, node_id: bytes, event_cap: int) -> list[bytes]:
             add(pack((b"XADD", K.output_key(node_id), b"MAXLEN", b"~", b"%d" % OUTPUT_CAP,
                       b"*", b"w", b"%d" % op[2], b"p", b"%d" % op[3], b"s", b"%d" % op[4],
                       b"t", b"%r" % op[5], b"d", op[6])))
+        elif code == 9:  # an actor's call and the call before it (a stateful edge)
+            add(pack((_HSET, K.task_key(op[1]), b"after", b"%d" % op[2])))
         elif code == 4:
             oid = op[1]  # the lineage goes with the object (same id, same shard)
             add(pack((b"DEL", K.object_key(oid), K.locations_key(oid), K.task_key(oid))))

@@ -27,3 +27,6 @@ class TaskRecord:
     state: str = "PENDING"  # PENDING -> FINISHED | FAILED (a cancelled task: FAILED)
     attempts: int = 0
     result_ids: tuple = ()
+    # an actor's call: the call of the same actor before it (the chain of *stateful
+    # edges* a restart replays in order); 0: none (a task, or an actor's first call)
+    after: int = 0

@@ -62,6 +62,7 @@ class _FlushedInBackground:
     def __init__(self, store: ClusterControlStore) -> None:
         self.register_function = store.register_function
         self.add_task = store.add_task
+        self.add_call_edge = store.add_call_edge
         self.set_task_state = store.set_task_state
         self.add_object = store.add_object
         self.remove_object = store.remove_object

@@ -73,12 +73,13 @@ class ActorState:
     PLACING = "(placing)"  # ``host`` while a global scheduler looks for a node for it
 
     __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named",
-                 "alloc")
+                 "alloc", "last")
 
     def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
         self.named = ""  # the name it holds in the actor directory (``name_locked``)
         self.alloc: Any = None  # what its worker holds of ``cfg.req`` (an ``Allocation``)
+        self.last = 0  # its call admitted last (the lineage's chain: ``admitted_locked``)
         # Another node's actor (a node's *proxy* group: no worker here, its calls are
         # sent to ``host`` as they become ready, in order): that node's address.
         self.host = host
@@ -87,6 +88,14 @@ class ActorState:
         self.checkpoint: Optional[bytes] = None
         self.restarts = 0
         self.calls = 0  # calls run (replays of a restart not counted)
+
+    def admitted_locked(self, s: SchedulerCore, t: Task) -> None:
+        """Call ``t`` was admitted: it runs after the calls before it, and the task
+        table records it after the last of them (the seeds' stateful edge)."""
+        self.order.append(t)
+        if self.last and not self.host:  # (a proxy's calls are chained where they run)
+            s.control.add_call_edge(t.task_id, self.last)
+        self.last = t.task_id
 
     def boot_payload(self, functions: dict) -> bytes:
         """The initializer of its next worker: from the checkpoint, then the log."""

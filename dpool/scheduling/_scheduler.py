@@ -396,10 +396,10 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             self.finish_locked(t, False, err, counted=False)
             return
         g.outstanding += 1
-        if g.actor is not None:
-            g.actor.order.append(t)  # (its calls start in this order: ``_actors``)
         self.control.add_task(t.task_id, t.fn_id, t.args, t.dep_ids, g.group_id, _now(),
                               t.owner.worker_id if t.owner else 0)
+        if g.actor is not None:  # (its calls start in this order, a chain: ``_actors``)
+            g.actor.admitted_locked(self, t)
         if t.dep_ids:
             objects = self._objects
             for oid in t.dep_ids:

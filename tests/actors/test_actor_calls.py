@@ -83,6 +83,20 @@ def test_calls_run_in_order_on_the_actors_state_in_its_own_process(ex):
     assert c.pid() == c.pid()  # one process for its life
 
 
+def test_the_task_table_records_an_actors_calls_as_a_chain(ex):
+    from dpool.runtime import current
+
+    c = ex.actor(Counter)
+    calls = [c.add.submit(1) for _ in range(3)] + [c.pid.submit()]
+    task = ex.submit(abs, -1)
+    assert [f.result(timeout=30) for f in calls[:3]] == [1, 2, 3]
+    task.result(timeout=30)
+    control = current.driver().scheduler.control
+    rows = [control.get_task(f._oid) for f in [*calls, task]]
+    assert [r.after for r in rows] == [0, *(f._oid for f in calls[:3]), 0]
+    assert len({r.group_id for r in rows[:4]}) == 1 and rows[4].group_id != rows[0].group_id
+
+
 def test_an_exception_reaches_the_caller_with_the_traceback_and_the_actor_lives_on(ex):
     c = ex.actor(Counter)
     c.add(1)

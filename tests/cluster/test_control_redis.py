@@ -125,6 +125,7 @@ def test_reads_match_the_in_process_store(store):
         s.add_task(11, 7, b"args", (), 1, at=t0, worker_id=2)
         s.add_task(12, 7, None, (11, K.make_id(3, 4)), 1, at=t0 + 1)
         s.add_task(13, 7, b"", (), 2)
+        s.add_call_edge(13, 11)  # (an actor's call after another)
         s.set_task_state(11, "FINISHED", 1, at=t0 + 2)
         s.set_task_state(12, "FAILED", 3, at=t0 + 3)
         s.set_task_state(13, "RUNNING", 1)
@@ -134,6 +135,7 @@ def test_reads_match_the_in_process_store(store):
         s.remove_object(14)
     for tid in (11, 12, 13, 14, 15):
         assert store.get_task(tid) == local.get_task(tid), tid
+    assert store.get_task(13).after == 11 and store.get_task(12).after == 0
     assert store.get_function(7) == local.get_function(7) == b"payload-7"
     assert store.get_function(8) is None
     assert store.get_object(11) == local.get_object(11) == (1234, "node-1")
