@@ -33,3 +33,15 @@ class Counter:
 
     def hidden(self):
         return "hidden"
+
+
+def square(x):  # noqa: ANN001
+    return x * x
+
+
+def add(a, b):  # noqa: ANN001
+    return a + b
+
+
+def fail(x):  # noqa: ANN001
+    raise ValueError(f"bad {x}")

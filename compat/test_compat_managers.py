@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor as StdExecutor
 
 import pytest
-from compat_manager_tasks import Counter, bump, fill
+from compat_manager_tasks import Counter, add, bump, fail, fill, square
 
 import dpool
 import dpool.managers
@@ -199,6 +199,31 @@ def test_proxies_pass_to_worker_processes(manager, Executor):
     assert counter.value == 40
     assert d._getvalue() == {0: 0, 1: 1, 2: 4, 3: 9} and sorted(lst) == [0, 1, 2, 3]
     assert sorted(q.get() for _ in range(4)) == [0, 1, 2, 3]
+
+
+def test_pool(manager):
+    with manager.Pool(2) as p:
+        assert type(p).__name__ == "PoolProxy"
+        assert p.apply(square, (3,)) == 9 and p.apply(add, (1,), {"b": 2}) == 3
+        assert p.map(square, range(5)) == [0, 1, 4, 9, 16]
+        assert p.map(square, range(20), chunksize=4) == [x * x for x in range(20)]
+        assert p.starmap(add, [(1, 2), (3, 4)]) == [3, 7]
+        r = p.apply_async(square, (4,))
+        assert r.get(timeout=30) == 16 and r.ready() and r.successful()
+        assert list(p.imap(square, range(4))) == [0, 1, 4, 9]
+        assert sorted(p.imap_unordered(square, range(4))) == [0, 1, 4, 9]
+        assert p.map_async(square, range(3)).get(30) == [0, 1, 4]
+        assert p.starmap_async(add, [(5, 6)]).get(30) == [11]
+        with pytest.raises(ValueError, match="bad 1"):
+            p.apply(fail, (1,))
+        e = p.apply_async(fail, (2,))
+        e.wait(30)
+        assert e.ready() and not e.successful()
+        with pytest.raises(ValueError, match="bad 2"):
+            e.get(30)
+    p2 = manager.Pool(1)
+    p2.close()
+    p2.join()
 
 
 def test_registered_class(managers):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ListProxy,
         MakeProxyType,
         NamespaceProxy,
+        PoolProxy,
         ValueProxy,
     )
     from dpool.managers._server import Namespace, Value
@@ -40,7 +41,8 @@ _LAZY = {
     **dict.fromkeys(("AcquirerProxy", "ArrayProxy", "AutoProxy", "BarrierProxy",
                      "BaseListProxy", "BaseProxy", "ConditionProxy", "DictProxy",
                      "EventProxy", "IteratorProxy", "ListProxy", "MakeProxyType",
-                     "NamespaceProxy", "ValueProxy"), "dpool.managers._proxies"),
+                     "NamespaceProxy", "PoolProxy", "ValueProxy"),
+                    "dpool.managers._proxies"),
     **dict.fromkeys(("Namespace", "Value"), "dpool.managers._server"),
 }
 _MODULES: dict = {}
@@ -49,7 +51,7 @@ __all__ = [
     "AcquirerProxy", "ArrayProxy", "AutoProxy", "BarrierProxy", "BaseListProxy",
     "BaseManager", "BaseProxy", "ConditionProxy", "DictProxy", "EventProxy",
     "IteratorProxy", "ListProxy", "MakeProxyType", "Manager", "Namespace", "NamespaceProxy",
-    "RemoteError", "SyncManager", "Value", "ValueProxy",
+    "PoolProxy", "RemoteError", "SyncManager", "Value", "ValueProxy",
 ]
 
 __getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -26,6 +26,7 @@ from dpool.managers._proxies import (
     IteratorProxy,
     ListProxy,
     NamespaceProxy,
+    PoolProxy,
     ValueProxy,
 )
 
@@ -116,6 +117,10 @@ class BaseManager:
         if self._executor is not None:  # (a connected manager does not own the server)
             import dpool
 
+            try:
+                self._server.close()  # (its pools' workers stop before it is killed)
+            except Exception:  # noqa: BLE001, S110 - killed all the same
+                pass
             dpool.kill(self._server)
             self._executor.shutdown(wait=True)
 
@@ -174,6 +179,8 @@ def _register_sync_types() -> None:
     reg("Array", _server.Array, ArrayProxy)
     reg("Namespace", _server.Namespace, NamespaceProxy)
     reg("Iterator", proxytype=IteratorProxy, create_method=False)
+    reg("AsyncResult", create_method=False)
+    reg("Pool", _server.ServerPool, PoolProxy)
 
 
 _register_sync_types()

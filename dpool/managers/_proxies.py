@@ -288,3 +288,21 @@ class DictProxy(_BaseDictProxy):  # type: ignore[valid-type,misc]
 
 
 ArrayProxy = MakeProxyType("ArrayProxy", ("__len__", "__getitem__", "__setitem__"))
+
+
+BasePoolProxy = MakeProxyType("PoolProxy", (
+    "apply", "apply_async", "close", "imap", "imap_unordered", "join", "map", "map_async",
+    "starmap", "starmap_async", "terminate"))
+BasePoolProxy._method_to_typeid_ = {  # type: ignore[attr-defined]
+    "apply_async": "AsyncResult", "map_async": "AsyncResult",
+    "starmap_async": "AsyncResult", "imap": "Iterator", "imap_unordered": "Iterator"}
+
+
+class PoolProxy(BasePoolProxy):  # type: ignore[valid-type,misc]
+    """``manager.Pool(...)``'s proxy: the pool's methods; ``with`` terminates it."""
+
+    def __enter__(self) -> PoolProxy:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        self.terminate()

@@ -112,6 +112,34 @@ class ManagerServer:
     def count(self) -> int:
         return len(self.objects)
 
+    def close(self) -> None:
+        """The manager shuts down: its pools stop their workers first (a pool made here
+        is an embedded runtime of this process, whose store is this process's)."""
+        with self.lock:
+            objs = [obj for obj, _e, _t in self.objects.values()]
+            self.objects.clear()
+        pool = _pool_class()
+        for obj in objs:
+            if isinstance(obj, pool):
+                try:
+                    obj.terminate()
+                except Exception:  # noqa: BLE001, S110 - the others still close
+                    pass
+
+
+def _pool_class() -> Any:
+    from dpool.pool import Pool
+
+    return Pool
+
+
+def ServerPool(processes: Optional[int] = None, initializer: Optional[Callable] = None,  # noqa: N802
+               initargs: tuple = (), maxtasksperchild: Optional[int] = None,
+               context: Any = None) -> Any:
+    """``manager.Pool(...)``: a ``dpool.Pool`` in the manager's process (the stdlib's is
+    a ``multiprocessing.Pool`` in its server process)."""
+    return _pool_class()(processes, initializer, initargs, maxtasksperchild)
+
 
 class Namespace:
     """``manager.Namespace()``: attributes only."""
