@@ -462,7 +462,9 @@ class ResourceOptions:
         if self._pg is not None or _resources.STRATEGY in self._spec:
             raise ValueError("an actor takes no placement_group= or scheduling= yet: it "
                              "runs on its driver's node (on one host: this host)")
-        req = _resources.build({"CPU": 0}, self._spec) if self._spec else None
+        req = None
+        if self._spec:  # (CPUs only those given; ``build`` says None for one CPU alone)
+            req = _resources.build({"CPU": 0}, self._spec) or _resources.Request(cpus=1)
         from dpool.actors import create
 
         return create(self._executor, cls, args, kwargs, self._actor, req)

@@ -171,9 +171,7 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
             f"cannot pickle actor {cls.__qualname__}'s class or constructor arguments: "
             f"{exc}") from exc
     label = name or f"{cls.__qualname__}"
-    with _named_lock:
-        if name is not None and name in _named and _alive(_named[name]):
-            raise ValueError(f"an actor named {name!r} exists already")
+    with _named_lock:  # (whether the name is free: the runtime's directory says)
         cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency,
                           lifetime == "detached", req)
         initializer = _payload.dumps((boot, (ctor, None, [], every, concurrency)))

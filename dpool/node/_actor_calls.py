@@ -32,10 +32,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from dpool.control import ClusterControlStore
+from dpool.node._actor_placement import ActorPlacement
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling import ActorConfig, ActorState, SchedulerAPI, WorkerGroup
@@ -44,8 +44,8 @@ log = logging.getLogger("dpool.scheduling")
 
 
 class ActorCalls:
-    """A node's routes to the actors of other nodes, and its part of the actor
-    directory."""
+    """A node's routes to the actors of other nodes, its part of the actor directory,
+    and its placements of its drivers' actors elsewhere (``placement``)."""
 
     def __init__(self, scheduler: SchedulerAPI, node_id: str,
                  send: Callable[[str, list], None]) -> None:
@@ -54,131 +54,46 @@ class ActorCalls:
         self._send = send  # a peer link's send, by node address
         self.control: Optional[ClusterControlStore] = None  # the directory (a cluster's)
         self.alive_nodes: Callable[[], set] = lambda: {node_id}
-        self.schedulers: Callable[[], list] = list  # the global schedulers linked now
-        self.placed_hook: Optional[Callable[[int, str], None]] = None  # (``_remote``)
-        self.grace_s = 10.0  # how long a placement may be refused before it fails
+        # (origin node, its group id) of an actor placed here for another node's driver
+        # (``_remote``): read, and taken once it ended
+        self.origin_of: Callable[[WorkerGroup], Optional[tuple]] = lambda g: None
+        self.take_origin: Callable[[WorkerGroup], Optional[tuple]] = lambda g: None
+        self.placement = ActorPlacement(scheduler, node_id, send)
         self._names: dict[int, tuple[str, bytes]] = {}  # group id -> its name and record
-        self._placing: dict[int, list] = {}  # group id -> [its RemoteTask, since, tries]
-        self._placed: dict[int, str] = {}  # group id -> the node hosting its driver's actor
         scheduler.attach_services(actors=self)
         for msg_type, handler in ((m.ActorRoute, self._on_route_locked),
                                   (m.ActorName, self._on_name_locked),
                                   (m.ActorFind, self._on_find_locked),
-                                  (m.KillActor, self._on_kill_locked)):
+                                  (m.KillActor, self._on_kill_locked),
+                                  (m.ActorEnded, self.placement.on_ended_locked)):
             scheduler.register_handler(msg_type.CODE, handler)
-
-    def chain_placement_answers(self) -> None:
-        """Take the answers to placements (after the spillback registered its own
-        handlers for those codes: answers that are not ours go on to it)."""
-        for msg_type in (m.SpillbackRejected, m.PlacementFailed, m.RunHere, m.Accepted,
-                         m.TaskResult):
-            self._chain(msg_type.CODE)
-
-    def _chain(self, code: int) -> None:
-        prev: list = [None]
-
-        def chained_locked(h: Any, msg: Any) -> None:  # (a handler: the lock is held)
-            if msg.task_id in self._placing:
-                self._on_placement_answer_locked(h, msg)
-            elif prev[0] is not None:
-                prev[0](h, msg)
-
-        prev[0] = self._s.register_handler(code, chained_locked)
-
-    # -- placement by a global scheduler ------------------------------------------------
-    def place_locked(self, g: WorkerGroup, create: m.CreateGroup) -> bool:
-        """A driver's actor this node cannot host (it lacks what it asks): ask a global
-        scheduler for a node that can (True); False: none is linked -- it starts (or
-        fails) here."""
-        s = self._s
-        req = g.actor.cfg.req  # type: ignore[union-attr]
-        if req is None:
-            return False
-        limit = s.cpu_limit
-        if not (req.cpus > (limit if limit is not None else req.cpus)
-                or s.resources_locked().shortfall(req)):
-            return False  # it fits here (once what it asks is free)
-        gss = self.schedulers()
-        if not gss:
-            return False
-        from dpool.scheduling import resources as _resources
-
-        g.actor.host = ActorState.PLACING  # type: ignore[union-attr]
-        cfg = ("actor", create.max_workers, create.start_method, create.initializer,
-               create.max_tasks, create.max_attempts, create.actor)
-        msg = m.RemoteTask(g.group_id, self.node_id, g.group_id, cfg, 0, b"", None, None,
-                           g.cwd or "", tuple(g.sys_path or ()), g.workdir or (),
-                           _resources.to_wire(req))
-        self._placing[g.group_id] = [msg, time.monotonic(), 0]
-        self._send(gss[0], [msg])
-        return True
-
-    def _on_placement_answer_locked(self, h: Any, msg: Any) -> None:
-        gid = msg.task_id
-        placing = self._placing.get(gid)
-        g = self._s.group(gid)
-        if placing is None or g is None or g.actor is None:
-            return
-        if isinstance(msg, m.Accepted):
-            return  # (the TaskResult follows)
-        if isinstance(msg, m.SpillbackRejected):  # no node has it free now: again soon
-            if time.monotonic() - placing[1] < self.grace_s:
-                placing[2] += 1
-                threading.Timer(0.2 * min(placing[2], 10), self._again, args=(gid,)).start()
-                return
-            reason = msg.reason
-        elif isinstance(msg, m.TaskResult) and msg.ok:
-            del self._placing[gid]
-            host = _payload.loads(msg.payload)
-            g.actor.host = host
-            self._placed[gid] = host
-            if self.placed_hook is not None:
-                self.placed_hook(gid, host)  # calls relayed to it meanwhile
-            log.info("actor %s placed on node %s", g.actor.cfg.name, host)
-            self._s.cpu_freed_locked()  # (dispatches its group: its calls go there now)
-            return
-        elif isinstance(msg, m.TaskResult):
-            try:
-                reason = str(_payload.loads_error(msg.payload))
-            except Exception as exc:  # noqa: BLE001 - say what we can
-                reason = f"its node could not say ({exc})"
-        else:  # PlacementFailed, or RunHere (this node cannot host it)
-            reason = getattr(msg, "reason", "the global scheduler chose this node")
-        del self._placing[gid]
-        g.actor.host = ""
-        self._s.break_group_locked(g, f"it cannot get its resources: {reason}")
-
-    def _again(self, gid: int) -> None:
-        s = self._s
-        with s.lock:
-            placing = self._placing.get(gid)
-            gss = self.schedulers()
-            if placing is not None and gss:
-                self._send(gss[placing[2] % len(gss)], [placing[0]])
-            out = s.take_out_locked()
-        s.deliver(out)
 
     # -- calls ---------------------------------------------------------------------------
     def _on_route_locked(self, h: Any, msg: m.ActorRoute) -> None:
         s = self._s
-        if not msg.node or msg.node == self.node_id or s.group(msg.group_id) is not None:
+        if not msg.node or s.group(msg.group_id) is not None:
             return  # hosted here (or it was, and its calls fail), or routed already
         g = WorkerGroup(msg.group_id, 1, None, None, None, 1)
         g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)
+        if msg.node == self.node_id:  # (this node lost it: restarted, ...): calls fail
+            g.broken = f"it is not on its node {msg.node} any more"
         s.insert_group_locked(g)
         log.debug("calls of actor %s go to node %s", msg.name, msg.node)
 
     def _on_kill_locked(self, h: Any, msg: m.KillActor) -> None:
-        g = self._s.group(msg.group_id)
-        host = self._placed.get(msg.group_id)
-        if host is not None:  # its driver's proxy: the actor is there
-            self._send(host, [m.KillActor(msg.group_id, host, msg.reason)])
-            return
-        if g is not None and g.actor is not None and not g.actor.host:
-            g.closed = True  # the calls after this message fail (the killer's too: its
-            g.broken = g.broken or msg.reason  # node forwards them after it, in order)
-            threading.Thread(target=self._s.terminate_group, args=(g, msg.reason),
-                             daemon=True, name="dpool-kill-actor").start()
+        s = self._s
+        g = s.group(msg.group_id)
+        a = g.actor if g is not None else None
+        if a is not None and (not a.host or a.host == ActorState.PLACING):
+            # hosted here, or being placed (its proxy ends: its placement is undone)
+            if g.broken is None:  # type: ignore[union-attr]
+                g.closed = True  # type: ignore[union-attr]  # the calls after this fail
+                g.broken = msg.reason  # type: ignore[union-attr]
+                self._tell_origin_locked(g)  # type: ignore[arg-type]  # (before they do)
+                threading.Thread(target=s.terminate_group, args=(g, msg.reason),
+                                 daemon=True, name="dpool-kill-actor").start()
+        elif a is not None:  # a proxy: to the actor's node
+            self._send(a.host, [m.KillActor(msg.group_id, a.host, msg.reason)])
         elif msg.node and msg.node != self.node_id:
             self._send(msg.node, [msg])
 
@@ -247,19 +162,40 @@ class ActorCalls:
             g = self._s.group(r.get("group", 0))
             return g is None or g.actor is None or g.broken is not None or g.closed
 
+    def node_lost_locked(self, address: str) -> None:
+        """Node ``address`` was declared dead: the actors placed here for its drivers
+        end (nobody can call or end them any more: their GPUs would be held for good)."""
+        s = self._s
+        for g in list(s.groups_locked()):
+            if g.actor is not None and not g.actor.host and g.broken is None:
+                origin = self.origin_of(g)
+                if origin is None or origin[0] != address:
+                    continue
+                reason = f"the node of its driver ({address}) was lost"
+                g.closed, g.broken = True, reason
+                threading.Thread(target=s.terminate_group, args=(g, reason), daemon=True,
+                                 name="dpool-orphaned-actor").start()
+
     def ended_locked(self, g: WorkerGroup) -> None:
-        """Actor group ``g`` ended: its name is free; if it stood for its driver's actor
-        placed on another node, that actor ends too."""
+        """Actor group ``g`` ended: its name is free; the actor a proxy stood for ends
+        too; the node whose driver's actor this was (a placed one) hears of it."""
         held = self._names.pop(g.group_id, None)
         control = self.control
         if held is not None and control is not None:
             threading.Thread(target=control.release_actor_name, args=held, daemon=True,
                              name="dpool-actor-unname").start()
-        self._placing.pop(g.group_id, None)
-        host = self._placed.pop(g.group_id, None)
-        if host is not None:
-            self._send(host, [m.KillActor(g.group_id, host,
-                                          g.broken or "its executor was shut down")])
+        if g.actor is not None and g.actor.host:
+            self.placement.ended_locked(g)
+        else:
+            self._tell_origin_locked(g)
+
+    def _tell_origin_locked(self, g: WorkerGroup) -> None:
+        """An actor placed here for another node's driver ended: that node hears it
+        (once), before the failures of the calls made after the end."""
+        origin = self.take_origin(g)
+        if origin is not None:
+            self._send(origin[0], [m.ActorEnded(g.group_id,
+                                                g.broken or "its executor was shut down")])
 
     def _answer(self, h: Any, request_id: int, ok: bool, payload: bytes) -> None:
         s = self._s

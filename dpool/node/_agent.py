@@ -260,6 +260,7 @@ class ClusterAgent:
         with s.lock:
             if d.spillback is not None:
                 d.spillback.node_lost_locked(address)
+            d.actor_calls.node_lost_locked(address)  # (actors its drivers had here end)
             out = s.take_out_locked()
         s.deliver(out)
 

@@ -155,11 +155,15 @@ class NodeDaemon:
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
         self.actor_calls.control = store
         self.actor_calls.alive_nodes = self._alive_nodes
-        self.actor_calls.schedulers = self.agent.linked_schedulers
-        self.actor_calls.grace_s = resource_grace_s()
-        self.actor_calls.chain_placement_answers()  # (after the spillback's handlers)
-        self.actor_calls.placed_hook = self.runner.placed_locked
-        self.sessions.place_actor = self.actor_calls.place_locked
+        placement = self.actor_calls.placement
+        placement.schedulers = self.agent.linked_schedulers
+        placement.grace_s = resource_grace_s()
+        placement.chain_answers()  # (after the spillback's handlers for those messages)
+        placement.relay_to = self.runner.placed_locked
+        placement.relay_failed = self.runner.relay_failed_locked
+        self.actor_calls.origin_of = self.runner.origin_of
+        self.actor_calls.take_origin = self.runner.take_origin_locked
+        self.sessions.place_actor = placement.place_locked
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
         self.sessions.peer_closed_hooks.append(self._peer_closed_locked)

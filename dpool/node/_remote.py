@@ -364,7 +364,9 @@ class RemoteRunner:
         if not msg.group_cfg:  # an actor's call: its proxy here passes it on to its node
             p = s.group(msg.group_id)
             host = p.actor.host if p is not None and p.actor is not None else ""
-            if host == ActorState.PLACING:
+            if host == ActorState.PLACING:  # (its origin knows it is held here)
+                if not accepted:
+                    self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
                 self._relay.setdefault(msg.group_id, []).append(msg)
                 return
             if host:
@@ -484,6 +486,17 @@ class RemoteRunner:
         if msgs:
             self._send(host, msgs)
 
+    def relay_failed_locked(self, group_id: int, reason: str) -> None:
+        """That actor will never have a node: the calls held for it fail."""
+        for msg in self._relay.pop(group_id, []):
+            self._send(msg.origin, [m.TaskResult(msg.task_id, False, _payload.dumps_error(
+                actor_died(f"#{group_id}", reason)), 0.0)])
+
+    def take_origin_locked(self, g: WorkerGroup) -> "tuple | None":
+        """(origin, its group id) of an actor placed here for another node's driver,
+        forgotten (its end is told once)."""
+        return self._origin.pop(g.group_id, None) if g.actor is not None else None
+
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here
         (``_spillback``'s safety net): answered on the link its results take, after them."""
@@ -501,6 +514,8 @@ class RemoteRunner:
         running on one of its workers. A task admitted here but in none of those is
         lost, whatever its record says."""
         ids = {msg.task_id for msg in self._held if msg.origin == origin}
+        ids.update(msg.task_id for msgs in self._relay.values() for msg in msgs
+                   if msg.origin == origin)
         ids.update(msg.task_id for waiting in self._fetching.values() for msg in waiting
                    if msg.origin == origin)
         here: set = set()

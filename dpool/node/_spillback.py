@@ -276,7 +276,13 @@ class Spillback(SpillbackWaits, SpillbackResults):
         return a.task
 
     def _home_locked(self, t: Task, charge: bool) -> None:
-        """Back into the local queue (front: it has waited already)."""
+        """Back into the local queue (front: it has waited already). A call of another
+        node's actor cannot go back: the calls after it may be there already (and it may
+        have run), so it fails."""
+        if t.group.actor is not None:
+            self._actor_lost_locked(t, "its call did not reach the actor's node, or may "
+                                       "have run there without an answer")
+            return
         if not charge:
             t.attempts -= 1
         self._s.return_task_locked(t)

@@ -116,7 +116,8 @@ class SpillbackWaits(SpillbackBase):
         fails with ``ResourceError`` instead of waiting for good."""
         gss = self._schedulers()
         for g in list(self._s.groups_locked()):
-            if not g.queue or g.broken is not None or self._mirror(g):
+            if not g.queue or g.broken is not None or self._mirror(g) or \
+                    g.actor is not None:  # (an actor holds no CPU unless it asks: it runs)
                 continue
             why = ("no global scheduler is linked to place it" if not gss else
                    "its code could not be shared with other nodes" if self._keep_local(g)

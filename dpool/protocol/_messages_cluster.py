@@ -266,6 +266,16 @@ class ActorName(Slotted):
     record: tuple
 
 
+class ActorEnded(Slotted):
+    """N->N the actor of group ``group_id``, which a global scheduler placed on the
+    sending node for the receiving node's driver, ended (``reason``): its proxy there
+    ends too (``node._actor_calls``)."""
+
+    CODE: ClassVar[int] = 108
+    group_id: int
+    reason: str
+
+
 class Attach(Slotted):
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
@@ -474,15 +484,16 @@ CLUSTER_MESSAGES = (
     TasksQuery,
     TasksKnown,
     ActorName,
+    ActorEnded,
 )
 
 __all__ = [
-    "CLUSTER_MESSAGES", "Accepted", "ActorName", "Attach", "Attached", "BundleHeld",
-    "BundleHold", "CancelTask", "CreateGroup", "DropGroup", "FetchSegment", "GroupBroken", "GroupExited",
-    "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost", "LeaseReady", "LeaseRecall",
-    "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask", "Load", "PeerHello",
-    "PeerWelcome", "PlacementFailed", "PlacementGroupRemove", "PlacementGroupReserve",
-    "PlacementGroupState", "PushSegment", "ReleaseLent", "RemoteTask", "RunHere",
-    "SpillbackRejected", "StatusReply", "StatusRequest", "TaskResult", "TasksKnown",
-    "TasksQuery", "WorkingDir",
+    "CLUSTER_MESSAGES", "Accepted", "ActorEnded", "ActorName", "Attach", "Attached",
+    "BundleHeld", "BundleHold", "CancelTask", "CreateGroup", "DropGroup", "FetchSegment",
+    "GroupBroken", "GroupExited", "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost",
+    "LeaseReady", "LeaseRecall", "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask",
+    "Load", "PeerHello", "PeerWelcome", "PlacementFailed", "PlacementGroupRemove",
+    "PlacementGroupReserve", "PlacementGroupState", "PushSegment", "ReleaseLent",
+    "RemoteTask", "RunHere", "SpillbackRejected", "StatusReply", "StatusRequest",
+    "TaskResult", "TasksKnown", "TasksQuery", "WorkingDir",
 ]

@@ -281,7 +281,7 @@ class ClusterRuntime(ChannelClient):
         g = self._groups.get(group_id)
         if g is None:
             g = self._groups[group_id] = RemoteGroup(group_id, 1, None, 1)
-            g.actor = label
+            g.actor, g.host = label, node
             g.lease_closed = True
             self.actor_route(group_id, node, label)
         return g

@@ -217,9 +217,12 @@ class Mover:
                 log.warning("dpool: cannot pack %s again for the new node: %s", root, exc)
                 continue
             msgs.append(m.WorkingDir(digest, root, archive))
-        for g in rt._groups.values():  # an actor's state was the dead node's
+        for g in rt._groups.values():
             if g.actor and g.broken is None:
-                g.broken = f"its node {dead} was lost"
+                if g.create is None:  # another driver's actor: the new node routes to it
+                    msgs.append(m.ActorRoute(g.group_id, g.host, g.actor))
+                else:  # this driver's: its state (or its proxy) was the dead node's
+                    g.broken = f"its node {dead} was lost"
         groups = [g for g in rt._groups.values()
                   if g.create is not None and not g.exited.is_set() and g.broken is None]
         msgs += [g.create for g in groups]

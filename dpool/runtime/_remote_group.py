@@ -15,7 +15,7 @@ class RemoteGroup:
 
     __slots__ = ("group_id", "broken", "exited", "cancelled", "workers", "max_workers",
                  "max_tasks", "lease", "lease_asked", "lease_retry_at", "lease_closed",
-                 "lease_recalled", "max_attempts", "create", "closing", "actor")
+                 "lease_recalled", "max_attempts", "create", "closing", "actor", "host")
 
     def __init__(self, group_id: int, max_workers: int, max_tasks: Optional[int],
                  max_attempts: int = 3) -> None:
@@ -26,6 +26,7 @@ class RemoteGroup:
         self.create: Any = None  # its CreateGroup (sent again after a move: ``_move``)
         self.closing = ""  # the close op sent ("close", "close_notify"), if any
         self.actor = ""  # an actor's group: the actor's name (it lives on the node)
+        self.host = ""  # another driver's actor (``foreign_actor``): the node it names
         self.broken: Optional[str] = None
         self.exited = threading.Event()
         self.cancelled = threading.Event()

@@ -331,12 +331,18 @@ def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
     a: Optional[ActorState] = g.actor
     if a is not None:
         _forget_log_locked(s, a)
-        _free_locked(s, g, a)
+        if not g.workers:
+            _free_locked(s, g, a)  # (else when its process has exited: ``died_locked``)
         a.order.clear()
         if a.named:
             name, a.named = a.named, ""
             if s.actor_names.get(name, (0,))[0] == g.group_id:
                 del s.actor_names[name]
+        owner = g.owner
+        if g.broken is not None and owner is not None and owner.alive:
+            # a cluster driver's actor ended by another (a kill from a task, another
+            # driver): its driver learns it (its handles, its name)
+            s.send_locked(owner, [m.GroupBroken(g.group_id, g.broken)])
         if s._actor_service is not None:
             s._actor_service.ended_locked(g)
 

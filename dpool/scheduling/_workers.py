@@ -229,7 +229,8 @@ class WorkerPool(SchedulerCore):
         """Workers running tasks now, over every group (an actor that holds CPUs: those,
         running or not)."""
         return sum(1 for g in self._groups.values()
-                   if g.actor is None or g.actor.alloc is None for w in g.workers
+                   if g.actor is None or g.actor.alloc is None or not g.actor.cfg.req.cpus
+                   for w in g.workers
                    if (w.inflight or w.leased is not None) and w.alive and not w.blocked) + \
             sum(g.extra for g in self._groups.values())
 

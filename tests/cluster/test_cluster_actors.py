@@ -357,3 +357,35 @@ def test_an_actor_its_node_cannot_host_is_placed_by_the_global_scheduler(two_nod
     """ % two_nodes.nodes[1].address)
     assert lines == ["1 True", "11", "[1, 10]", "ActorDiedError True",
                      "ended with its executor", "its process exited True"]
+
+
+def test_placed_actors_end_however_they_are_ended(two_nodes, tmp_path):
+    """A placed actor killed from a task (through its proxy on the head) ends on its node
+    and its driver hears of it (the name is free again); one killed while it is still
+    being placed never starts; calls fail with ActorDiedError, none hangs."""
+    lines = _run(two_nodes, tmp_path, """
+        def kill_it(name):
+            dpool.kill(dpool.get_actor(name))
+            return "sent"
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                placed = ex.options(resources={"OTHER": 1}, name="p2").actor(Counter, 0)
+                print(placed.add(1), placed.node() == "%s")
+                print(ex.submit(kill_it, "p2").result(timeout=30))
+                try:
+                    placed.history.submit().result(timeout=30)
+                    placed.history.submit().result(timeout=30)  # (after the kill, if not)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "killed" in str(e))
+                again = ex.options(resources={"OTHER": 1}, name="p2").actor(Counter, 5)
+                print(again.add(1))
+                never = ex.options(resources={"NOWHERE": 1}).actor(Counter, 0)
+                f = never.add.submit(1)
+                dpool.kill(never)
+                try:
+                    f.result(timeout=30)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "killed" in str(e))
+    """ % two_nodes.nodes[1].address)
+    assert lines == ["1 True", "sent", "ActorDiedError True", "6", "ActorDiedError True"]
