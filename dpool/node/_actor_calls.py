@@ -71,7 +71,8 @@ class ActorCalls:
     # -- calls ---------------------------------------------------------------------------
     def _on_route_locked(self, h: Any, msg: m.ActorRoute) -> None:
         s = self._s
-        if not msg.node or s.group(msg.group_id) is not None:
+        if not msg.node or s.group(msg.group_id) is not None or \
+                s.ended_actor(msg.group_id) is not None:
             return  # hosted here (or it was, and its calls fail), or routed already
         g = WorkerGroup(msg.group_id, 1, None, None, None, 1)
         g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)

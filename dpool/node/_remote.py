@@ -407,9 +407,10 @@ class RemoteRunner:
         else:  # a call of an actor of this node's
             g = s.group(msg.group_id)  # type: ignore[assignment]
             if g is None or g.actor is None or g.actor.host:
-                self._send(msg.origin, [m.TaskResult(msg.task_id, False, _payload.dumps_error(
-                    actor_died(f"#{msg.group_id}", f"it is not on node {self.node_id} (it "
-                               "ended, or its node restarted)")), 0.0)])
+                err = s.ended_actor(msg.group_id) or _payload.dumps_error(actor_died(
+                    f"#{msg.group_id}", f"it is not on node {self.node_id} (it ended, or "
+                    "its node restarted)"))
+                self._send(msg.origin, [m.TaskResult(msg.task_id, False, err, 0.0)])
                 return
         fkey = (msg.origin, msg.fn_id)
         fn_id = self._fns.get(fkey)

@@ -345,6 +345,31 @@ def end_locked(s: SchedulerCore, g: WorkerGroup) -> None:
             s.send_locked(owner, [m.GroupBroken(g.group_id, g.broken)])
         if s._actor_service is not None:
             s._actor_service.ended_locked(g)
+        bury_locked(s, g)
+
+
+ENDED_KEPT = 10_000  # ended actors remembered for late calls (the oldest forgotten first)
+
+
+def bury_locked(s: SchedulerCore, g: WorkerGroup) -> None:
+    """An ended actor group with no worker and no call left leaves the scheduler's
+    groups, so that what scans them stays as fast however many actors came and went;
+    its name and why it ended stay (``ended_actors``) for the calls that come late."""
+    if g.workers or g.outstanding or (not g.closed and g.broken is None) or \
+            s._groups.get(g.group_id) is not g:
+        return
+    del s._groups[g.group_id]
+    ended = s.ended_actors
+    ended[g.group_id] = (g.actor.cfg.name,
+                         g.broken or "it was shut down (by its executor's shutdown())")
+    if len(ended) > ENDED_KEPT:
+        del ended[next(iter(ended))]
+
+
+def ended_error(s: SchedulerCore, group_id: int) -> Optional[bytes]:
+    """What a call of a buried actor fails with (None: no such actor ended here)."""
+    ended = s.ended_actors.get(group_id)
+    return None if ended is None else _payload.dumps_error(errors.actor_died(*ended))
 
 
 def _live(s: SchedulerCore, group_id: int) -> Optional[WorkerGroup]:

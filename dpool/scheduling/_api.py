@@ -196,6 +196,11 @@ class SchedulerAPI(Protocol):
         """The pickled function registered under ``fn_id`` (KeyError if none)."""
         ...
 
+    def ended_actor(self, group_id: int) -> Optional[bytes]:
+        """The error a call of the actor of ``group_id`` fails with if it ended here and
+        left the groups (None: no such actor ended here)."""
+        ...
+
     def deliver(self, out: list) -> None:
         """Complete what ``take_out_locked`` returned. Call *without* the lock."""
         ...

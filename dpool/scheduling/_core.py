@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         zygote: Any  # the fork server (``_zygote.Zygote``) or None
         id_prefix: Optional[Callable[[], int]]
         actor_names: dict[str, tuple]
+        ended_actors: dict[int, tuple]
         _actor_service: Optional[ActorService]
         ledger: Optional[Ledger]
         ledger_spec: Optional[dict]

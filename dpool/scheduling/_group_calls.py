@@ -127,6 +127,13 @@ class GroupCalls(SchedulerCore):
         with self.lock:
             return _actors.name_locked(self, name, record)
 
+    def ended_actor(self, group_id: int) -> Optional[bytes]:
+        """The error a call of the actor of ``group_id`` fails with if it ended here and
+        left the groups; None otherwise (a dict read: no lock needed)."""
+        from dpool.scheduling._actors import ended_error
+
+        return ended_error(self, group_id)
+
     def find_actor(self, name: str) -> Optional[tuple]:
         """The record of the live actor named ``name``, or None."""
         from dpool.scheduling import _actors

@@ -127,6 +127,13 @@ class WorkerMessages(SchedulerCore):
 
     def _on_submit_locked(self, w: WorkerHandle, msg: m.SubmitTask) -> None:
         g = self._groups.get(msg.group_id)
+        if g is None and msg.group_id in self.ended_actors:  # (``_actors.bury_locked``)
+            from dpool.scheduling._actors import ended_error
+
+            err = ended_error(self, msg.group_id)
+            if err is not None:
+                self.send_locked(w, [m.ObjectValue(msg.task_id, False, err)])
+                return
         if g is None:  # (a worker of a mirror group: its driver's group is the origin's)
             g = w.group
             if g is not None and g.actor is not None and g.group_id != msg.group_id:

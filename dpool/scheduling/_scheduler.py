@@ -131,6 +131,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
         self.actor_names: dict[str, tuple] = {}  # name -> (group id, label, methods, node)
+        self.ended_actors: dict[int, tuple] = {}  # group id -> (name, why): ``_actors``
         # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None

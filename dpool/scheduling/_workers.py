@@ -454,7 +454,10 @@ class WorkerPool(SchedulerCore):
                 self._dispatch_locked(g)
             elif g.closed and not g.workers and g.outstanding == 0 and g.actor is None:
                 self._groups.pop(g.group_id, None)  # a shut-down executor leaves nothing
-                # (an actor's stays: its calls from tasks fail with ActorDiedError)
+            if g.actor is not None and not g.workers:  # (an ended one: ``_actors``)
+                from dpool.scheduling import _actors
+
+                _actors.bury_locked(self, g)
             self._exited.notify_all()
             out = self.take_out_locked()
         w.chan.close()

@@ -257,6 +257,29 @@ def test_tasks_find_named_actors_and_kill_them(ex):
         dpool.get_actor(3)  # type: ignore[arg-type]
 
 
+def _add_one(counter) -> int:  # noqa: ANN001
+    return counter.add(1)
+
+
+def test_ended_actors_leave_the_scheduler_and_late_calls_still_say_why(ex):
+    from dpool.runtime import current
+
+    s = current.driver().scheduler
+    before = set(s._groups)
+    handles = [ex.options(name=f"gone-{i}").actor(Counter) for i in range(4)]
+    assert [h.add(1) for h in handles] == [1, 1, 1, 1]
+    for h in handles:
+        dpool.kill(h)
+    deadline = time.monotonic() + 30  # (their workers exit, then their groups leave)
+    while set(s._groups) - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not set(s._groups) - before  # scans over the groups stay short
+    with pytest.raises(dpool.ActorDiedError, match="actor gone-0 died: it was killed"):
+        ex.submit(_add_one, handles[0]).result(timeout=30)  # a late call, by id
+    with pytest.raises(dpool.ActorDiedError, match="killed"):
+        handles[1].add(1)  # (the driver's handle holds its group)
+
+
 def test_a_detached_actor_outlives_its_executors_shutdown():
     ex = ProcessPoolExecutor(1)
     c = ex.options(lifetime="detached").actor(Counter)

@@ -130,6 +130,9 @@ class FakeScheduler:
     def release(self, object_id: int) -> None:
         self.released.append(object_id)
 
+    def ended_actor(self, group_id: int) -> Optional[bytes]:
+        return None
+
     def find_actor(self, name: str) -> Optional[tuple]:
         return None
 
