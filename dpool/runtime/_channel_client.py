@@ -60,18 +60,25 @@ class ChannelClient:
         self._send([m.GetObjects((ref.id,))])
         return fut
 
-    def request(self, make: Callable[[int], Any]) -> TaskFuture:
+    def ask(self, make: Callable[[int], Any], what: str) -> Any:
         """Ask the scheduler something: ``make(reply_id)`` is the question, answered by
-        ``ObjectValue(reply_id)`` (a value, or an error that ``result()`` raises)."""
+        ``ObjectValue(reply_id)`` (a value, or an error raised here); ``dpool.Error`` if
+        no answer comes in time."""
         rid = self.new_id()
         fut = Future(0, self) if self.gives_back_slot else Future()
         fut.set_running_or_notify_cancel()
         self._futures[rid] = fut
         self._send([make(rid)])
-        return fut
+        try:
+            return fut.result(_ASK_TIMEOUT)
+        except TimeoutError:
+            self._futures.pop(rid, None)
+            from dpool.errors import Error
+
+            raise Error(f"no answer to {what} within {_ASK_TIMEOUT:g} s") from None
 
     def find_actor(self, name: str) -> Optional[tuple]:
-        return self.request(lambda rid: m.ActorFind(rid, name)).result(_ASK_TIMEOUT)
+        return self.ask(lambda rid: m.ActorFind(rid, name), f"get_actor({name!r})")
 
     def kill_actor(self, group_id: int, node: str, reason: str) -> None:
         self._send([m.KillActor(group_id, node, reason)])

@@ -217,7 +217,7 @@ class ClusterRuntime(ChannelClient):
         self.note(m.ActorRoute(group_id, node, name))
 
     def name_actor(self, name: str, record: tuple) -> None:
-        self.request(lambda rid: m.ActorName(rid, name, record)).result(CONNECT_TIMEOUT)
+        self.ask(lambda rid: m.ActorName(rid, name, record), f"naming actor {name!r}")
 
     def note(self, msg: Any) -> None:
         """Send ``msg`` with the next message or flush (no wake-up: it can wait)."""

@@ -85,9 +85,9 @@ class WorkerClient(ChannelClient):
             self._routed.add(group_id)
             self._send([m.ActorRoute(group_id, node, name)])
 
-    def request(self, make: Callable[[int], Any]) -> TaskFuture:
+    def ask(self, make: Callable[[int], Any], what: str) -> Any:
         self._ensure_receiver()  # the answer arrives while the task waits
-        return super().request(make)
+        return super().ask(make, what)
 
     # -- the task API ----------------------------------------------------------------------
     def submit(self, group_id: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
