@@ -69,8 +69,8 @@ with dpool.ProcessPoolExecutor(2) as ex:
     rate = tput / (time.perf_counter() - t0)
     task_us, task_node = ex.options(resources={"H": 1}).submit(
         calls_from_a_task, echo, n).result(timeout=600)
-print(json.dumps({"call_us": statistics.median(lat) * 1e6, "tput": rate,
-                  "task_call_us": task_us, "task_node": task_node}))
+print("RESULT", json.dumps({"call_us": statistics.median(lat) * 1e6, "tput": rate,
+                            "task_call_us": task_us, "task_node": task_node}), flush=True)
 """
 
 RAY_DRIVER = r"""
@@ -106,9 +106,14 @@ refs = [echo.ping.remote(i) for i in range(tput)]
 ray.get(refs)
 rate = tput / (time.perf_counter() - t0)
 task_us, task_node = ray.get(calls_from_a_task.remote(echo, n))
-print(json.dumps({"call_us": statistics.median(lat) * 1e6, "tput": rate,
-                  "task_call_us": task_us}))
+print("RESULT", json.dumps({"call_us": statistics.median(lat) * 1e6, "tput": rate,
+                            "task_call_us": task_us}), flush=True)
 """
+
+
+def _result(stdout: str) -> dict:
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
 
 
 def run_dpool(n: int, tput: int) -> dict:
@@ -128,7 +133,7 @@ def run_dpool(n: int, tput: int) -> dict:
                              capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-3000:])
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _result(out.stdout)
     finally:
         _cli(["stop"], node)
         _cli(["stop"], head)
@@ -152,7 +157,7 @@ def run_ray(py: str, n: int, tput: int) -> dict:
                              env=env, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-3000:])
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _result(out.stdout)
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
