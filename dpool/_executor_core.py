@@ -459,9 +459,8 @@ class ResourceOptions:
     def actor(self, cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
         """``executor.actor(cls, *args, **kwargs)`` with this view's actor options and
         resources, which the actor holds for its lifetime (CPUs only those given)."""
-        if self._pg is not None or _resources.STRATEGY in self._spec:
-            raise ValueError("an actor takes no placement_group= or scheduling= yet: it "
-                             "runs on its driver's node (on one host: this host)")
+        if self._pg is not None:
+            raise ValueError("an actor takes no placement_group= yet")
         req = None
         if self._spec:  # (CPUs only those given; ``build`` says None for one CPU alone)
             req = _resources.build({"CPU": 0}, self._spec) or _resources.Request(cpus=1)

@@ -1,7 +1,9 @@
 """Actors a global scheduler places: a driver's actor its own node cannot host.
 
 A driver's actor lives on the node the driver is attached to (``_attach``), unless that
-node can never give it what it asks (a GPU, a custom resource, more CPUs than it has).
+node can never give it what it asks (a GPU, a custom resource, more CPUs than it has), or
+it asks where to run (``scheduling=``: ``"spread"``, ``NodeAffinity``), which a global
+scheduler decides (``RunHere``: this node).
 Then its group there becomes a *proxy* whose calls wait (``ActorState.PLACING``) while a
 global scheduler looks for a node:
 
@@ -82,9 +84,9 @@ class ActorPlacement:
         if req is None:
             return False
         limit = s.cpu_limit
-        if not ((limit is not None and req.cpus > limit)
-                or s.resources_locked().shortfall(req)):
-            return False  # it fits here (once what it asks is free)
+        if req.strategy is None and not ((limit is not None and req.cpus > limit)
+                                         or s.resources_locked().shortfall(req)):
+            return False  # it fits here (once what it asks is free), and asks no place
         gss = self.schedulers()
         if not gss:
             return False
@@ -139,8 +141,13 @@ class ActorPlacement:
                 reason = str(_payload.loads_error(msg.payload))
             except Exception as exc:  # noqa: BLE001 - say what we can
                 reason = f"its node could not say ({exc})"
-        else:  # PlacementFailed, or RunHere (this node cannot host it)
-            reason = getattr(msg, "reason", "the global scheduler chose this node")
+        elif isinstance(msg, m.RunHere):  # its strategy chose this node: it starts here
+            del self._placing[gid]
+            g.actor.host = ""
+            self._s.cpu_freed_locked()  # (dispatches its group: a worker starts for it)
+            return
+        else:  # PlacementFailed
+            reason = msg.reason
         del self._placing[gid]
         g.actor.host = ""
         self._s.break_group_locked(g, f"it cannot get its resources: {reason}")

@@ -186,6 +186,15 @@ def new_state_locked(s: SchedulerCore, cfg: ActorConfig) -> ActorState:
     why = None if cfg.req is None else impossible_locked(s, cfg.req)
     if why is not None:
         raise errors.ResourceError(why)
+    if cfg.req is not None and cfg.req.strategy is not None and s.cpu_limit is None:
+        from dpool.placement import NodeAffinity, strategy_from_wire
+
+        st = strategy_from_wire(cfg.req.strategy)  # (one host: every strategy means here
+        if isinstance(st, NodeAffinity) and not st.soft and st.node != "local":  # ...)
+            raise errors.PlacementError(
+                f"the actor must run on node {st.node!r} (NodeAffinity, soft=False), but "
+                "this is the embedded runtime: its only node is this host, 'local' (set "
+                "DPOOL_ADDRESS to run on a cluster)")
     return ActorState(cfg)
 
 

@@ -102,6 +102,10 @@ def test_requests_that_can_never_be_met_fail_at_actor(gpus2):
             ex.options(num_cpus=100_000).actor(Probe)
         with pytest.raises(ResourceError, match="FPGA"):
             ex.options(resources={"FPGA": 1}).actor(Probe)
-        with pytest.raises(ValueError, match="scheduling="):
-            ex.options(scheduling="spread").actor(Probe)
+        with pytest.raises(dpool.PlacementError, match="the embedded runtime"):
+            ex.options(scheduling=dpool.NodeAffinity("elsewhere:1")).actor(Probe)
+        # (one host: every other strategy means this host)
+        assert ex.options(scheduling="spread").actor(Probe).devices()[2] == 1
+        assert ex.options(scheduling=dpool.NodeAffinity("elsewhere:1", soft=True)).actor(
+            Probe).devices()[2] == 1
         assert ex.options(num_cpus=1).actor(Probe).devices()[2] == 1  # what can, runs

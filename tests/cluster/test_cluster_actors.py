@@ -389,3 +389,23 @@ def test_placed_actors_end_however_they_are_ended(two_nodes, tmp_path):
                     print("ActorDiedError", "killed" in str(e))
     """ % two_nodes.nodes[1].address)
     assert lines == ["1 True", "sent", "ActorDiedError True", "6", "ActorDiedError True"]
+
+
+def test_scheduling_puts_an_actor_where_it_asks(two_nodes, tmp_path):
+    head, other = two_nodes.head.address, two_nodes.nodes[1].address
+    lines = _run(two_nodes, tmp_path, """
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                there = ex.options(scheduling=dpool.NodeAffinity("%s")).actor(Counter, 0)
+                here = ex.options(scheduling=dpool.NodeAffinity("%s")).actor(Counter, 0)
+                print(there.node() == "%s", here.node() == "%s", there.add(2), here.add(3))
+                spread = ex.options(scheduling="spread").actor(Counter, 0)
+                print(spread.add(1), spread.node() in ("%s", "%s"))
+                nowhere = ex.options(scheduling=dpool.NodeAffinity("127.0.0.9:1")).actor(
+                    Counter, 0)
+                try:
+                    nowhere.add(1)
+                except dpool.ActorDiedError as e:
+                    print("ActorDiedError", "127.0.0.9:1" in str(e))
+    """ % (other, head, other, head, head, other))
+    assert lines == ["True True 2 3", "1 True", "ActorDiedError True"]
