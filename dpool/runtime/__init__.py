@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dpool.runtime._channel_client import ChannelClient
     from dpool.runtime._client import Client as Client
     from dpool.runtime._client import Driver as Driver
-    from dpool.runtime._cluster import connect
+    from dpool.runtime._connect import connect
     from dpool.runtime._current import node_id
     from dpool.runtime._driver import DriverRuntime
     from dpool.runtime._placement_groups import PlacementGroup, placement_group
@@ -55,7 +55,7 @@ _MODULES = {
 _LAZY = {
     **dict.fromkeys(("get", "put", "wait"), "dpool.runtime._api"),
     "ChannelClient": "dpool.runtime._channel_client",
-    "connect": "dpool.runtime._cluster",
+    "connect": "dpool.runtime._connect",
     "node_id": "dpool.runtime._current",
     "DriverRuntime": "dpool.runtime._driver",
     **dict.fromkeys(("PlacementGroup", "placement_group"), "dpool.runtime._placement_groups"),

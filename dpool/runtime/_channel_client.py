@@ -4,8 +4,9 @@ A cluster driver (``_cluster.ClusterRuntime``, to its node) and a worker's clien
 (``dpool.worker._client.WorkerClient``, to its scheduler) both send ``SubmitTask``,
 ``PutObject``, ``GetObjects`` and ``Release`` and get ``ObjectValue`` back. This base
 holds the part that is the same for both: object ids, function registration, futures for
-refs (``GetObjects``) and the lock-free release queue. Each subclass sends (``_send``),
-submits, puts and reads its connection its own way.
+refs (``GetObjects``), setting a future from an outcome (``complete``), questions answered
+by ``ObjectValue`` (``ask``: the actor directory) and the lock-free release queue. Each
+subclass sends (``_send``), submits, puts and reads its connection its own way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import itertools
 from collections import deque
 
 from dpool._task_future import ObjectRef, TaskFuture
+from dpool.errors import DeserializationError
 from dpool.futures import Future
+from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.runtime._functions import FunctionTable
 
@@ -82,6 +85,23 @@ class ChannelClient:
 
     def kill_actor(self, group_id: int, node: str, reason: str) -> None:
         self._send([m.KillActor(group_id, node, reason)])
+
+    @staticmethod
+    def complete(fut: TaskFuture, ok: bool, payload: bytes) -> None:
+        """Set a future from a task's outcome (any thread)."""
+        try:
+            if ok:
+                try:
+                    value = _payload.loads(payload)
+                except BaseException as exc:  # noqa: BLE001 - SystemExit too
+                    fut.set_exception(DeserializationError.wrap("the task's result", exc))
+                    return
+                fut.set_result(value)
+                value = None  # the future holds it; this frame must not (bpo-14406)
+            else:
+                fut.set_exception(_payload.loads_error(payload))
+        except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+            pass
 
     def release(self, object_id: int) -> None:
         """Drop one handle. Safe from ``__del__`` in any thread: no lock is taken."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-import sys
 import threading
 import weakref
 from collections import deque
@@ -36,23 +35,18 @@ from typing import Any, Callable, Optional
 
 from dpool import _log, errors
 from dpool._task_future import ObjectRef, TaskFuture
-from dpool.errors import (
-    DeserializationError,
-    Error,
-    NodeLostError,
-    SerializationError,
-)
+from dpool.errors import NodeLostError, SerializationError
 from dpool.futures import Future
 from dpool.objects import mapping as _mapping
 from dpool.objects import payload as _payload
 from dpool.objects import values as _values
-from dpool.protocol import PROTOCOL_VERSION, Channel, ChannelClosed, decode_batch, encode_batch
-from dpool.protocol import dial as _dial
+from dpool.protocol import Channel, ChannelClosed, decode_batch, encode_batch
 from dpool.protocol import messages as m
 from dpool.protocol import workdir as _workdir
 from dpool.runtime import _calls
 from dpool.runtime._address import Target
 from dpool.runtime._channel_client import ChannelClient
+from dpool.runtime._connect import CONNECT_TIMEOUT, connect
 from dpool.runtime._lease import DriverLeases
 from dpool.runtime._move import Mover, TaskRecord
 from dpool.runtime._output import OutputPrinter
@@ -63,7 +57,6 @@ from dpool.transfer import pull as _pull
 
 log = _log.getLogger("dpool.runtime")
 
-CONNECT_TIMEOUT = 10.0
 _FLUSH_S = 0.02
 
 
@@ -79,30 +72,6 @@ class _ClusterFuture(Future):
         if client is not None:
             client.cancel_task(self._oid)
         return True
-
-
-def connect(target: Target, timeout: float = CONNECT_TIMEOUT) -> tuple[Channel, m.Attached]:
-    """Connect, authenticate and attach; a clear ``dpool.Error`` within ``timeout``."""
-    where = f"the dpool node at {target.address}"
-    hello = m.Attach(PROTOCOL_VERSION, os.getpid(), socket.gethostname(), os.getcwd(),
-                     tuple(sys.path))
-    try:
-        if target.unix_path:
-            sock = _dial.connect_unix(target.unix_path, target.token, where, timeout)
-        else:
-            sock = _dial.connect(target.host, target.port, target.token, where, timeout)
-        return _dial.greet(sock, hello, m.Attached, timeout)
-    except _dial.Unreachable as exc:
-        cause = exc.cause
-        if isinstance(cause, socket.timeout):
-            raise Error(f"cannot reach {where}: no answer within {timeout:g} s "
-                        "(check DPOOL_ADDRESS and that `dpool start` runs there)") from cause
-        raise Error(f"cannot reach {where}: {cause.strerror or cause} (check DPOOL_ADDRESS "
-                    "and that `dpool start` runs there)") from cause
-    except _dial.Broken as exc:  # reset, refused mid-way, timed out
-        raise Error(f"{where} closed the connection while attaching: {exc}") from exc.cause
-    except _dial.NotAnswered:
-        raise Error(f"{where} did not accept this driver within {timeout:g} s") from None
 
 
 class ClusterRuntime(ChannelClient):
@@ -556,23 +525,6 @@ class ClusterRuntime(ChannelClient):
                 cb(msg.state, tuple(msg.nodes), msg.reason)
         else:
             raise ValueError(f"unexpected message {type(msg).__name__} from the node")
-
-    @staticmethod
-    def complete(fut: TaskFuture, ok: bool, payload: bytes) -> None:
-        """Set a future from a task's outcome (any thread)."""
-        try:
-            if ok:
-                try:
-                    value = _payload.loads(payload)
-                except BaseException as exc:  # noqa: BLE001 - SystemExit too
-                    fut.set_exception(DeserializationError.wrap("the task's result", exc))
-                    return
-                fut.set_result(value)
-                value = None  # the future holds it; this frame must not (bpo-14406)
-            else:
-                fut.set_exception(_payload.loads_error(payload))
-        except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
-            pass
 
     def print_output(self, msg: m.Output) -> None:
         """A worker's output (from the node's connection or a leased worker's)."""
