@@ -173,13 +173,11 @@ def create(executor: ExecutorCore, cls: Callable[..., Any], args: tuple, kwargs:
     label = name or f"{cls.__qualname__}"
     with _named_lock:  # (whether the name is free: the runtime's directory says)
         cfg = ActorConfig(label, boot, ctor, max_restarts, every, concurrency,
-                          lifetime == "detached", req)
+                          lifetime == "detached", req, name is None)
         initializer = _payload.dumps((boot, (ctor, None, [], every, concurrency)))
         group: Any = driver.add_group(
             WorkerGroupConfig(1, executor._mp_context, initializer, None, 1, None, None, cfg),
             executor)
-        if name is None:
-            cfg.name = f"{label}#{group.group_id}"
         methods = public_methods(cls)
         host = getattr(driver, "node_id", "")
         handle = ActorHandle(group, group.group_id, cfg.name, methods,

@@ -219,6 +219,8 @@ class ClusterRuntime(ChannelClient):
         actor: tuple = ()
         if cfg.actor is not None:  # its calls go through the node, in order (no lease)
             a = cfg.actor
+            if a.numbered:
+                a.name, a.numbered = f"{a.name}#{gid}", False
             actor = (a.name, a.max_restarts, a.checkpoint_every, a.max_concurrency,
                      a.detached, _resources.to_wire(a.req))
             g.actor = a.name

@@ -65,6 +65,7 @@ class ActorConfig:
     max_concurrency: int = 1  # calls that may run at once (on threads of the worker)
     detached: bool = False  # lifetime="detached": on a cluster, outlives its driver
     req: Any = None  # the resources it holds while its worker lives (a ``Request``)
+    numbered: bool = False  # unnamed: its runtime adds "#<group id>" to ``name``
 
 
 class ActorState:
@@ -180,9 +181,11 @@ def dispatch_locked(s: SchedulerCore, g: WorkerGroup, idle_only: bool = False) -
     if msgs:
         s.send_locked(w, msgs)
 
-def new_state_locked(s: SchedulerCore, cfg: ActorConfig) -> ActorState:
+def new_state_locked(s: SchedulerCore, cfg: ActorConfig, group_id: int) -> ActorState:
     """The state of a new actor group; ``ResourceError`` if it asks for what this
     runtime can never give it."""
+    if cfg.numbered:
+        cfg.name, cfg.numbered = f"{cfg.name}#{group_id}", False
     why = None if cfg.req is None else impossible_locked(s, cfg.req)
     if why is not None:
         raise errors.ResourceError(why)

@@ -172,7 +172,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             if cfg.actor is not None:
                 from dpool.scheduling import _actors
 
-                g.actor = _actors.new_state_locked(self, cfg.actor)  # (ResourceError)
+                g.actor = _actors.new_state_locked(self, cfg.actor, g.group_id)
             self._groups[g.group_id] = g
             return g
 

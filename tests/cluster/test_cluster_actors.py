@@ -190,10 +190,11 @@ def test_an_actor_restarts_with_its_state_and_a_killed_one_says_so(two_nodes, tm
                 try:
                     d.add(1)
                 except dpool.ActorDiedError as e:
-                    print("ActorDiedError", "max_restarts=0" in str(e))
+                    print("ActorDiedError", "max_restarts=0" in str(e),
+                          e.actor == repr(d)[len("<ActorHandle "):-1], "#" in e.actor)
     """)
     assert lines == ["25 True", "ActorDiedError True", "from the other node: ActorDiedError",
-                     "ActorDiedError True"]
+                     "ActorDiedError True True True"]
 
 
 def test_named_actors_and_bad_input_on_a_cluster(two_nodes, tmp_path):
