@@ -38,7 +38,7 @@ from dpool.control import ClusterControlStore
 from dpool.node._actor_placement import ActorPlacement
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
-from dpool.scheduling import ActorConfig, ActorState, SchedulerAPI, WorkerGroup
+from dpool.scheduling import ActorState, SchedulerAPI, WorkerGroup, proxy_group
 
 log = logging.getLogger("dpool.scheduling")
 
@@ -74,11 +74,11 @@ class ActorCalls:
         if not msg.node or s.group(msg.group_id) is not None or \
                 s.ended_actor(msg.group_id) is not None:
             return  # hosted here (or it was, and its calls fail), or routed already
-        g = WorkerGroup(msg.group_id, 1, None, None, None, 1)
-        g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)
-        if msg.node == self.node_id:  # (this node lost it: restarted, ...): calls fail
-            g.broken = f"it is not on its node {msg.node} any more"
-        s.insert_group_locked(g)
+        # (naming this node, which lost it -- restarted, ...: its calls fail)
+        s.insert_group_locked(proxy_group(
+            msg.group_id, msg.name, msg.node,
+            f"it is not on its node {msg.node} any more" if msg.node == self.node_id
+            else None))
         log.debug("calls of actor %s go to node %s", msg.name, msg.node)
 
     def _on_kill_locked(self, h: Any, msg: m.KillActor) -> None:
@@ -87,12 +87,9 @@ class ActorCalls:
         a = g.actor if g is not None else None
         if a is not None and (not a.host or a.host == ActorState.PLACING):
             # hosted here, or being placed (its proxy ends: its placement is undone)
-            if g.broken is None:  # type: ignore[union-attr]
-                g.closed = True  # type: ignore[union-attr]  # the calls after this fail
-                g.broken = msg.reason  # type: ignore[union-attr]
-                self._tell_origin_locked(g)  # type: ignore[arg-type]  # (before they do)
-                threading.Thread(target=s.terminate_group, args=(g, msg.reason),
-                                 daemon=True, name="dpool-kill-actor").start()
+            if s.kill_actor_locked(g, msg.reason):  # type: ignore[arg-type]
+                self._tell_origin_locked(g)  # type: ignore[arg-type]  # (before the
+                # failures of the calls after it: the lock is still held)
         elif a is not None:  # a proxy: to the actor's node
             self._send(a.host, [m.KillActor(msg.group_id, a.host, msg.reason)])
         elif msg.node and msg.node != self.node_id:
@@ -172,10 +169,7 @@ class ActorCalls:
                 origin = self.origin_of(g)
                 if origin is None or origin[0] != address:
                     continue
-                reason = f"the node of its driver ({address}) was lost"
-                g.closed, g.broken = True, reason
-                threading.Thread(target=s.terminate_group, args=(g, reason), daemon=True,
-                                 name="dpool-orphaned-actor").start()
+                s.kill_actor_locked(g, f"the node of its driver ({address}) was lost")
 
     def ended_locked(self, g: WorkerGroup) -> None:
         """Actor group ``g`` ended: its name is free; the actor a proxy stood for ends

@@ -35,7 +35,7 @@ from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.scheduling import _detect as detect
-    from dpool.scheduling._actors import ActorConfig, ActorState
+    from dpool.scheduling._actors import ActorConfig, ActorState, proxy_group
     from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
         ActorService,
@@ -59,6 +59,7 @@ _MODULES = {
 _LAZY = {
     "ActorConfig": "dpool.scheduling._actors",
     "ActorState": "dpool.scheduling._actors",
+    "proxy_group": "dpool.scheduling._actors",
     **dict.fromkeys(("ActorService", "DriverService", "Handler", "LeaseService",
                      "SchedulerAPI", "SpillbackService"), "dpool.scheduling._api"),
 }
@@ -80,6 +81,7 @@ __all__ = [
     "WorkerGroupConfig",
     "WorkerHandle",
     "detect",
+    "proxy_group",
     "resources",
 ]
 

@@ -201,6 +201,18 @@ def new_state_locked(s: SchedulerCore, cfg: ActorConfig, group_id: int) -> Actor
     return ActorState(cfg)
 
 
+def proxy_group(group_id: int, name: str, host: str,
+                broken: Optional[str] = None) -> WorkerGroup:
+    """A group standing for actor ``name`` of node ``host`` (no worker: its calls go
+    there, ``_forward_locked``); ``broken``: it cannot reach it, its calls fail."""
+    from dpool.scheduling._records import WorkerGroup
+
+    g = WorkerGroup(group_id, 1, None, None, None, 1)
+    g.actor = ActorState(ActorConfig(name, None, b""), host=host)
+    g.broken = broken
+    return g
+
+
 def impossible_locked(s: SchedulerCore, req: Any) -> Optional[str]:
     """Why an actor asking ``req`` can never start here (None: it can, once enough is
     free). Its CPUs count against a node's; on one host, against the host's."""

@@ -242,6 +242,11 @@ class SchedulerAPI(Protocol):
         """Fail every queued, waiting and running task of ``g`` with ``reason``."""
         ...
 
+    def kill_actor_locked(self, g: WorkerGroup, reason: str) -> bool:
+        """End actor group ``g`` now: later calls fail at once, its worker is stopped on
+        a thread; False if it had ended already."""
+        ...
+
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
         """``g`` can run nothing any more: fail what it has and is given, tell its
         driver."""

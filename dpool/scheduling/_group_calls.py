@@ -14,6 +14,7 @@ Workers are reaped (``_workers._reap``) after the lock is released.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -117,6 +118,17 @@ class GroupCalls(SchedulerCore):
         for w in victims:
             _reap(w, kill_after=0.5)
         self.deliver(out)
+
+    def kill_actor_locked(self, g: WorkerGroup, reason: str) -> bool:
+        """End actor group ``g`` from a handler (lock held): the calls admitted after
+        this fail at once (the killer's too); its worker is stopped on a thread of its
+        own (``terminate_group`` takes the lock and waits for it). False: it had ended."""
+        if g.broken is not None:
+            return False
+        g.closed, g.broken = True, reason
+        threading.Thread(target=self.terminate_group, args=(g, reason), daemon=True,
+                         name="dpool-kill-actor").start()
+        return True
 
     # -- named actors (``_actors``) -----------------------------------------------------
     def name_actor(self, name: str, record: tuple) -> bool:

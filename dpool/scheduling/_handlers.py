@@ -20,7 +20,7 @@ from dpool.protocol import decode_batch
 from dpool.protocol import messages as m
 from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
-from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._records import ObjectEntry, Task, WorkerHandle
 
 log = _log.getLogger("dpool.scheduling")
 
@@ -179,14 +179,13 @@ class WorkerMessages(SchedulerCore):
         task): no route leads there, so its calls fail at once."""
         if msg.group_id in self._groups:
             return
-        from dpool.scheduling._actors import ActorConfig, ActorState
+        from dpool.scheduling._actors import proxy_group
 
-        g = WorkerGroup(msg.group_id, 1, None, None, None, 1)
-        g.actor = ActorState(ActorConfig(msg.name, None, b""), host=msg.node)
-        g.broken = (f"it lives on node {msg.node}, which this runtime cannot reach (an "
-                    "executor made inside a task is a runtime of its own: call the actor "
-                    "from the task itself)")
-        self._groups[g.group_id] = g
+        self._groups[msg.group_id] = proxy_group(
+            msg.group_id, msg.name, msg.node,
+            f"it lives on node {msg.node}, which this runtime cannot reach (an executor "
+            "made inside a task is a runtime of its own: call the actor from the task "
+            "itself)")
 
     def _on_actor_find_locked(self, w: WorkerHandle, msg: m.ActorFind) -> None:
         from dpool.scheduling import _actors
@@ -197,12 +196,7 @@ class WorkerMessages(SchedulerCore):
     def _on_kill_actor_locked(self, w: WorkerHandle, msg: m.KillActor) -> None:
         g = self._groups.get(msg.group_id)
         if g is not None and g.actor is not None and not g.actor.host:
-            import threading  # (terminating takes the lock and waits for the worker)
-
-            g.closed = True  # the calls after this message fail (the killer's too)
-            g.broken = g.broken or msg.reason
-            threading.Thread(target=self.terminate_group, args=(g, msg.reason),
-                             daemon=True, name="dpool-kill-actor").start()
+            self.kill_actor_locked(g, msg.reason)
 
     def _on_actor_checkpoint_locked(self, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
         from dpool.scheduling import _actors

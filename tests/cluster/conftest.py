@@ -6,6 +6,7 @@ even when a test fails (``dpool stop``, then SIGKILL of whatever is left)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -213,6 +214,22 @@ def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2
         stop_cluster(c)
         raise
     return c
+
+
+@contextlib.contextmanager
+def daemon_env(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` while daemons start (they inherit it), as it was
+    after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def wait_for_nodes(c: Cluster, n: int, timeout: float = 20.0) -> dict:

@@ -4,7 +4,6 @@ state, killed; ``ActorDiedError`` where they are gone."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from tests.cluster.conftest import (
     TIMEOUT,
     Cluster,
+    daemon_env,
     host,
     start_node,
     stop_cluster,
@@ -26,9 +26,7 @@ def two_nodes(tmp_path_factory):
     """The head (``host(2)``, 2 CPUs) and ``host(3)`` (2 CPUs and 2 "OTHER"): a task
     that asks for "OTHER" runs on ``host(3)``. What no node has fails after 2 s."""
     tmp = tmp_path_factory.mktemp("actors")
-    saved = os.environ.get("DPOOL_RESOURCE_GRACE_S")
-    os.environ["DPOOL_RESOURCE_GRACE_S"] = "2"  # the daemons inherit it
-    try:
+    with daemon_env(DPOOL_RESOURCE_GRACE_S="2"):
         head, token = start_node(tmp, host(2), head=True,
                                  extra=("--shards", "1", "--global-schedulers", "1"))
         c = Cluster(head, token, [head])
@@ -40,11 +38,6 @@ def two_nodes(tmp_path_factory):
         except BaseException:
             stop_cluster(c)
             raise
-    finally:
-        if saved is None:
-            os.environ.pop("DPOOL_RESOURCE_GRACE_S", None)
-        else:
-            os.environ["DPOOL_RESOURCE_GRACE_S"] = saved
     try:
         yield c
     finally:

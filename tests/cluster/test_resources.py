@@ -5,7 +5,6 @@ fails with ``ResourceError`` after the grace period (set short here)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from tests.cluster.conftest import (
     TIMEOUT,
     Cluster,
     base_env,
+    daemon_env,
     dpool_cli,
     host,
     start_node,
@@ -31,9 +31,7 @@ def gpu_cluster(tmp_path_factory):
     """Head (``host(2)``) and ``host(3)`` with 2 CPUs each; ``host(4)`` with 2 CPUs,
     2 GPUs and a TPU."""
     tmp = tmp_path_factory.mktemp("gpu")
-    saved = os.environ.get("DPOOL_RESOURCE_GRACE_S")
-    os.environ["DPOOL_RESOURCE_GRACE_S"] = str(GRACE_S)  # the daemons inherit it
-    try:
+    with daemon_env(DPOOL_RESOURCE_GRACE_S=str(GRACE_S)):
         head, token = start_node(tmp, host(2), head=True,
                                  extra=("--shards", "1", "--global-schedulers", "1"))
         c = Cluster(head, token, [head])
@@ -49,11 +47,6 @@ def gpu_cluster(tmp_path_factory):
         except BaseException:
             stop_cluster(c)
             raise
-    finally:
-        if saved is None:
-            os.environ.pop("DPOOL_RESOURCE_GRACE_S", None)
-        else:
-            os.environ["DPOOL_RESOURCE_GRACE_S"] = saved
     try:
         yield c
     finally:

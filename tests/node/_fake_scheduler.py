@@ -156,6 +156,10 @@ class FakeScheduler:
         g.closed = True
         self.closed_groups.append(g)
 
+    def kill_actor_locked(self, g: WorkerGroup, reason: str) -> bool:
+        self.failed_groups.append((g, reason))
+        return True
+
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
         self.fail_group_locked(g, reason)
 
