@@ -30,12 +30,24 @@ def die_once(marker):
     return "second attempt"
 
 
-def test_results_are_read_by_the_waiting_thread():
+def wait_for(marker, x):
+    while not os.path.exists(marker):
+        time.sleep(0.001)
+    return x
+
+
+def test_results_are_read_by_the_waiting_thread(tmp_path, monkeypatch):
+    """Each task ends only once the thread waiting for it leads (holds ``_leading``), so
+    the result can only be read by the IO thread if the leader does not read it -- not
+    because a loaded machine kept the waiting thread off a CPU until the task was done
+    (seen in CI with no-op tasks)."""
     from dpool.protocol import _ioloop
     from dpool.runtime import _current
 
+    assert _ioloop.SPIN_S < _ioloop.LEAD_S
+    monkeypatch.setattr(_ioloop, "LEAD_S", 30.0)  # (the helper below may be slow to run)
     with ProcessPoolExecutor(2) as ex:
-        for _ in range(20):  # measured: no-ops become short enough to spin for
+        for _ in range(20):
             ex.submit(noop).result()
         sched = _current.driver().scheduler
         led = []
@@ -45,13 +57,25 @@ def test_results_are_read_by_the_waiting_thread():
             led.append(len(out))
             return orig(out)
 
+        def release_when_led(marker):
+            deadline = time.monotonic() + 60
+            while not sched._leading.locked() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            open(marker, "w").close()
+
         sched._deliver_leading = spy
         try:
-            assert [ex.submit(noop, i).result() for i in range(50)] == list(range(50))
+            for i in range(3):
+                marker = str(tmp_path / f"go-{i}")
+                f = ex.submit(wait_for, marker, i)
+                helper = threading.Thread(target=release_when_led, args=(marker,),
+                                          daemon=True)
+                helper.start()
+                assert f.result(timeout=60) == i
+                helper.join(60)
         finally:
             del sched._deliver_leading
         assert led, "no result was delivered by the thread waiting for it"
-        assert _ioloop.SPIN_S < _ioloop.LEAD_S
 
 
 def test_done_callbacks_still_run_on_the_io_thread():
