@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 from dpool.control import ClusterControlStore
 from dpool.node._actor_placement import ActorPlacement
+from dpool.node._actor_rebuild import ActorRebuilds
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling import ActorState, SchedulerAPI, WorkerGroup, proxy_group
@@ -58,7 +59,11 @@ class ActorCalls:
         # (``_remote``): read, and taken once it ended
         self.origin_of: Callable[[WorkerGroup], Optional[tuple]] = lambda g: None
         self.take_origin: Callable[[WorkerGroup], Optional[tuple]] = lambda g: None
+        # the origin's task id of a call of such an actor, by this node's id (``_remote``)
+        self.origin_call: Callable[[WorkerGroup, int], Optional[int]] = lambda g, t: None
+        self.hosted_id: Callable[[int], int] = lambda gid: gid  # (``_remote``)
         self.placement = ActorPlacement(scheduler, node_id, send)
+        self.rebuilds = ActorRebuilds(scheduler, self.placement)
         self._names: dict[int, tuple[str, bytes]] = {}  # group id -> its name and record
         scheduler.attach_services(actors=self)
         for msg_type, handler in ((m.ActorRoute, self._on_route_locked),
@@ -83,7 +88,7 @@ class ActorCalls:
 
     def _on_kill_locked(self, h: Any, msg: m.KillActor) -> None:
         s = self._s
-        g = s.group(msg.group_id)
+        g = s.group(self.hosted_id(msg.group_id))
         a = g.actor if g is not None else None
         if a is not None and (not a.host or a.host == ActorState.PLACING):
             # hosted here, or being placed (its proxy ends: its placement is undone)
@@ -170,6 +175,18 @@ class ActorCalls:
                 if origin is None or origin[0] != address:
                     continue
                 s.kill_actor_locked(g, f"the node of its driver ({address}) was lost")
+        self.rebuilds.hosts_lost_locked({address}, f"its node {address} was declared dead")
+
+    def saved_locked(self, g: WorkerGroup, state: bytes, through: int) -> None:
+        """A checkpoint of an actor placed here for another node's driver: that node
+        keeps a copy, with the calls after it, to rebuild the actor should this node
+        die (``_actor_rebuild``)."""
+        origin = self.origin_of(g)
+        if origin is None or not g.actor or not g.actor.cfg.max_restarts:
+            return
+        call = self.origin_call(g, through)
+        if call is not None:
+            self._send(origin[0], [m.ActorSaved(origin[1], state, call)])
 
     def ended_locked(self, g: WorkerGroup) -> None:
         """Actor group ``g`` ended: its name is free; the actor a proxy stood for ends
@@ -180,6 +197,7 @@ class ActorCalls:
             threading.Thread(target=control.release_actor_name, args=held, daemon=True,
                              name="dpool-actor-unname").start()
         if g.actor is not None and g.actor.host:
+            self.rebuilds.ended_locked(g)
             self.placement.ended_locked(g)
         else:
             self._tell_origin_locked(g)
@@ -189,7 +207,7 @@ class ActorCalls:
         (once), before the failures of the calls made after the end."""
         origin = self.take_origin(g)
         if origin is not None:
-            self._send(origin[0], [m.ActorEnded(g.group_id,
+            self._send(origin[0], [m.ActorEnded(origin[1],
                                                 g.broken or "its executor was shut down")])
 
     def _answer(self, h: Any, request_id: int, ok: bool, payload: bytes) -> None:

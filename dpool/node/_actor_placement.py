@@ -55,6 +55,7 @@ class ActorPlacement:
         self._placing: dict[int, list] = {}  # group id -> [its RemoteTask, since, tries]
         self._abandoned: set[int] = set()  # placements whose proxy ended before the answer
         self.placed: dict[int, str] = {}  # group id -> the node hosting its driver's actor
+        self._cfgs: dict[int, tuple] = {}  # group id -> what it was placed with
 
     def chain_answers(self) -> None:
         """Take the answers to placements (after the spillback registered its own
@@ -90,17 +91,43 @@ class ActorPlacement:
         gss = self.schedulers()
         if not gss:
             return False
+        cfg = ("actor", create.max_workers, create.start_method, create.initializer,
+               create.max_tasks, create.max_attempts, create.actor)
+        self._cfgs[g.group_id] = cfg
+        self._ask_locked(g, cfg, gss)
+        return True
+
+    def _ask_locked(self, g: WorkerGroup, cfg: tuple, gss: list) -> None:
         from dpool.scheduling import resources as _resources
 
         g.actor.host = ActorState.PLACING  # type: ignore[union-attr]
-        cfg = ("actor", create.max_workers, create.start_method, create.initializer,
-               create.max_tasks, create.max_attempts, create.actor)
         msg = m.RemoteTask(g.group_id, self.node_id, g.group_id, cfg, 0, b"", None, None,
                            g.cwd or "", tuple(g.sys_path or ()), g.workdir or (),
-                           _resources.to_wire(req))
+                           _resources.to_wire(g.actor.cfg.req))  # type: ignore[union-attr]
         self._placing[g.group_id] = [msg, time.monotonic(), 0]
         self._send(gss[0], [msg])
-        return True
+
+    def place_again_locked(self, g: WorkerGroup, initializer: bytes, reason: str) -> None:
+        """``g``'s actor lost its node (``_actor_rebuild``): a global scheduler places
+        it again, its worker made with ``initializer`` (which rebuilds its state); its
+        calls wait meanwhile. Without a global scheduler, it breaks."""
+        gid = g.group_id
+        old = self.placed.pop(gid, None)
+        if old is not None:  # (in case it only lost its link to us: it ends there)
+            self._send(old, [m.KillActor(gid, old, f"it was placed again ({reason})")])
+        gss = self.schedulers()
+        cfg = self._cfgs.get(gid)
+        if not gss or cfg is None:
+            g.actor.host = ""  # type: ignore[union-attr]
+            self._s.break_group_locked(g, f"{reason}, and no global scheduler is linked "
+                                          "to place it again")
+            return
+        a = g.actor
+        name, restarts, *rest = cfg[6]
+        if restarts > 0:  # (the restarts left, for its new node's own)
+            restarts = max(0, restarts - a.restarts)  # type: ignore[union-attr]
+        cfg = cfg[:3] + (initializer,) + cfg[4:6] + ((name, restarts, *rest),)
+        self._ask_locked(g, cfg, gss)
 
     def _on_answer_locked(self, msg: Any) -> None:
         gid = msg.task_id
@@ -167,6 +194,7 @@ class ActorPlacement:
         node ends too, and the calls relayed here for it fail."""
         gid = g.group_id
         reason = g.broken or "its executor was shut down"
+        self._cfgs.pop(gid, None)
         if self._placing.pop(gid, None) is not None:
             self._abandoned.add(gid)
         host = self.placed.pop(gid, None)

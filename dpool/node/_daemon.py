@@ -163,6 +163,9 @@ class NodeDaemon:
         placement.relay_failed = self.runner.relay_failed_locked
         self.actor_calls.origin_of = self.runner.origin_of
         self.actor_calls.take_origin = self.runner.take_origin_locked
+        self.actor_calls.origin_call = self.runner.origin_call_locked
+        self.actor_calls.hosted_id = self.runner.hosted_id
+        self.spillback.actor_logs = self.actor_calls.rebuilds
         self.sessions.place_actor = placement.place_locked
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store
@@ -263,6 +266,8 @@ class NodeDaemon:
             self.links.forget(h)
         if self.spillback is not None:
             self.spillback.peer_closed_locked(h)
+            self.actor_calls.rebuilds.hosts_lost_locked(  # (the driver's actors there)
+                {h.address, h.peer_id}, f"the link to its node {h.address} closed")
         if self.placement_groups is not None:
             self.placement_groups.peer_closed_locked(h)
 

@@ -100,6 +100,10 @@ class RemoteRunner:
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
         self._remote: dict[int, tuple] = {}  # local task id -> (origin, its task id)
         self._relay: dict[int, list] = {}  # actor calls waiting for their actor's node
+        # group id -> {this node's id: the origin's} of the calls of actors placed here
+        self._calls: dict[int, dict[int, int]] = {}
+        self._proxied: set[int] = set()  # calls admitted to a proxy here, not yet answered
+        self._hosted: dict[int, int] = {}  # a driver's id of an actor placed here -> ours
         scheduler.register_handler(m.RemoteTask.CODE, self._on_task_locked)
         scheduler.register_handler(m.DropGroup.CODE, self._on_drop_locked)
         scheduler.register_handler(m.ReleaseLent.CODE, self._on_release_lent_locked)
@@ -362,9 +366,12 @@ class RemoteRunner:
             self._host_actor_locked(msg)
             return
         if not msg.group_cfg:  # an actor's call: its proxy here passes it on to its node
-            p = s.group(msg.group_id)
+            p = s.group(self._hosted.get(msg.group_id, msg.group_id))
             host = p.actor.host if p is not None and p.actor is not None else ""
-            if host == ActorState.PLACING:  # (its origin knows it is held here)
+            if host and p.actor.cfg.max_restarts and p.actor.cfg.boot is not None:  # type: ignore[union-attr]
+                host = ""  # a call of a driver's actor placed elsewhere that may be
+                # rebuilt: a task of this node's proxy (its log has every call)
+            elif host == ActorState.PLACING:  # (its origin knows it is held here)
                 if not accepted:
                     self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
                 self._relay.setdefault(msg.group_id, []).append(msg)
@@ -405,8 +412,8 @@ class RemoteRunner:
             g = self._group_locked(msg)
             self._last_used[g.group_id] = time.monotonic()
         else:  # a call of an actor of this node's
-            g = s.group(msg.group_id)  # type: ignore[assignment]
-            if g is None or g.actor is None or g.actor.host:
+            g = s.group(self._hosted.get(msg.group_id, msg.group_id))  # type: ignore[assignment]
+            if g is None or g.actor is None or (g.actor.host and not g.actor.cfg.max_restarts):
                 err = s.ended_actor(msg.group_id) or _payload.dumps_error(actor_died(
                     f"#{msg.group_id}", f"it is not on node {self.node_id} (it ended, or "
                     "its node restarted)"))
@@ -422,6 +429,7 @@ class RemoteRunner:
 
         def done(ok: bool, payload: bytes) -> None:  # outside the lock, on the IO thread
             self._remote.pop(local_id, None)
+            self._proxied.discard(local_id)
             stored = _values.stored(payload) if ok else None
             if stored is not None and stored[2] >= REFERENCE_MIN:
                 # large: lent by reference; the origin pulls it, then says ReleaseLent
@@ -437,6 +445,12 @@ class RemoteRunner:
             self._send(origin, [m.TaskResult(origin_id, ok, value,
                                              s.batch.estimate(fn_id))])
 
+        if not msg.group_cfg and g.actor.cfg.max_restarts and g.group_id in self._origin:  # type: ignore[union-attr]
+            # a call of an actor placed here that its driver's node may rebuild: a
+            # checkpoint says which of that node's calls it holds (``origin_call``)
+            self._calls.setdefault(g.group_id, {})[local_id] = origin_id
+        elif not msg.group_cfg and g.actor.host:  # type: ignore[union-attr]
+            self._proxied.add(local_id)  # (passed on by this node's proxy: it has it)
         t = Task(local_id, fn_id, msg.args, None, g, None, done)
         if msg.req is not None:  # the global scheduler chose this node for it
             t.req = _resources.from_wire(msg.req)
@@ -457,12 +471,19 @@ class RemoteRunner:
         _, _max_workers, method, initializer, max_tasks, max_attempts, actor = \
             msg.group_cfg
         try:
-            if s.group(msg.group_id) is None:  # (else: a placement asked again)
+            gid = self._hosted.get(msg.group_id, msg.group_id)
+            there = s.group(gid)
+            if there is not None and there.actor is not None and there.actor.host:
+                # this node has a proxy of it (its handle reached a task here): the
+                # actor's group here gets an id of its own; its calls find it by the
+                # driver's (``_hosted``)
+                gid, there = next(self._ids), None
+            if there is None:  # (else: a placement asked again)
                 try:
                     ctx = mp.get_context(method or None)
                 except ValueError:
                     ctx = mp.get_context()
-                g = WorkerGroup(msg.group_id, 1, ctx, initializer, max_tasks, max_attempts)
+                g = WorkerGroup(gid, 1, ctx, initializer, max_tasks, max_attempts)
                 self._paths(g, msg)
                 g.actor = actor_state(actor, initializer)
                 req = g.actor.cfg.req
@@ -474,6 +495,8 @@ class RemoteRunner:
                     raise ResourceError(f"node {self.node_id} cannot host it: {short}")
                 s.insert_group_locked(g)
                 self._origin[g.group_id] = (msg.origin, msg.group_id)  # (its output)
+                if gid != msg.group_id:
+                    self._hosted[msg.group_id] = gid
             self._send(msg.origin, [m.TaskResult(msg.task_id, True,
                                                  _payload.dumps(self.node_id), 0.0)])
         except Exception as exc:  # noqa: BLE001 - its driver's calls say why
@@ -496,7 +519,31 @@ class RemoteRunner:
     def take_origin_locked(self, g: WorkerGroup) -> "tuple | None":
         """(origin, its group id) of an actor placed here for another node's driver,
         forgotten (its end is told once)."""
-        return self._origin.pop(g.group_id, None) if g.actor is not None else None
+        if g.actor is None:
+            return None
+        self._calls.pop(g.group_id, None)
+        origin = self._origin.pop(g.group_id, None)
+        if origin is not None and self._hosted.get(origin[1]) == g.group_id:
+            del self._hosted[origin[1]]
+        return origin
+
+    def hosted_id(self, group_id: int) -> int:
+        """This node's id of the group of the actor a driver's node knows as
+        ``group_id`` (the same, unless this node had a proxy of it when it was placed
+        here)."""
+        return self._hosted.get(group_id, group_id)
+
+    def origin_call_locked(self, g: WorkerGroup, local_id: int) -> "int | None":
+        """The origin's id of call ``local_id`` of an actor placed here, which a
+        checkpoint holds: the calls up to it are forgotten."""
+        calls = self._calls.get(g.group_id)
+        if not calls or local_id not in calls:
+            return None
+        for tid in list(calls):  # (in the order admitted: ids grow)
+            origin_id = calls.pop(tid)
+            if tid == local_id:
+                return origin_id
+        return None
 
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here
@@ -519,7 +566,7 @@ class RemoteRunner:
                    if msg.origin == origin)
         ids.update(msg.task_id for waiting in self._fetching.values() for msg in waiting
                    if msg.origin == origin)
-        here: set = set()
+        here: set = set(list(self._proxied))
         for g in list(self._s.groups_locked()):
             if self._origin.get(g.group_id, ("",))[0] != origin and g.actor is None:
                 continue  # (an actor's calls may come from any node)

@@ -101,6 +101,7 @@ class Spillback(SpillbackWaits, SpillbackResults):
         self._keep_local = local_groups or (lambda g: False)
         self._mirror = mirror or (lambda g: False)  # runs tasks other nodes placed here
         self.away: dict[int, _Away] = {}
+        self.actor_logs: Any = None  # what a driver's node keeps of its placed actors
         self._away_per_group: dict[int, int] = {}
         self._paused_until = 0.0
         self._rr = 0
@@ -181,14 +182,18 @@ class Spillback(SpillbackWaits, SpillbackResults):
         """Calls of another node's actor (``g`` is its proxy here) go to that node, in
         order, as spilled tasks do (``node._actor_calls``)."""
         msgs = []
+        sent = []
         for t in calls:
             if not self._started_locked(t):
                 continue
             try:
                 msgs.append(self._spillback_locked(t, g, node))
+                sent.append(t)
             except Exception as exc:  # noqa: BLE001 - e.g. its input's segment is gone
                 self._s.finish_locked(t, False, _payload.dumps_error(exc))
         if msgs:
+            if self.actor_logs is not None:
+                self.actor_logs.forwarded_locked(g, sent)
             self._send(node, msgs)
 
     def _started_locked(self, t: Task) -> bool:
@@ -338,15 +343,17 @@ class Spillback(SpillbackWaits, SpillbackResults):
 
     def unreachable_locked(self, address: str, msgs: list) -> None:
         """Links could not deliver these messages: take their tasks home."""
+        calls: dict = {}
         for msg in msgs:
             if isinstance(msg, m.RemoteTask):
                 t = self._take_locked(msg.task_id)
                 if t is None:
                     pass
                 elif t.group.actor is not None:  # its actor's node: nowhere else to go
-                    self._actor_lost_locked(t, f"its node {address} cannot be reached")
+                    calls.setdefault(t.group.group_id, (t.group, []))[1].append(t)
                 else:
                     self._home_locked(t, charge=False)
+        self._actor_calls_lost_locked(calls, f"its node {address} cannot be reached")
 
     def peer_closed_locked(self, h: Any) -> None:
         """A link closed: a global scheduler's (unplaced tasks come home) or a node's
@@ -362,16 +369,19 @@ class Spillback(SpillbackWaits, SpillbackResults):
         lost = [a for a in self.away.values()  # (a result being pulled: its puller decides)
                 if (gs_too and a.node is None and a.gs in names) or
                 (a.node is not None and a.node in names and not a.pulling)]
+        calls: dict = {}
+        where = ""
         for a in lost:
             t = self._take_locked(a.task.task_id)
             if t is None:
                 continue
-            if a.node is None:
-                self._home_locked(t, charge=False)
-                continue
             g = t.group
             if g.actor is not None:  # (a call may have changed the actor: not run again)
-                self._actor_lost_locked(t, f"its node {a.node} went away")
+                calls.setdefault(g.group_id, (g, []))[1].append(t)
+                where = a.node or a.gs
+                continue
+            if a.node is None:
+                self._home_locked(t, charge=False)
                 continue
             if t.attempts < g.max_attempts and g.broken is None:
                 log.warning("node %s went away running task %#x: retrying it", a.node,
@@ -382,6 +392,18 @@ class Spillback(SpillbackWaits, SpillbackResults):
                     f"the node running this task ({a.node}) went away, on attempt "
                     f"{t.attempts} of {g.max_attempts}", attempts=t.attempts)
                 self._s.finish_locked(t, False, _payload.dumps_error(err))
+
+        if calls:
+            self._actor_calls_lost_locked(calls, f"its node {where} went away")
+
+    def _actor_calls_lost_locked(self, calls: dict, reason: str) -> None:
+        """Calls of other nodes' actors (group id -> (proxy group, its calls in the order
+        sent)) lost with their node: the actor is rebuilt elsewhere, with them
+        (``_actor_rebuild``), or they fail."""
+        for g, ts in calls.values():
+            if self.actor_logs is None or not self.actor_logs.calls_lost_locked(g, ts, reason):
+                for t in ts:
+                    self._actor_lost_locked(t, reason)
 
     def _actor_lost_locked(self, t: Task, reason: str) -> None:
         """A call of another node's actor is lost with that node: it fails."""

@@ -47,6 +47,7 @@ class SpillbackBase:
     grace_s: float
     check_s: float
     away: dict[int, _Away]
+    actor_logs: Any  # ``node._actor_rebuild.ActorRebuilds`` (a driver's placed actors)
     lent_copies: dict[str, tuple]
     _away_per_group: dict[int, int]
     _borrowers: dict[str, set]

@@ -76,6 +76,8 @@ class SpillbackResults(SpillbackBase):
             return
         self._unmet.pop(t.task_id, None)
         self._homeless.pop(t.task_id, None)
+        if t.group.actor is not None and self.actor_logs is not None:
+            self.actor_logs.ran_locked(t)  # (a placed actor's call: its driver's node's log)
         s = self._s
         s.batch.observe(t.fn_id, msg.duration)
         ok, payload = msg.ok, msg.payload

@@ -276,6 +276,19 @@ class ActorEnded(Slotted):
     reason: str
 
 
+class ActorSaved(Slotted):
+    """N->N a checkpoint of the actor of group ``group_id``, which the sending node hosts
+    for the receiving node's driver: ``state`` (the pickled instance) holds the calls
+    up to and including the receiver's task ``through``. The receiver keeps it, and the
+    calls after it, to rebuild the actor on another node if the sender dies
+    (``node._actor_rebuild``)."""
+
+    CODE: ClassVar[int] = 109
+    group_id: int
+    state: bytes
+    through: int
+
+
 class Attach(Slotted):
     """D->S first frame after the handshake: who the driver is and where its code lives."""
 
@@ -485,14 +498,15 @@ CLUSTER_MESSAGES = (
     TasksKnown,
     ActorName,
     ActorEnded,
+    ActorSaved,
 )
 
 __all__ = [
-    "CLUSTER_MESSAGES", "Accepted", "ActorEnded", "ActorName", "Attach", "Attached",
-    "BundleHeld", "BundleHold", "CancelTask", "CreateGroup", "DropGroup", "FetchSegment",
-    "GroupBroken", "GroupExited", "GroupOp", "LeaseDenied", "LeaseEnded", "LeaseLost",
-    "LeaseReady", "LeaseRecall", "LeaseRequest", "LeasedLost", "LeasedResult", "LeasedTask",
-    "Load", "PeerHello", "PeerWelcome", "PlacementFailed", "PlacementGroupRemove",
+    "CLUSTER_MESSAGES", "Accepted", "ActorEnded", "ActorName", "ActorSaved", "Attach",
+    "Attached", "BundleHeld", "BundleHold", "CancelTask", "CreateGroup", "DropGroup",
+    "FetchSegment", "GroupBroken", "GroupExited", "GroupOp", "LeaseDenied", "LeaseEnded",
+    "LeaseLost", "LeaseReady", "LeaseRecall", "LeaseRequest", "LeasedLost", "LeasedResult",
+    "LeasedTask", "Load", "PeerHello", "PeerWelcome", "PlacementFailed", "PlacementGroupRemove",
     "PlacementGroupReserve", "PlacementGroupState", "PushSegment", "ReleaseLent",
     "RemoteTask", "RunHere", "SpillbackRejected", "StatusReply", "StatusRequest",
     "TaskResult", "TasksKnown", "TasksQuery", "WorkingDir",

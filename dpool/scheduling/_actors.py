@@ -74,7 +74,7 @@ class ActorState:
     PLACING = "(placing)"  # ``host`` while a global scheduler looks for a node for it
 
     __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named",
-                 "alloc", "last")
+                 "alloc", "last", "ran_last")
 
     def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
@@ -89,6 +89,7 @@ class ActorState:
         self.checkpoint: Optional[bytes] = None
         self.restarts = 0
         self.calls = 0  # calls run (replays of a restart not counted)
+        self.ran_last = 0  # the call logged last (what a checkpoint after it holds)
 
     def admitted_locked(self, s: SchedulerCore, t: Task) -> None:
         """Call ``t`` was admitted: it runs after the calls before it, and the task
@@ -98,10 +99,17 @@ class ActorState:
             s.control.add_call_edge(t.task_id, self.last)
         self.last = t.task_id
 
-    def boot_payload(self, functions: dict) -> bytes:
-        """The initializer of its next worker: from the checkpoint, then the log."""
+    def boot_payload(self, functions: Any, value: Any = None) -> bytes:
+        """The initializer of its next worker: from the checkpoint, then the log
+        (``functions[fn_id]``: a function's payload; ``value``: what each stored payload
+        of the log becomes -- its bytes inline, for a worker on another host)."""
         cfg = self.cfg
-        replay = [(functions[fn_id], args, deps) for fn_id, args, deps in self.log]
+        if value is None:
+            replay = [(functions[fn_id], args, deps) for fn_id, args, deps in self.log]
+        else:
+            replay = [(functions[fn_id], value(args) if args else args,
+                       tuple((oid, ok, value(p) if ok else p) for oid, ok, p in deps)
+                       if deps else deps) for fn_id, args, deps in self.log]
         return _payload.dumps((cfg.boot, (cfg.ctor, self.checkpoint, replay,
                                           cfg.checkpoint_every, cfg.max_concurrency)))
 
@@ -307,6 +315,7 @@ def ran_locked(s: SchedulerCore, t: Task) -> None:
             if ok:
                 store.pin(payload)  # (``finish_locked`` takes back the task's own pin)
     a.log.append((t.fn_id, args, deps))
+    a.ran_last = t.task_id
 
 def checkpoint_locked(s: SchedulerCore, w: WorkerHandle, msg: m.ActorCheckpoint) -> None:
     a: Optional[ActorState] = w.group.actor
@@ -314,9 +323,15 @@ def checkpoint_locked(s: SchedulerCore, w: WorkerHandle, msg: m.ActorCheckpoint)
         return
     a.checkpoint = msg.state
     _forget_log_locked(s, a)
+    if s._actor_service is not None:  # (a node: the driver's node of a placed actor
+        s._actor_service.saved_locked(w.group, msg.state, a.ran_last)  # keeps a copy)
 
-def _forget_log_locked(s: SchedulerCore, a: ActorState) -> None:
-    log_, a.log = a.log, []
+def _forget_log_locked(s: SchedulerCore, a: ActorState, n: Optional[int] = None) -> None:
+    """The log lets go of its first ``n`` calls (None: all) and what they kept."""
+    if n is None:
+        log_, a.log = a.log, []
+    else:
+        log_, a.log = a.log[:n], a.log[n:]
     store = s.store
     for _fn_id, args, deps in log_:
         if args is not None and args[:1] == STORED:

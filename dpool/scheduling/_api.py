@@ -105,6 +105,11 @@ class ActorService(Protocol):
         it stood for on another node ends too."""
         ...
 
+    def saved_locked(self, g: WorkerGroup, state: bytes, through: int) -> None:
+        """Actor group ``g``'s worker sent a checkpoint that holds its calls up to task
+        ``through``: the node whose driver's actor this is (a placed one) keeps it."""
+        ...
+
 
 @runtime_checkable
 class LeaseService(Protocol):
@@ -245,6 +250,20 @@ class SchedulerAPI(Protocol):
     def kill_actor_locked(self, g: WorkerGroup, reason: str) -> bool:
         """End actor group ``g`` now: later calls fail at once, its worker is stopped on
         a thread; False if it had ended already."""
+        ...
+
+    def actor_ran_locked(self, t: Task) -> None:
+        """Call ``t`` of an actor's proxy came back from the actor's node: into the
+        proxy's log (its arguments and inputs kept for a rebuild)."""
+        ...
+
+    def actor_saved_locked(self, g: WorkerGroup, state: bytes, calls: int) -> None:
+        """A checkpoint of ``g``'s actor replaces the first ``calls`` calls of its log."""
+        ...
+
+    def actor_boot_locked(self, g: WorkerGroup, inline: bool) -> bytes:
+        """The initializer that rebuilds ``g``'s actor from its checkpoint and log
+        (``inline``: stored values by value, for another host)."""
         ...
 
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None:

@@ -130,6 +130,30 @@ class GroupCalls(SchedulerCore):
                          name="dpool-kill-actor").start()
         return True
 
+    # -- a placed actor's log, kept by its driver's node (``node._actor_rebuild``) ------
+    def actor_ran_locked(self, t: Task) -> None:
+        """Call ``t`` of an actor's proxy came back from the actor's node: into the
+        proxy's log, which keeps its arguments and inputs for a rebuild."""
+        from dpool.scheduling import _actors
+
+        _actors.ran_locked(self, t)
+
+    def actor_saved_locked(self, g: WorkerGroup, state: bytes, calls: int) -> None:
+        """A checkpoint of ``g``'s actor that holds the first ``calls`` calls of its
+        log: it replaces them."""
+        from dpool.scheduling import _actors
+
+        g.actor.checkpoint = state  # type: ignore[union-attr]
+        _actors._forget_log_locked(self, g.actor, calls)
+
+    def actor_boot_locked(self, g: WorkerGroup, inline: bool) -> bytes:
+        """The initializer that rebuilds ``g``'s actor from its checkpoint and log
+        (``inline``: for a worker on another host, stored values by value)."""
+        from dpool.objects import inline as _inline
+
+        return g.actor.boot_payload(  # type: ignore[union-attr]
+            self._functions, _inline.inline_payload if inline else None)
+
     # -- named actors (``_actors``) -----------------------------------------------------
     def name_actor(self, name: str, record: tuple) -> bool:
         """Register ``name`` for the actor ``record`` (group id, label, methods, node);

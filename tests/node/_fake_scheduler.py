@@ -160,6 +160,17 @@ class FakeScheduler:
         self.failed_groups.append((g, reason))
         return True
 
+    def actor_ran_locked(self, t: Task) -> None:
+        g = t.group
+        g.actor.log.append((t.fn_id, t.args, t.deps))  # type: ignore[union-attr]
+
+    def actor_saved_locked(self, g: WorkerGroup, state: bytes, calls: int) -> None:
+        g.actor.checkpoint = state  # type: ignore[union-attr]
+        del g.actor.log[:calls]  # type: ignore[union-attr]
+
+    def actor_boot_locked(self, g: WorkerGroup, inline: bool) -> bytes:
+        return repr((g.actor.checkpoint, g.actor.log, inline)).encode()  # type: ignore[union-attr]
+
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
         self.fail_group_locked(g, reason)
 
