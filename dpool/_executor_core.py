@@ -458,9 +458,10 @@ class ResourceOptions:
 
     def actor(self, cls: type, /, *args: Any, **kwargs: Any) -> ActorHandle:
         """``executor.actor(cls, *args, **kwargs)`` with this view's actor options and
-        resources, which the actor holds for its lifetime (CPUs only those given)."""
+        resources, which the actor holds for its lifetime (CPUs only those given); with
+        ``placement_group=``, a share of its bundle (waits until the group is ready)."""
         if self._pg is not None:
-            raise ValueError("an actor takes no placement_group= yet")
+            self._pg._usable()  # (raises if it never will be)
         req = None
         if self._spec:  # (CPUs only those given; ``build`` says None for one CPU alone)
             req = _resources.build({"CPU": 0}, self._spec) or _resources.Request(cpus=1)

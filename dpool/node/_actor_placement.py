@@ -88,6 +88,10 @@ class ActorPlacement:
         if req.strategy is None and not ((limit is not None and req.cpus > limit)
                                          or s.resources_locked().shortfall(req)):
             return False  # it fits here (once what it asks is free), and asks no place
+        st = req.strategy
+        if st is not None and st[0] == "bundle" and any(
+                k[0] == st[1] and st[2] in (-1, k[1]) for k in s.bundles_held_locked()):
+            return False  # in a placement group's bundle this node holds
         gss = self.schedulers()
         if not gss:
             return False

@@ -488,8 +488,11 @@ class RemoteRunner:
                 g.actor = actor_state(actor, initializer)
                 req = g.actor.cfg.req
                 limit = s.cpu_limit
-                short = s.resources_locked().shortfall(req) if req is not None else None
-                if req is not None and limit is not None and req.cpus > limit:
+                bundle = req is not None and req.strategy is not None and \
+                    req.strategy[0] == "bundle"  # (its bundle, held here, has it)
+                short = s.resources_locked().shortfall(req) \
+                    if req is not None and not bundle else None
+                if req is not None and not bundle and limit is not None and req.cpus > limit:
                     short = f"CPU: {req.cpus} asked, {limit} here"
                 if short:
                     raise ResourceError(f"node {self.node_id} cannot host it: {short}")

@@ -33,6 +33,7 @@ from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.protocol import record
 from dpool.scheduling._lineage import STORED
+from dpool.scheduling._resources import BUNDLE
 from dpool.scheduling._states import DONE, NEXT, QUEUED, SEND, WAITING, illegal
 from dpool.scheduling._workers import _describe_exit
 
@@ -223,7 +224,10 @@ def proxy_group(group_id: int, name: str, host: str,
 
 def impossible_locked(s: SchedulerCore, req: Any) -> Optional[str]:
     """Why an actor asking ``req`` can never start here (None: it can, once enough is
-    free). Its CPUs count against a node's; on one host, against the host's."""
+    free). Its CPUs count against a node's; on one host, against the host's; in a
+    placement group's bundle, against what the bundle reserved."""
+    if _in_bundle(req):
+        return None  # (its bundle decides, when its worker is to start: ``_acquire``)
     problems = []
     total = s.cpu_limit if s.cpu_limit is not None else (os.cpu_count() or 1)
     if req.cpus > total:
@@ -241,6 +245,8 @@ def impossible_locked(s: SchedulerCore, req: Any) -> Optional[str]:
 def _acquire_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> bool:
     """Take the actor's resources for its next worker (False: not free now)."""
     req = a.cfg.req
+    if _in_bundle(req):
+        return _acquire_bundle_locked(s, g, a)
     why = impossible_locked(s, req)
     if why is not None:
         s.break_group_locked(g, f"it cannot get its resources: {why}")
@@ -254,6 +260,38 @@ def _acquire_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> bool:
     g.extra += req.cpus  # (a node counts them busy: ``busy_cpus_locked``)
     if alloc.gpu_ids:
         s._refence_all_locked()  # other workers that see its GPUs take no plain tasks
+    return True
+
+
+def _in_bundle(req: Any) -> bool:
+    st = req.strategy
+    return st is not None and st[0] == BUNDLE
+
+
+def _acquire_bundle_locked(s: SchedulerCore, g: WorkerGroup, a: ActorState) -> bool:
+    """Take the actor's share of its placement group's bundle, held here."""
+    req = a.cfg.req
+    _, pg_id, index = req.strategy
+    bl = s._bundles
+    which = f"bundle {index}" if index >= 0 else "a bundle"
+    if bl is None or not bl.holds(pg_id, index):
+        s.break_group_locked(g, f"it asks to run in {which} of placement group "
+                                f"{pg_id:#x}, which is not held here (the group was "
+                                "removed, is not ready yet, or lost a node)")
+        return False
+    why = bl.never_fits(pg_id, index, req)
+    if why is not None:
+        s.break_group_locked(g, f"it cannot get its resources: {why}")
+        return False
+    idle = bl.idle_cpus
+    alloc = bl.acquire(pg_id, index, req)
+    s._bundle_cpus_moved_locked(idle)
+    if alloc is None:
+        return False  # (the bundle's tasks hold it now: it starts when they end)
+    a.alloc = alloc
+    g.extra += req.cpus
+    if alloc.gpu_ids:
+        s._refence_all_locked()
     return True
 
 

@@ -311,6 +311,10 @@ class SchedulerAPI(Protocol):
         held, else why not now."""
         ...
 
+    def bundles_held_locked(self) -> list:
+        """``(pg_id, index)`` of the placement-group bundles held here."""
+        ...
+
     def free_bundles_locked(self, pg_id: int, index: Optional[int] = None) -> int:
         """Give up the bundles of ``pg_id`` held here (``index``: that one only); tasks
         waiting to run in one that is gone fail. How many were freed."""

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Optional, Protocol
 
     from dpool.control import ControlStore
+    from dpool.scheduling._bundle_ledger import BundleLedger
     from dpool.scheduling._api import (
         ActorService,
         DriverService,
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         _sessions: Optional[DriverService]
         _spillback: Optional[SpillbackService]
         _leases: Optional[LeaseService]
+        _bundles: Optional[BundleLedger]
 
         # -- LocalScheduler --------------------------------------------------------------------
         def finish_locked(self, t: Task, ok: bool, payload: bytes, counted: bool = True) -> None:
@@ -136,6 +138,7 @@ if TYPE_CHECKING:
         def _refence_all_locked(self) -> None: ...
         def offer_locked(self, g: Optional[WorkerGroup] = None) -> str: ...
         def _free_alloc_locked(self, a: object) -> None: ...
+        def _bundle_cpus_moved_locked(self, idle_before: int) -> None: ...
         def _retire_worker_locked(self, w: WorkerHandle) -> None: ...
         def slots_used_locked(self, g: WorkerGroup) -> int: ...
         def _fail_waiting_for_resources_locked(self, g: WorkerGroup, err: bytes) -> None:

@@ -215,6 +215,12 @@ class ResourceDispatch(SchedulerCore):
         n = sum(1 for k in keys if bl.free(k))
         self._bundle_cpus_moved_locked(idle)
         for g in list(self._groups.values()):
+            a = g.actor
+            st = a.cfg.req.strategy if a is not None and a.cfg.req is not None else None
+            if st is not None and st[0] == BUNDLE and st[1] == pg_id and \
+                    not bl.holds(st[1], st[2]) and not a.host:  # type: ignore[union-attr]
+                self.kill_actor_locked(g, f"its placement group {pg_id:#x} was removed "
+                                          "(or lost a node)")
             for req, waiting in list(g.by_request.items()):
                 st = req.strategy
                 if st is None or st[0] != BUNDLE or st[1] != pg_id or bl.holds(st[1], st[2]):

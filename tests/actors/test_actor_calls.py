@@ -318,12 +318,6 @@ def test_bad_input_gets_clear_typed_errors(ex):
         ex.options(max_restarts=1).submit(abs, 1)
     with pytest.raises(ValueError, match="max_restarts"):
         ex.options(max_restarts=-2).actor(Counter)
-    pg = dpool.placement_group([{"CPU": 1}])
-    try:
-        with pytest.raises(ValueError, match="placement_group="):
-            ex.options(placement_group=pg).actor(Counter)
-    finally:
-        pg.remove()
     with pytest.raises(ValueError, match="max_concurrency"):
         ex.options(max_concurrency=0).actor(Counter)
     with pytest.raises(ValueError, match="no one order to replay"):

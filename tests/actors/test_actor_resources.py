@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import wait
 
 import pytest
@@ -109,3 +110,30 @@ def test_requests_that_can_never_be_met_fail_at_actor(gpus2):
         assert ex.options(scheduling=dpool.NodeAffinity("elsewhere:1", soft=True)).actor(
             Probe).devices()[2] == 1
         assert ex.options(num_cpus=1).actor(Probe).devices()[2] == 1  # what can, runs
+
+
+def test_an_actor_in_a_placement_groups_bundle_holds_its_share_until_it_ends(gpus2):
+    """``options(placement_group=pg, bundle=i)``: the actor takes its share of the bundle
+    (a task asking the same of that bundle waits until the actor is killed); a request
+    the bundle never reserved fails its calls; removing the group ends its actors."""
+    with ProcessPoolExecutor(2) as ex:
+        pg = dpool.placement_group([{"CPU": 1, "GPU": 1}, {"CPU": 1}])
+        holder = ex.options(placement_group=pg, bundle=0, num_cpus=1, num_gpus=1).actor(Probe)
+        visible, ids, _ = holder.devices()
+        assert len(ids) == 1 and visible == str(ids[0])
+        waits = ex.options(placement_group=pg, bundle=0, num_gpus=1).submit(task_devices)
+        other = ex.options(placement_group=pg, bundle=1).submit(task_devices)
+        assert other.result(timeout=30)[1] == []  # (bundle 1 has no GPU)
+        assert not waits.done()
+        dpool.kill(holder)
+        assert waits.result(timeout=30)[1] == ids  # the same device, free again
+        too_big = ex.options(placement_group=pg, bundle=1, num_cpus=2).actor(Probe)
+        with pytest.raises(dpool.ActorDiedError, match="reserved"):
+            too_big.devices()
+        anywhere = ex.options(placement_group=pg).actor(Probe)
+        assert anywhere.devices()[2] == 1
+        pg.remove()
+        with pytest.raises(dpool.ActorDiedError, match="placement group .* was removed"):
+            for _ in range(300):  # (the removal reaches the scheduler a moment later)
+                anywhere.devices()
+                time.sleep(0.01)

@@ -403,3 +403,43 @@ def test_scheduling_puts_an_actor_where_it_asks(two_nodes, tmp_path):
                     print("ActorDiedError", "127.0.0.9:1" in str(e))
     """ % (other, head, other, head, head, other))
     assert lines == ["True True 2 3", "1 True", "ActorDiedError True"]
+
+
+def test_an_actor_in_a_placement_groups_bundle_runs_where_the_bundle_is(two_nodes,
+                                                                         tmp_path):
+    """A bundle that only ``host(3)`` can hold ("OTHER"): the actor in it is placed
+    there and holds its share (a task in the same bundle waits for it); one in a bundle
+    the driver's node holds stays there; removing the group ends both."""
+    head, other = two_nodes.head.address, two_nodes.nodes[1].address
+    lines = _run(two_nodes, tmp_path, """
+        def in_bundle():
+            return node()
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2) as ex:
+                pg = dpool.placement_group([{"CPU": 1, "OTHER": 1}, {"CPU": 1}],
+                                           strategy="strict_spread")
+                there = ex.options(placement_group=pg, bundle=0, num_cpus=1,
+                                   resources={"OTHER": 1}).actor(Counter, 0)
+                print(there.add(2), there.node() == "%s")
+                waits = ex.options(placement_group=pg, bundle=0, num_cpus=1).submit(in_bundle)
+                time.sleep(1.0)
+                print("waits", not waits.done())
+                here = ex.options(placement_group=pg, bundle=1).actor(Counter, 0)
+                print(here.add(3), here.node() == "%s")
+                dpool.kill(there)
+                print(waits.result(timeout=30) == "%s")
+                there2 = ex.options(placement_group=pg, bundle=0).actor(Counter, 0)
+                print(there2.add(4))
+                pg.remove()
+                for h in (there2, here):
+                    try:
+                        for _ in range(100):
+                            h.add(1)
+                            time.sleep(0.1)
+                        print("still alive")
+                    except dpool.ActorDiedError as e:
+                        print("ActorDiedError", "placement group" in str(e))
+    """ % (other, head, other))
+    assert lines == ["2 True", "waits True", "3 True", "True", "4",
+                     "ActorDiedError True", "ActorDiedError True"]

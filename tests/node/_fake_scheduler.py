@@ -213,6 +213,9 @@ class FakeScheduler:
                            host_cpus: int = 0) -> Optional[str]:
         return "the fake scheduler holds no bundle"
 
+    def bundles_held_locked(self) -> list:
+        return []
+
     def free_bundles_locked(self, pg_id: int, index: Optional[int] = None) -> int:
         return 0
 
