@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         ActorDiedError,
         AuthenticationError,
         CancelledError,
+        CollectiveError,
         ControlStoreError,
         DeserializationError,
         Error,
@@ -54,7 +55,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
 
 _LAZY = {
     **dict.fromkeys(
-        ("ActorDiedError", "AuthenticationError", "CancelledError", "ControlStoreError",
+        ("ActorDiedError", "AuthenticationError", "CancelledError", "CollectiveError",
+         "ControlStoreError",
          "DeserializationError",
          "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "PlacementError",
          "ProtocolError", "ResourceError", "SerializationError", "TimeoutError",
@@ -150,6 +152,7 @@ __all__ = [
     "ActorHandle",
     "ActorMethod",
     "ActorDiedError",
+    "CollectiveError",
     "get_actor",
     "kill",
     "readonly",

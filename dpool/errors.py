@@ -19,6 +19,7 @@ __all__ = [
     "ObjectStoreFullError",
     "ObjectLostError",
     "ActorDiedError",
+    "CollectiveError",
     "SerializationError",
     "DeserializationError",
     "ProtocolError",
@@ -95,6 +96,26 @@ def _rebuild_actor_died(message: str, actor: str, reason: str) -> ActorDiedError
 def actor_died(actor: str, reason: str) -> ActorDiedError:
     """The error the calls of actor ``actor`` raise once it died for ``reason``."""
     return ActorDiedError(f"actor {actor} died: {reason}", actor=actor, reason=reason)
+
+
+class CollectiveError(Error):
+    """A collective operation (``dpool.collective``) failed in this member: another
+    member died or left the group mid-operation (``rank`` names it, -1 when unknown),
+    the members disagree on the call (shapes, dtypes, the operation), the group does
+    not exist here, or the operation ran past its timeout. The group is unusable after
+    it: ``destroy_group`` it, and form it again."""
+
+    def __init__(self, message: str, *, group: str = "", rank: int = -1):
+        super().__init__(message)
+        self.group = group
+        self.rank = rank
+
+    def __reduce__(self):  # keep the keyword fields across pickling
+        return (_rebuild_collective, (str(self), self.group, self.rank))
+
+
+def _rebuild_collective(message: str, group: str, rank: int) -> CollectiveError:
+    return CollectiveError(message, group=group, rank=rank)
 
 
 class SerializationError(Error, TypeError):

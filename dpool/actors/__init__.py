@@ -22,13 +22,14 @@ if TYPE_CHECKING:
         get_actor,
         kill,
         readonly,
+        run_in_actor,
     )
 
 _LAZY = dict.fromkeys(("ACTOR_OPTIONS", "ActorHandle", "ActorMethod", "create", "get_actor",
-                       "kill", "readonly"), "dpool.actors._handle")
+                       "kill", "readonly", "run_in_actor"), "dpool.actors._handle")
 _MODULES: dict = {}
 
 __all__ = ["ACTOR_OPTIONS", "ActorHandle", "ActorMethod", "create", "get_actor", "kill",
-           "readonly"]
+           "readonly", "run_in_actor"]
 
 __getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)

@@ -58,6 +58,14 @@ class ActorMethod:
         return f"<ActorMethod {self._handle._name}.{self.__name__}>"
 
 
+def run_in_actor(handle: ActorHandle, fn: Callable[..., Any], *args: Any) -> TaskFuture:
+    """Queue ``fn(*args)`` to run in ``handle``'s actor process, in order with its calls
+    (dpool's own functions there: ``dpool.collective`` joins a group so). A function
+    whose ``readonly`` attribute is true is not replayed by a restart."""
+    return _current.client().submit(handle._target(), fn, args, {}, None,
+                                     handle._future_type)
+
+
 class ActorHandle:
     """A handle on an actor: its methods are ``ActorMethod``s. Pickles into tasks and
     other actors (of the same runtime)."""

@@ -92,6 +92,12 @@ def actor_key(name: str) -> bytes:
     return b"dpool:actor:" + name.encode()
 
 
+def kv_key(key: str) -> bytes:
+    """A value of the runtime's small key-value table (``KVPut``: the rendezvous of
+    collective groups)."""
+    return b"dpool:kv:" + key.encode()
+
+
 def workdir_key(digest: str) -> bytes:
     """A driver's working directory, packed (``protocol._workdir``), by content hash."""
     return b"dpool:workdir:" + digest.encode()

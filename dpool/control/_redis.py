@@ -391,6 +391,17 @@ class RedisControlStore(ObserveReads, PubSub, Registry):
         with self._errors(shard, "get_workdir"):
             return self._clients[shard].get(K.workdir_key(digest))
 
+    def put_value(self, key: str, value: bytes, ttl_s: float) -> None:
+        """Set ``key`` of the small key-value table for ``ttl_s`` seconds."""
+        shard = self._shard(key)
+        with self._errors(shard, "put_value"):
+            self._clients[shard].set(K.kv_key(key), value, px=max(1, int(ttl_s * 1000)))
+
+    def get_value(self, key: str) -> bytes | None:
+        shard = self._shard(key)
+        with self._errors(shard, "get_value"):
+            return self._clients[shard].get(K.kv_key(key))
+
     # -- the actor directory (named actors) ---------------------------------------------
     def claim_actor_name(self, name: str, record: bytes,
                          stale: Callable[[bytes], bool]) -> bytes | None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Optional
 from dpool.control import ClusterControlStore, InProcessControlStore
 from dpool.node import _process
 from dpool.node._actor_calls import ActorCalls
+from dpool.node._kv import KeyValues
 from dpool.node._attach import DriverSessions, PeerHandle
 from dpool.node._ids import IdPrefixes
 from dpool.node._links import Links, dial, peer_hello, welcome_message
@@ -154,6 +155,7 @@ class NodeDaemon:
         self.placement_groups = NodePlacementGroups(
             self.scheduler, self.address, self.links.send, self.agent.linked_schedulers)
         self.actor_calls.control = store
+        self.key_values = KeyValues(self.scheduler, store)
         self.actor_calls.alive_nodes = self._alive_nodes
         placement = self.actor_calls.placement
         placement.schedulers = self.agent.linked_schedulers

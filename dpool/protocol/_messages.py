@@ -200,6 +200,27 @@ class KillActor(Slotted):
     reason: str
 
 
+class KVPut(Slotted):
+    """W->S, D->N set ``key`` to ``value`` in the runtime's (a node's: the cluster's)
+    small key-value table, for ``ttl_s`` seconds (the rendezvous of collective groups,
+    ``dpool.collective``). Answered with ``ObjectValue(request_id)``: None."""
+
+    CODE: ClassVar[int] = 42
+    request_id: int
+    key: str
+    value: bytes
+    ttl_s: float
+
+
+class KVGet(Slotted):
+    """W->S, D->N the value of ``key`` in that table? Answered with
+    ``ObjectValue(request_id)``: the bytes, or None."""
+
+    CODE: ClassVar[int] = 43
+    request_id: int
+    key: str
+
+
 class Output(Slotted):
     """W->S what a worker wrote to its stdout (1) or stderr (2); S->D and N->N the same,
     on its way to the driver whose task it ran: the group (the driver's id), the worker's
@@ -234,6 +255,8 @@ EMBEDDED_MESSAGES = (
     ActorRoute,
     ActorFind,
     KillActor,
+    KVPut,
+    KVGet,
 )
 
 

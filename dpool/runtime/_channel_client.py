@@ -83,6 +83,14 @@ class ChannelClient:
     def find_actor(self, name: str) -> Optional[tuple]:
         return self.ask(lambda rid: m.ActorFind(rid, name), f"get_actor({name!r})")
 
+    def kv_put(self, key: str, value: bytes, ttl_s: float) -> None:
+        """Set ``key`` in the runtime's small key-value table (a cluster's: the control
+        store) for ``ttl_s`` seconds."""
+        self.ask(lambda rid: m.KVPut(rid, key, value, ttl_s), f"setting {key!r}")
+
+    def kv_get(self, key: str) -> Optional[bytes]:
+        return self.ask(lambda rid: m.KVGet(rid, key), f"reading {key!r}")
+
     def kill_actor(self, group_id: int, node: str, reason: str) -> None:
         self._send([m.KillActor(group_id, node, reason)])
 

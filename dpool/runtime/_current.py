@@ -18,6 +18,7 @@ _worker: Any = None  # the _Worker of this process when it is a dpool worker
 _worker_client: Optional[Client] = None
 _client_class: Optional[Callable[[Any], Client]] = None  # given by the worker at start
 _inherited: list = []  # a forked worker's copy of the parent's runtime, kept unreachable
+_exits: list = []  # what a worker runs as it ends (``at_worker_exit``)
 
 
 def driver() -> Driver:
@@ -124,6 +125,27 @@ def enter_worker(cfg: Any) -> None:
         _inherited.append(_driver)
         _driver = None
     _worker_client = None
+    _exits.clear()  # (the parent's)
+
+
+def at_worker_exit(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` when this worker process ends its loop (a worker exits without
+    running ``atexit``'s handlers): e.g. free the shared memory of its collective
+    groups. Once per function."""
+    if fn not in _exits:
+        _exits.append(fn)
+
+
+def run_worker_exits() -> None:
+    """(The worker's last act.) Every ``at_worker_exit`` function, errors logged."""
+    while _exits:
+        fn = _exits.pop()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the others still run
+            import logging
+
+            logging.getLogger("dpool.worker").exception("a worker exit hook failed")
 
 
 def set_worker(worker: Any, client_class: Callable[[Any], Client]) -> None:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         zygote: Any  # the fork server (``_zygote.Zygote``) or None
         id_prefix: Optional[Callable[[], int]]
         actor_names: dict[str, tuple]
+        kv: dict[str, tuple[bytes, float]]
         ended_actors: dict[int, tuple]
         _actor_service: Optional[ActorService]
         ledger: Optional[Ledger]

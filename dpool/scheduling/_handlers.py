@@ -12,6 +12,8 @@ frame per worker for the room a batch of results freed, not one per result.
 
 from __future__ import annotations
 
+import time
+
 from dpool import _log, errors
 from dpool.errors import ObjectLostError, ObjectStoreFullError, ProtocolError
 from dpool.objects import payload as _payload
@@ -192,6 +194,19 @@ class WorkerMessages(SchedulerCore):
 
         self.send_locked(w, [m.ObjectValue(msg.request_id, True, _payload.dumps(
             _actors.find_locked(self, msg.name)))])
+
+    def _on_kv_put_locked(self, w: WorkerHandle, msg: m.KVPut) -> None:
+        kv = self.kv
+        now = time.monotonic()
+        for key in [k for k, (_v, until) in kv.items() if until <= now]:
+            del kv[key]  # (expired: the table stays as small as what is live)
+        kv[msg.key] = (msg.value, now + msg.ttl_s)
+        self.send_locked(w, [m.ObjectValue(msg.request_id, True, _payload.dumps(None))])
+
+    def _on_kv_get_locked(self, w: WorkerHandle, msg: m.KVGet) -> None:
+        have = self.kv.get(msg.key)
+        value = have[0] if have is not None and have[1] > time.monotonic() else None
+        self.send_locked(w, [m.ObjectValue(msg.request_id, True, _payload.dumps(value))])
 
     def _on_kill_actor_locked(self, w: WorkerHandle, msg: m.KillActor) -> None:
         g = self._groups.get(msg.group_id)

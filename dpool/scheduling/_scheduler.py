@@ -131,6 +131,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.cpu_limit: Optional[int] = None
         self.id_prefix: Optional[Callable[[], int]] = None  # a node's cluster-unique prefixes
         self.actor_names: dict[str, tuple] = {}  # name -> (group id, label, methods, node)
+        self.kv: dict[str, tuple[bytes, float]] = {}  # ``KVPut``: key -> (value, expiry)
         self.ended_actors: dict[int, tuple] = {}  # group id -> (name, why): ``_actors``
         # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
@@ -154,6 +155,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             m.ActorRoute.CODE: self._on_actor_route_locked,
             m.ActorFind.CODE: self._on_actor_find_locked,
             m.KillActor.CODE: self._on_kill_actor_locked,
+            m.KVPut.CODE: self._on_kv_put_locked,  # (a node's: the control store's)
+            m.KVGet.CODE: self._on_kv_get_locked,
         }
         self._leading = threading.Lock()  # held by the one driver thread that leads
         self.io = IOLoop(self._on_frames, self._on_closed, self._on_tick)

@@ -302,6 +302,7 @@ def worker_entry(sock: Any, cfg: WorkerConfig, lease: Any = None,
             worker.flush()
         except Exception:  # noqa: BLE001 - the scheduler may be gone already
             pass
+        _current.run_worker_exits()
         if output is not None:
             output.stop()
         chan.close()
