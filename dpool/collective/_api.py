@@ -22,7 +22,7 @@ _JOIN_TIMEOUT_S = 60.0
 
 _groups: dict[str, Group] = {}  # this process's groups, by name
 _pending: dict[str, Pending] = {}  # rank 0 of a group its driver is forming
-_lock = threading.Lock()
+_lock = threading.RLock()  # (``_claim`` destroys a failed group under it)
 
 
 def _check_world(world_size: int, rank: int) -> None:
@@ -62,12 +62,15 @@ def _kv() -> Any:
 
 def init_group(world_size: int, rank: int, group_name: str = DEFAULT, *,
                timeout: Optional[float] = _TIMEOUT_S,
-               join_timeout: float = _JOIN_TIMEOUT_S) -> None:
+               join_timeout: float = _JOIN_TIMEOUT_S, transport: str = "auto") -> None:
     """Join collective group ``group_name`` as member ``rank`` of ``world_size``; returns
     once every member has joined (``CollectiveError`` after ``join_timeout`` s).
     ``timeout``: how long one operation may wait for the other members (None: for
-    ever). Call it in each member: an actor's method, or a task of a placement group."""
+    ever). ``transport``: ``"auto"`` (shared memory when every member is on one node,
+    else TCP), ``"shm"`` (the same), or ``"tcp"`` (always). Call it in each member: an
+    actor's method, or a task of a placement group."""
     _check_world(world_size, rank)
+    _check_transport(transport)
     _check_name(group_name)
     with _lock:
         _claim(group_name)
@@ -86,16 +89,21 @@ def init_group(world_size: int, rank: int, group_name: str = DEFAULT, *,
         address, world = pickle.loads(raw)  # noqa: S301 - rank 0's, through the runtime
         return address if world == world_size else None
 
-    _form(p, None, timeout, join_timeout, publish, lookup)
+    _form(p, None, timeout, join_timeout, transport, publish, lookup)
+
+
+def _check_transport(transport: str) -> None:
+    if transport not in ("auto", "shm", "tcp"):
+        raise ValueError(f"transport must be 'auto', 'shm' or 'tcp', not {transport!r}")
 
 
 def _form(p: Pending, root: Optional[tuple], timeout: Optional[float], join_timeout: float,
-          publish: Any = None, lookup: Any = None) -> None:
+          transport: str, publish: Any = None, lookup: Any = None) -> None:
     from dpool.runtime import current as _current
 
     _current.at_worker_exit(_leave_all)  # (a worker runs no atexit handler)
     table, links = rendezvous(p, root, join_timeout, publish, lookup)
-    g = Group(p.name, p.world, p.rank, table, links, p.token, timeout)
+    g = Group(p.name, p.world, p.rank, table, links, p.token, timeout, transport)
     with _lock:
         _groups[p.name] = g
 
@@ -114,7 +122,7 @@ def open_group(group_name: str, world_size: int) -> tuple:
 
 
 def join_group(group_name: str, world_size: int, rank: int, root: tuple,
-               timeout: Optional[float], join_timeout: float) -> str:
+               timeout: Optional[float], join_timeout: float, transport: str) -> str:
     """(In each actor, from ``create_group``.) Join; the transport the group uses."""
     if rank == 0:
         with _lock:
@@ -126,7 +134,7 @@ def join_group(group_name: str, world_size: int, rank: int, root: tuple,
         with _lock:
             _claim(group_name)
         p = Pending(group_name, world_size, rank, token=root[2])
-    _form(p, root if rank else None, timeout, join_timeout)
+    _form(p, root if rank else None, timeout, join_timeout, transport)
     return _groups[group_name].transport
 
 
@@ -136,25 +144,28 @@ join_group.readonly = True  # type: ignore[attr-defined]
 
 def create_group(actors: Sequence[Any], group_name: str = DEFAULT, *,
                  timeout: Optional[float] = _TIMEOUT_S,
-                 join_timeout: float = _JOIN_TIMEOUT_S) -> None:
+                 join_timeout: float = _JOIN_TIMEOUT_S, transport: str = "auto") -> list:
     """From the driver: make ``actors`` (handles, in rank order) the members of
-    collective group ``group_name``; returns once all have joined. Each actor joins
-    between its calls, in order with them."""
+    collective group ``group_name``; returns once all have joined, with the transport
+    each uses (``"shm"`` or ``"tcp"``). Each actor joins between its calls, in order
+    with them. ``timeout``, ``transport``: as ``init_group``'s."""
     from dpool.actors import ActorHandle, run_in_actor
 
     _check_name(group_name)
+    _check_transport(transport)
     actors = list(actors)
     if not actors or not all(isinstance(a, ActorHandle) for a in actors):
         raise TypeError("create_group takes a non-empty list of actor handles "
                         "(executor.actor(...))")
     world = len(actors)
     root = run_in_actor(actors[0], open_group, group_name, world).result(join_timeout)
-    fs = [run_in_actor(a, join_group, group_name, world, rank, root, timeout, join_timeout)
-          for rank, a in enumerate(actors)]
+    fs = [run_in_actor(a, join_group, group_name, world, rank, root, timeout, join_timeout,
+                       transport) for rank, a in enumerate(actors)]
     errors = []
+    used = []
     for f in fs:
         try:
-            f.result(join_timeout + 30.0)
+            used.append(f.result(join_timeout + 30.0))
         except Exception as exc:  # noqa: BLE001 - the first says why; all are waited for
             errors.append(exc)
     if errors:
@@ -162,6 +173,7 @@ def create_group(actors: Sequence[Any], group_name: str = DEFAULT, *,
             raise errors[0]
         raise CollectiveError(f"collective group {group_name!r} could not be formed: "
                               f"{errors[0]!r}", group=group_name) from errors[0]
+    return used
 
 
 def _group(group_name: str) -> Group:

@@ -37,9 +37,9 @@ def as_array(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     except Exception as exc:  # noqa: BLE001 - say what the member passed
         raise TypeError(f"a collective takes a numpy array, a torch CPU tensor or a "
                         f"buffer, not {type(x).__name__}: {exc}") from exc
-    if arr.dtype == object:
-        raise TypeError(f"a collective takes arrays of numbers, not {type(x).__name__} "
-                        "of Python objects")
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"a collective takes arrays of numbers (or booleans), not "
+                        f"{type(x).__name__} of dtype {arr.dtype}")
     return np.ascontiguousarray(arr), _same
 
 

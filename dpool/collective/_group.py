@@ -26,7 +26,7 @@ from dpool.errors import CollectiveError
 
 class Group:
     def __init__(self, name: str, world: int, rank: int, table: list, links: dict,
-                 token: str, timeout: Optional[float]) -> None:
+                 token: str, timeout: Optional[float], transport: str = "auto") -> None:
         self.name = name
         self.world = world
         self.rank = rank
@@ -36,7 +36,9 @@ class Group:
         self.seq = 0
         self.broken: Optional[CollectiveError] = None
         same = {(i["node"], i["boot"]) for i in table}
-        local = len(same) == 1 and os.environ.get("DPOOL_COLLECTIVE_TRANSPORT") != "tcp"
+        if transport == "auto":
+            transport = os.environ.get("DPOOL_COLLECTIVE_TRANSPORT", "auto")
+        local = len(same) == 1 and transport != "tcp"
         self.arena: Optional[_shm.Arena] = \
             _shm.Arena(name, world, rank, [i["pid"] for i in table], token) if local else None
 
