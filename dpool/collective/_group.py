@@ -35,6 +35,7 @@ class Group:
         self.timeout = timeout  # of one operation (None: none)
         self.seq = 0
         self.broken: Optional[CollectiveError] = None
+        self._pickled: dict[tuple, bytes] = {}  # an operation's metadata, pickled
         same = {(i["node"], i["boot"]) for i in table}
         if transport == "auto":
             transport = os.environ.get("DPOOL_COLLECTIVE_TRANSPORT", "auto")
@@ -62,9 +63,9 @@ class Group:
         except CollectiveError as exc:
             self._fail(exc)
             raise
-        except (OSError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - mid-operation: the others must hear it
             err = CollectiveError(f"collective group {self.name!r}: {what} failed in rank "
-                                  f"{self.rank}: {exc!r}", group=self.name)
+                                  f"{self.rank}: {exc!r}", group=self.name, rank=self.rank)
             self._fail(err)
             raise err from exc
 
@@ -76,6 +77,12 @@ class Group:
                 self.arena.abort(str(exc), exc.rank)
             except CollectiveError:
                 pass
+
+    def disagree(self, r: int, first: tuple, m: tuple) -> None:
+        raise CollectiveError(
+            f"collective group {self.name!r}: the members disagree -- rank {self.rank} "
+            f"called {first[0]}{first[1:]!r}, rank {r} called {m[0]}{m[1:]!r}",
+            group=self.name, rank=r)
 
     def agree(self, meta: tuple, same: bool = True) -> list:
         """Every member's ``meta`` (TCP: one small exchange), checked as ``_shm`` does."""
@@ -97,8 +104,13 @@ class Group:
             if self.arena is not None:
                 _shm.allreduce(self.arena, arr, ufunc, out, opname, self.deadline())
                 return
-            self.agree(("allreduce", arr.dtype.str, arr.shape, opname))
-            _mesh.allreduce(self, arr, ufunc, out, self.seq)
+            meta = ("allreduce", arr.dtype.str, arr.shape, opname)
+            pickled = self._pickled.get(meta)
+            if pickled is None:
+                pickled = self._pickled[meta] = pickle.dumps(meta)
+                if len(self._pickled) > 64:
+                    self._pickled.clear()
+            _mesh.allreduce(self, arr, ufunc, out, self.seq, pickled)
 
         self.run("allreduce", go)
 

@@ -12,6 +12,8 @@ order. Every member gets the same bits either way.
 
 from __future__ import annotations
 
+import pickle
+import struct
 from typing import Any, Optional
 
 import numpy as np
@@ -20,6 +22,7 @@ from dpool.collective import _arrays
 from dpool.collective._wire import DATA, Recv, Send, transfer
 
 SMALL = 64 * 1024
+_HEAD = struct.Struct("!I")
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -38,14 +41,18 @@ def exchange_all(g: Any, payload: bytes, kind: int, seq: int) -> list:
     return [payload if r == g.rank else recvs[r].payload() for r in range(g.world)]
 
 
-def allreduce(g: Any, arr: np.ndarray, ufunc: Any, out: np.ndarray, seq: int) -> None:
+def allreduce(g: Any, arr: np.ndarray, ufunc: Any, out: np.ndarray, seq: int,
+              meta: bytes) -> None:
+    """``meta``: what the members must agree on, pickled (small arrays: sent with them;
+    large ones: exchanged first)."""
     n = g.world
     if n == 1:
         np.copyto(out, arr)
         return
     if arr.nbytes < SMALL:
-        _reduce_all_to_all(g, arr, ufunc, out, seq)
+        _reduce_all_to_all(g, arr, ufunc, out, seq, meta)
         return
+    g.agree(pickle.loads(meta))  # noqa: S301 - (its own)
     acc = _flat(out)
     np.copyto(acc, _flat(arr))
     bounds = _arrays.chunks(acc.size, n)
@@ -71,12 +78,21 @@ def reducescatter(g: Any, arr: np.ndarray, ufunc: Any, seq: int) -> np.ndarray:
 
 
 def _reduce_all_to_all(g: Any, arr: np.ndarray, ufunc: Any, out: np.ndarray,
-                       seq: int) -> None:
-    parts = exchange_all(g, arr.tobytes(), DATA, seq)
+                       seq: int, meta: bytes = b"") -> None:
+    """Every member's array to every member, each reducing them in rank order; with
+    ``meta`` (the operation's metadata, pickled) in the same frame, checked first."""
+    head = _HEAD.pack(len(meta)) + meta
+    parts = exchange_all(g, head + arr.tobytes(), DATA, seq)
+    views = []
+    for r, p in enumerate(parts):
+        (n,) = _HEAD.unpack_from(p)
+        if p[4:4 + n] != meta:
+            g.disagree(r, pickle.loads(meta), pickle.loads(p[4:4 + n]))  # noqa: S301
+        views.append(np.frombuffer(p, dtype=arr.dtype, offset=4 + n))
     flat = _flat(out)
-    np.copyto(flat, np.frombuffer(parts[0], dtype=arr.dtype))
-    for p in parts[1:]:
-        ufunc(flat, np.frombuffer(p, dtype=arr.dtype), out=flat)
+    np.copyto(flat, views[0])
+    for v in views[1:]:
+        ufunc(flat, v, out=flat)
 
 
 def _neighbours(g: Any) -> tuple:

@@ -22,6 +22,7 @@ import os
 import pickle
 import struct
 import time
+import zlib
 from typing import Any, Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ from dpool.errors import CollectiveError
 _SLOT = 512  # bytes of metadata per member
 _REASON = 1024
 _CHECK_S = 0.2
+_SMALL = 64 << 10  # an allreduce this small: one barrier, each member reduces it all
 _PIECE = 64 << 20  # the most one round moves per member (larger arrays: several rounds)
 _LEN = struct.Struct("!I")
 
@@ -90,6 +92,10 @@ class Arena:
         self._count = np.frombuffer(self._ctl, dtype=np.int64, count=world, offset=base)
         self._abort = np.frombuffer(self._ctl, dtype=np.int64, count=1, offset=0)
         self._meta_at = base + 8 * world
+        self._slots = np.frombuffer(self._ctl, dtype=np.int64, count=world * 2 * _SLOT // 8,
+                                    offset=self._meta_at).reshape(world, 2, _SLOT // 8)
+        self._known: dict[tuple, tuple[int, bytes]] = {}  # meta -> (checksum, pickle)
+        self._decoded: dict[int, tuple] = {}  # checksum -> meta
         self._reason_at = self._meta_at + _SLOT * 2 * world
         self.epoch = 0
         self.op = 0  # operations done (their parity picks the half of the segments)
@@ -97,6 +103,8 @@ class Arena:
         self.gen = 0
         self._mine: Optional[mmap.mmap] = None
         self._theirs: dict[int, tuple[int, mmap.mmap]] = {}  # rank -> (gen, map)
+        self._views: dict[tuple, np.ndarray] = {}  # (rank, gen, dtype, count, half) -> view
+        self._retired: list = []  # (name, map) of this member's outgrown segments
 
     # -- segments ------------------------------------------------------------------------
     def _data_name(self, rank: int, gen: int) -> str:
@@ -110,19 +118,25 @@ class Arena:
         cap = max(nbytes, 4096, self.cap * 2)
         self.gen += 1
         old = self._mine
+        self._forget_views(self.rank)
         self._mine, _ = _segment(self._data_name(self.rank, self.gen), 2 * cap, create=True)
-        if old is not None:
-            _unlink(self._data_name(self.rank, self.gen - 1))
-            old.close()
+        if old is not None:  # (a member still in the last operation may map it yet:
+            # unlinked after the next barrier, which every member passes after it)
+            self._retired.append((self._data_name(self.rank, self.gen - 1), old))
         self.cap = cap
 
     def view(self, rank: int, gen: int, dtype: Any, count: int) -> np.ndarray:
         """``count`` items of ``dtype`` in the current half of ``rank``'s segment."""
+        key = (rank, gen, dtype, count, self.op % 2)
+        v = self._views.get(key)
+        if v is not None:
+            return v
         if rank == self.rank:
             mm = self._mine
         else:
             have = self._theirs.get(rank)
             if have is None or have[0] != gen:
+                self._forget_views(rank)
                 if have is not None:
                     _close(have[1])
                 mm, _ = _segment(self._data_name(rank, gen), 0, create=False)
@@ -130,24 +144,57 @@ class Arena:
             else:
                 mm = have[1]
         half = len(mm) // 2  # type: ignore[arg-type]
-        return np.frombuffer(mm, dtype=dtype, count=count,  # type: ignore[arg-type]
-                             offset=half * (self.op % 2))
+        v = np.frombuffer(mm, dtype=dtype, count=count,  # type: ignore[arg-type]
+                          offset=half * (self.op % 2))
+        if len(self._views) > 64:  # (a program cycling through many shapes)
+            self._views.clear()
+        self._views[key] = v
+        return v
+
+    def _forget_views(self, rank: int) -> None:
+        for key in [k for k in self._views if k[0] == rank]:
+            del self._views[key]
 
     # -- metadata ------------------------------------------------------------------------
+    # A member's slot (one per operation parity): its segment's generation, a checksum of
+    # its metadata, then the metadata pickled -- written only when the checksum changes,
+    # and read only when another member's differs (a loop of one operation compares two
+    # integers per member).
     def publish(self, meta: tuple) -> None:
-        body = pickle.dumps((self.gen, meta))
-        if len(body) + 4 > _SLOT:
-            raise ValueError("the array's shape is too long for a collective")
-        at = self._meta_at + _SLOT * (2 * self.rank + self.op % 2)
-        self._ctl[at:at + 4 + len(body)] = _LEN.pack(len(body)) + body
+        known = self._known.get(meta)
+        if known is None:
+            body = pickle.dumps(meta)
+            if len(body) + 20 > _SLOT:
+                raise ValueError("the array's shape is too long for a collective")
+            known = self._known[meta] = (zlib.crc32(body) | 1 << 32, body)
+            self._decoded[known[0]] = meta
+        crc, body = known
+        p = self.op % 2
+        head = self._slots[self.rank, p]
+        if head[1] != crc:
+            at = self._meta_at + _SLOT * (2 * self.rank + p) + 16
+            self._ctl[at:at + 4 + len(body)] = _LEN.pack(len(body)) + body
+            head[1] = crc
+        head[0] = self.gen
 
-    def metas(self) -> list:
+    def heads(self) -> list:
+        """[generation, checksum] of every member's slot, in rank order."""
+        return self._slots[:, self.op % 2, :2].tolist()
+
+    def mine(self, meta: tuple) -> int:
+        return self._known[meta][0]
+
+    def metas(self, heads: Optional[list] = None) -> list:
         """(generation, meta) of every member, in rank order."""
+        p = self.op % 2
         out = []
-        for r in range(self.world):
-            at = self._meta_at + _SLOT * (2 * r + self.op % 2)
-            (n,) = _LEN.unpack(self._ctl[at:at + 4])
-            out.append(pickle.loads(self._ctl[at + 4:at + 4 + n]))
+        for r, (gen, crc) in enumerate(heads if heads is not None else self.heads()):
+            meta = self._decoded.get(crc)
+            if meta is None:
+                at = self._meta_at + _SLOT * (2 * r + p) + 16
+                (n,) = _LEN.unpack(self._ctl[at:at + 4])
+                meta = self._decoded[crc] = pickle.loads(self._ctl[at + 4:at + 4 + n])
+            out.append((gen, meta))
         return out
 
     # -- the barrier ---------------------------------------------------------------------
@@ -162,6 +209,8 @@ class Arena:
             if self._abort[0]:
                 raise self._aborted()
             if int(count.min()) >= e:
+                if self._retired:
+                    self._free_retired()
                 return
             spins += 1
             if spins < 200:
@@ -174,6 +223,12 @@ class Arena:
             if now >= next_check:
                 next_check = now + _CHECK_S
                 self._check(now, deadline, e)
+
+    def _free_retired(self) -> None:
+        for name, mm in self._retired:
+            _unlink(name)
+            _close(mm)
+        self._retired.clear()
 
     def _check(self, now: float, deadline: Optional[float], e: int) -> None:
         for r, pid in enumerate(self.pids):
@@ -203,6 +258,8 @@ class Arena:
     def close(self, dead: tuple = ()) -> None:
         """Unmap everything; unlink this member's segments (rank 0: the control one
         too), and those of ``dead`` members (their processes cannot any more)."""
+        self._views.clear()
+        self._free_retired()
         for _gen, mm in self._theirs.values():
             _close(mm)
         self._theirs.clear()
@@ -213,7 +270,7 @@ class Arena:
         for r in dead:
             for gen in range(1, 64):
                 _unlink(self._data_name(r, gen))
-        self._count = self._abort = None  # type: ignore[assignment]
+        self._count = self._abort = self._slots = None  # type: ignore[assignment]
         _close(self._ctl)
         if self.rank == 0 or 0 in dead:
             _unlink(self._ctl_name)
@@ -252,7 +309,12 @@ def _agree(a: Arena, meta: tuple, deadline: Optional[float], same: bool = True) 
     metadata). Returns every member's (generation, meta)."""
     a.publish(meta)
     a.barrier(deadline)
-    metas = a.metas()
+    heads = a.heads()
+    if same:
+        crc = a.mine(meta)
+        if all(h[1] == crc for h in heads):  # (the common case: two integers a member)
+            return [(h[0], meta) for h in heads]
+    metas = a.metas(heads)
     first = metas[0][1]
     for r, (_gen, m) in enumerate(metas):
         if m[0] != first[0] or (same and m != first):
@@ -274,6 +336,15 @@ def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: st
     flat_in = arr.reshape(-1)
     flat_out = out.reshape(-1)
     dtype, n = arr.dtype, flat_in.size
+    if not rows and arr.nbytes <= _SMALL:  # one barrier: each reduces all of it itself
+        a.ensure(arr.nbytes)
+        np.copyto(a.view(a.rank, a.gen, dtype, n), flat_in)
+        metas = _agree(a, ("allreduce", dtype.str, arr.shape, opname), deadline)
+        np.copyto(flat_out, a.view(0, metas[0][0], dtype, n))
+        for r in range(1, a.world):  # (rank order: the same bits in every member)
+            ufunc(flat_out, a.view(r, metas[r][0], dtype, n), out=flat_out)
+        a.op += 1
+        return
     for plo, phi in _pieces(n, dtype.itemsize) if not rows else [(0, n)]:
         count = phi - plo
         a.ensure(count * dtype.itemsize)
