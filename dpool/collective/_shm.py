@@ -33,6 +33,11 @@ from dpool.errors import CollectiveError
 _SLOT = 512  # bytes of metadata per member
 _REASON = 1024
 _CHECK_S = 0.2
+# A barrier's tight spins (more when every member has a CPU of its own; fewer when they
+# outnumber the CPUs, where a spinning member keeps a late one off its CPU), then yields,
+# then short sleeps.
+_SPIN_ALONE, _SPIN_SHARED = 200, 5
+_YIELD = 20000
 _SMALL = 64 << 10  # an allreduce this small: one barrier, each member reduces it all
 _PIECE = 64 << 20  # the most one round moves per member (larger arrays: several rounds)
 _LEN = struct.Struct("!I")
@@ -98,6 +103,7 @@ class Arena:
         self._decoded: dict[int, tuple] = {}  # checksum -> meta
         self._reason_at = self._meta_at + _SLOT * 2 * world
         self.epoch = 0
+        self._spin = _SPIN_ALONE if world <= (os.cpu_count() or 1) else _SPIN_SHARED
         self.op = 0  # operations done (their parity picks the half of the segments)
         self.cap = 0  # bytes per half of this member's data segment
         self.gen = 0
@@ -213,12 +219,12 @@ class Arena:
                     self._free_retired()
                 return
             spins += 1
-            if spins < 200:
+            if spins < self._spin:
                 continue
-            if spins < 2000:
+            if spins < _YIELD:  # (more members than CPUs: let the late one run)
                 os.sched_yield()
             else:
-                time.sleep(0.0002 if spins < 20000 else 0.002)
+                time.sleep(0.00005 if spins < 4 * _YIELD else 0.001)
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + _CHECK_S
