@@ -209,10 +209,18 @@ def main() -> int:
     ap.add_argument("--round-mb", type=int, default=100)
     ap.add_argument("--out", default=str(ROOT / "bench/collectives.json"))
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--report", action="store_true",
+                    help="only print the table and draw the plot of --out's results")
     args = ap.parse_args()
+    if args.report:
+        result = json.loads(Path(args.out).read_text())
+        print(report(result))
+        plot(result, Path(args.out).with_suffix(".png"))
+        return 0
     sizes = [int(x) for x in args.sizes.split(",")]
     py = _mpi_python()
-    result: dict = {"sizes": sizes, "load_before": os.getloadavg()[0],
+    result: dict = {"sizes": sizes, "round_mb": args.round_mb,
+                    "load_before": os.getloadavg()[0],
                     "machine": f"{os.cpu_count()} CPUs", "runs": {}}
     for n in (int(x) for x in args.members.split(",")):
         rnd = args.round_mb if n == 4 else 0
@@ -234,6 +242,45 @@ def main() -> int:
     if args.plot:
         plot(result, Path(args.out).with_suffix(".png"))
     return 0
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+
+
+def report(result: dict) -> str:
+    """The markdown tables: time and bus bandwidth per size; ratios to MPI's."""
+    lines = []
+    for n, runs in sorted(result["runs"].items(), key=lambda kv: int(kv[0])):
+        n_ = int(n)
+        lines += [f"### {n} members", "",
+                  "| size | dpool shm | MPI shm | MPI/dpool | dpool tcp (nodes) | MPI tcp "
+                  "| MPI/dpool | through the driver |", "|---|---|---|---|---|---|---|---|"]
+        for size in result["sizes"]:
+            k = str(size)
+
+            def cell(name: str) -> str:
+                t = runs.get(name, {}).get(k)
+                if t is None:
+                    return "-"
+                return f"{t * 1e6:,.1f} us ({busbw(size, t, n_):.2f} GB/s)" if t < 1e-3 \
+                    else f"{t * 1e3:,.2f} ms ({busbw(size, t, n_):.2f} GB/s)"
+
+            def ratio(a: str, b: str) -> str:
+                ta, tb = runs.get(a, {}).get(k), runs.get(b, {}).get(k)
+                return f"{tb / ta:.2f}x" if ta and tb else "-"
+
+            lines.append(f"| {_size(size)} | {cell('dpool shm')} | {cell('mpi shm')} | "
+                         f"{ratio('dpool shm', 'mpi shm')} | {cell('dpool tcp')} | "
+                         f"{cell('mpi tcp')} | {ratio('dpool tcp', 'mpi tcp')} | "
+                         f"{cell('driver')} |")
+        if "round" in runs.get("dpool shm", {}):
+            lines += ["", f"A {result.get('round_mb', 100)} MB allreduce per round: "
+                      + ", ".join(f"{name} {runs[name]['round'] * 1e3:.0f} ms"
+                                  for name in ("dpool shm", "mpi shm", "dpool tcp",
+                                               "mpi tcp") if "round" in runs.get(name, {}))]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def busbw(size: int, seconds: float, n: int) -> float:

@@ -56,7 +56,7 @@ def main() -> None:
     with ProcessPoolExecutor(REPLICAS) as ex:
         replicas = [ex.options(max_restarts=1).actor(Replica, r) for r in range(REPLICAS)]
         col.create_group(replicas)
-        losses, step, killed = [], 0, False
+        losses, step, killed, recovered = [], 0, False, False
         t0 = time.perf_counter()
         while step < STEPS:
             if step == STEPS // 2 and not killed:
@@ -70,11 +70,12 @@ def main() -> None:
                 print(f"step {step}: {e.__class__.__name__}: rank {e.rank} was lost")
                 col.create_group(replicas)  # the same ranks; the restarted one rejoins
                 sums = {f.result(timeout=60) for f in [r.sync.submit() for r in replicas]}
-                print("weights equal again:", len(sums) == 1)
+                recovered = len(sums) == 1
+                print("weights equal again:", recovered)
         per_step = (time.perf_counter() - t0) / STEPS
         print(f"loss: first step {losses[0]:.1f}, last step {losses[-1]:.3f} "
               f"({per_step * 1e3:.1f} ms a step)")
-        print("learned:", losses[-1] < losses[0] / 10)
+        print("learned:", losses[-1] < losses[0] / 10, "after losing a replica:", recovered)
 
 
 if __name__ == "__main__":

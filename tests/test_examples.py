@@ -18,6 +18,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
     ("gpu.py", "every task had one: True; results agree: True"),
     ("actors.py", "20 rollouts scored"),
     ("parameter_server.py", "learned: True"),
+    ("collective_sgd.py", "learned: True after losing a replica: True"),
 ])
 def test_example_runs(name, expected):
     out = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
