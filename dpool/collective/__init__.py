@@ -20,23 +20,36 @@ then be formed again (a restarted actor rejoins with its rank).
   over TCP; ``_wire``: frames and moving them; ``_arrays``: arrays and reductions.
 """
 
-from dpool.collective._api import (
-    allgather,
-    allreduce,
-    barrier,
-    broadcast,
-    create_group,
-    destroy_group,
-    get_rank,
-    get_world_size,
-    init_group,
-    is_group_initialized,
-    recv,
-    reduce,
-    reducescatter,
-    send,
-)
-from dpool.errors import CollectiveError
+from dpool._lazy import front_door
+
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from dpool.collective._api import (
+        allgather,
+        allreduce,
+        barrier,
+        broadcast,
+        create_group,
+        destroy_group,
+        get_rank,
+        get_world_size,
+        init_group,
+        is_group_initialized,
+        recv,
+        reduce,
+        reducescatter,
+        send,
+    )
+    from dpool.errors import CollectiveError
+
+_LAZY = {
+    **dict.fromkeys(("allgather", "allreduce", "barrier", "broadcast", "create_group",
+                     "destroy_group", "get_rank", "get_world_size", "init_group",
+                     "is_group_initialized", "recv", "reduce", "reducescatter", "send"),
+                    "dpool.collective._api"),
+    "CollectiveError": "dpool.errors",
+}
+_MODULES: dict = {}
 
 __all__ = [
     "CollectiveError",
@@ -55,3 +68,5 @@ __all__ = [
     "reducescatter",
     "send",
 ]
+
+__getattr__, __dir__ = front_door(__name__, _LAZY, _MODULES)
