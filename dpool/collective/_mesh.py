@@ -22,6 +22,7 @@ from dpool.collective import _arrays
 from dpool.collective._wire import DATA, Recv, Send, transfer
 
 SMALL = 64 * 1024
+PIECE = 1 << 20  # a ring step's frames: reduced one by one as they arrive
 _HEAD = struct.Struct("!I")
 
 
@@ -105,15 +106,26 @@ def _reduce_scatter(g: Any, acc: np.ndarray, ufunc: Any, bounds: list, seq: int)
     right, left = _neighbours(g)
     biggest = max(hi - lo for lo, hi in bounds)
     tmp = np.empty(biggest, dtype=acc.dtype)
+    step = max(1, PIECE // acc.itemsize)
     for s in range(n - 1):
         out_c = (r - s - 1) % n
         in_c = (r - s - 2) % n
         olo, ohi = bounds[out_c]
         ilo, ihi = bounds[in_c]
-        into = tmp[:ihi - ilo]
-        transfer(g.name, [Send(right, DATA, seq, acc[olo:ohi].data),
-                          Recv(left, DATA, seq, into.data)], g.deadline())
-        ufunc(into, acc[ilo:ihi], out=acc[ilo:ihi])
+        # In pieces, each its own frame: a piece is reduced as soon as it is in, while
+        # the next ones arrive (both sides cut a chunk alike)
+        ops: list = [Send(right, DATA, seq, acc[lo:min(ohi, lo + step)].data)
+                     for lo in range(olo, ohi, step)]
+        for lo in range(ilo, ihi, step):
+            hi = min(ihi, lo + step)
+            piece = tmp[lo - ilo:hi - ilo]
+            ops.append(Recv(left, DATA, seq, piece.data,
+                            then=_reducer(ufunc, piece, acc[lo:hi])))
+        transfer(g.name, ops, g.deadline())
+
+
+def _reducer(ufunc: Any, piece: np.ndarray, into: np.ndarray) -> Any:
+    return lambda: ufunc(piece, into, out=into)
 
 
 def _all_gather(g: Any, acc: np.ndarray, bounds: list, seq: int) -> None:

@@ -96,6 +96,8 @@ class Arena:
         base = 64
         self._count = np.frombuffer(self._ctl, dtype=np.int64, count=world, offset=base)
         self._abort = np.frombuffer(self._ctl, dtype=np.int64, count=1, offset=0)
+        self._counts = memoryview(self._ctl)[base:base + 8 * world].cast("q")
+        self._aborted_flag = memoryview(self._ctl)[0:8].cast("q")
         self._meta_at = base + 8 * world
         self._slots = np.frombuffer(self._ctl, dtype=np.int64, count=world * 2 * _SLOT // 8,
                                     offset=self._meta_at).reshape(world, 2, _SLOT // 8)
@@ -207,17 +209,22 @@ class Arena:
     def barrier(self, deadline: Optional[float]) -> None:
         self.epoch += 1
         e = self.epoch
-        count = self._count
+        count = self._counts  # (a memoryview of int64: cheaper than numpy at this size)
         count[self.rank] = e
+        if min(count) >= e:  # (the last to arrive: no wait)
+            if self._retired:
+                self._free_retired()
+            return
         spins = 0
         next_check = time.monotonic() + _CHECK_S
+        abort = self._aborted_flag
         while True:
-            if self._abort[0]:
-                raise self._aborted()
-            if int(count.min()) >= e:
+            if min(count) >= e:
                 if self._retired:
                     self._free_retired()
                 return
+            if abort[0]:
+                raise self._aborted()
             spins += 1
             if spins < self._spin:
                 continue
@@ -276,6 +283,8 @@ class Arena:
         for r in dead:
             for gen in range(1, 64):
                 _unlink(self._data_name(r, gen))
+        self._counts.release()
+        self._aborted_flag.release()
         self._count = self._abort = self._slots = None  # type: ignore[assignment]
         _close(self._ctl)
         if self.rank == 0 or 0 in dead:

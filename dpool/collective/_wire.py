@@ -16,7 +16,7 @@ import select
 import socket
 import struct
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from dpool.errors import CollectiveError
 
@@ -81,10 +81,12 @@ class Recv:
     """A frame of ``kind`` for operation ``seq`` from ``link``: into ``into`` (its size
     must match), or into a new buffer (``into`` None: ``body``)."""
 
-    __slots__ = ("link", "kind", "seq", "into", "head", "got", "body")
+    __slots__ = ("link", "kind", "seq", "into", "head", "got", "body", "then")
 
     def __init__(self, link: Link, kind: int, seq: int,
-                 into: Optional[memoryview] = None) -> None:
+                 into: Optional[memoryview] = None,
+                 then: Optional[Callable[[], None]] = None) -> None:
+        self.then = then  # run as soon as the frame is in (e.g. reduce it)
         self.link = link
         self.kind = kind
         self.seq = seq
@@ -167,6 +169,8 @@ def transfer(group: str, ops: list, deadline: Optional[float]) -> None:
                 if r.kind == ABORT:
                     reason = r.payload().decode("utf-8", "replace")
                     raise CollectiveError(reason, group=group, rank=_rank_in(reason))
+                if r.then is not None:  # (while the next frames arrive in the kernel)
+                    r.then()
             if not sends and not recvs:
                 del queues[fd]
         if not queues:

@@ -206,3 +206,41 @@ def test_bad_input_gets_a_clear_error_at_the_call():
                                 "CollectiveError"]
         col.create_group(bs, "t", timeout=1.0)  # a member that never calls: a timeout
         assert bs[0].alone(1.0) == "timeout"
+
+
+class Wide:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def big(self) -> float:  # 8 MB over 3 members: ring chunks of 2.7 MB, in 1 MB frames
+        a = np.arange(1_000_003, dtype=np.float64) * (self.rank + 1)
+        out = col.allreduce(a, group_name="w")
+        want = np.arange(1_000_003, dtype=np.float64) * 6
+        return float(np.abs(out - want).max())
+
+
+def test_a_large_ring_allreduce_reduces_its_chunks_piece_by_piece():
+    with ProcessPoolExecutor(3) as ex:
+        ws = [ex.actor(Wide, r) for r in range(3)]
+        col.create_group(ws, "w", transport="tcp")
+        assert [f.result(timeout=60) for f in [w.big.submit() for w in ws]] == [0.0] * 3
+
+
+def gang_member(rank: int, world: int) -> tuple:
+    col.init_group(world, rank, "gang")
+    try:
+        total = col.allreduce(np.array([rank + 1.0]), group_name="gang")
+        return col.get_rank("gang"), float(total[0])
+    finally:
+        col.destroy_group("gang")
+
+
+def test_the_tasks_of_a_placement_group_form_a_group():
+    pg = dpool.placement_group([{"CPU": 1}, {"CPU": 1}])
+    try:
+        with ProcessPoolExecutor(2) as ex:
+            fs = [ex.options(placement_group=pg, bundle=r).submit(gang_member, r, 2)
+                  for r in range(2)]
+            assert sorted(f.result(timeout=60) for f in fs) == [(0, 3.0), (1, 3.0)]
+    finally:
+        pg.remove()
