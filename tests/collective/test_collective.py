@@ -72,6 +72,12 @@ class Member:
 
     def leave(self, name: str) -> bool:
         col.destroy_group(name)
+        try:  # a group used after it was destroyed
+            col.barrier(group_name=name)
+        except dpool.CollectiveError as e:
+            assert "not a member" in str(e), e
+        else:
+            raise AssertionError("no CollectiveError after destroy_group")
         return col.is_group_initialized(name)
 
 
