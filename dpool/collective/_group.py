@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dpool.collective import _arrays, _mesh, _shm
+from dpool.collective import _arrays, _mesh, _shm, _wire
 from dpool.collective._wire import DATA, META, Recv, Send, abort, transfer
 from dpool.errors import CollectiveError
 
@@ -40,6 +40,8 @@ class Group:
         if transport == "auto":
             transport = os.environ.get("DPOOL_COLLECTIVE_TRANSPORT", "auto")
         local = len(same) == 1 and transport != "tcp"
+        if world > (os.cpu_count() or 1):
+            _wire.spin = False  # (this process's groups: members outnumber the CPUs)
         self.arena: Optional[_shm.Arena] = \
             _shm.Arena(name, world, rank, [i["pid"] for i in table], token) if local else None
 

@@ -151,17 +151,27 @@ def _lost(group: str, link: Link, exc: Optional[BaseException]) -> CollectiveErr
         f"mid-operation (it died, or left the group){why}", group=group, rank=link.rank)
 
 
+SPIN_S = 50e-6  # retry without sleeping this long before blocking in poll (see ``spin``)
+spin = True  # False where the members outnumber the CPUs (a spinner keeps a peer off one)
+
+
 def transfer(group: str, ops: list, deadline: Optional[float]) -> None:
     """Run ``ops`` (``Send``s and ``Recv``s; those on one link in list order) until all
     are done. ``CollectiveError`` on a lost link, an abort, a wrong frame, or past
-    ``deadline`` (``time.monotonic()``; None: none)."""
+    ``deadline`` (``time.monotonic()``; None: none). Small frames mostly arrive within a
+    few microseconds: it retries for ``SPIN_S`` before it sleeps in ``poll`` (waking a
+    sleeping process costs more than that on a VM)."""
+    spin_until = time.perf_counter() + SPIN_S if spin else 0.0
     queues: dict[int, list] = {}  # fd -> [sends], [recvs] in order
     for op in ops:
         q = queues.setdefault(op.link.sock.fileno(), [[], [], op.link])
         q[0 if isinstance(op, Send) else 1].append(op)
     poller = select.poll()
+    quiet: set = set()  # send-only links whose input is a later operation's: unwatched
     while queues:
-        for fd, (sends, recvs, _link) in list(queues.items()):
+        for fd, (sends, recvs, link) in list(queues.items()):
+            if sends and not recvs and fd not in quiet and _peer_gave_up(group, link):
+                quiet.add(fd)
             while sends and sends[0].progress(group):
                 sends.pop(0)
             while recvs and recvs[0].progress(group):
@@ -175,9 +185,13 @@ def transfer(group: str, ops: list, deadline: Optional[float]) -> None:
                 del queues[fd]
         if not queues:
             return
+        if spin_until and time.perf_counter() < spin_until:
+            continue
         for fd, (sends, recvs, _link) in queues.items():
+            # (a link this member only sends on is watched for input too: a peer that
+            # gave up says so there -- an abort, or its end of the link closed)
             poller.register(fd, (select.POLLOUT if sends else 0) |
-                            (select.POLLIN if recvs else 0))
+                            (select.POLLIN if recvs or fd not in quiet else 0))
         wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
         if wait <= 0:
             raise CollectiveError(f"collective group {group!r}: the operation ran past "
@@ -186,6 +200,32 @@ def transfer(group: str, ops: list, deadline: Optional[float]) -> None:
         poller.poll(wait * 1000.0)
         for fd in queues:
             poller.unregister(fd)
+
+
+def _peer_gave_up(group: str, link: Link) -> bool:
+    """On a link this member only sends on: raise if the peer aborted (its ``ABORT``
+    frame is next) or closed it; True if what is next is a later operation's frame
+    (left for it); False if nothing came."""
+    try:
+        head = link.sock.recv(HEADER.size, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise _lost(group, link, exc) from exc
+    if not head:
+        raise _lost(group, link, None)
+    if head[0] != ABORT:
+        return True
+    r = Recv(link, ABORT, 0)
+    while True:
+        try:
+            if r.progress(group):
+                break
+        except CollectiveError:
+            raise
+        select.select([link.sock], [], [], 1.0)
+    reason = r.payload().decode("utf-8", "replace")
+    raise CollectiveError(reason, group=group, rank=_rank_in(reason))
 
 
 def _rank_in(reason: str) -> int:
@@ -203,7 +243,10 @@ def _rank_in(reason: str) -> int:
 
 def abort(links: list, reason: str) -> None:
     """Tell each peer why this member gives up on the group (where no frame is half
-    sent), then close every link: a peer waiting on one fails with ``reason``."""
+    sent), then end this member's side of every link: a peer waiting on one fails with
+    ``reason`` (or, past a half-sent frame, sees the link end). The sockets stay open
+    until the group is destroyed: closing one with input unread would reset it, and the
+    peer could lose the reason."""
     body = reason.encode("utf-8", "replace")
     frame = HEADER.pack(ABORT, 0, len(body)) + body
     for link in links:
@@ -214,4 +257,7 @@ def abort(links: list, reason: str) -> None:
                 link.sock.send(frame)  # (small: all of it, or the peer sees a close)
             except OSError:
                 pass
-        link.close()
+        try:
+            link.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            link.close()
