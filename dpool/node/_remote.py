@@ -33,8 +33,9 @@ import time
 from typing import Any, Callable, Optional
 
 from dpool.control import ClusterControlStore
-from dpool.errors import Error, ObjectLostError, ResourceError, actor_died
-from dpool.node._attach import PeerHandle, actor_state
+from dpool.errors import Error, ObjectLostError, actor_died
+from dpool.node._attach import PeerHandle
+from dpool.node._remote_actors import RemoteActors
 from dpool.node._workdirs import WorkdirCache
 from dpool.objects import inline as _inline
 from dpool.objects import payload as _payload
@@ -66,7 +67,7 @@ class _Copy:
         self.released = False  # the holder freed the object: free the copy once unpinned
 
 
-class RemoteRunner:
+class RemoteRunner(RemoteActors):
     def __init__(self, scheduler: SchedulerAPI, node_id: str,
                  send: Callable[[str, list], None], idle_retire_s: float = 30.0,
                  workdirs: Optional[WorkdirCache] = None,
@@ -462,91 +463,6 @@ class RemoteRunner:
         # timelines: this task runs the origin's task ``origin_id`` (worker-id field)
         s.control.log_event(local_id, "remote", time.time(), origin_id)
         s.admit_locked(t)
-
-    def _host_actor_locked(self, msg: m.RemoteTask) -> None:
-        """A global scheduler placed a driver's actor here (its node lacked what it
-        asks): its group, whose output goes to that node; the answer is this node's
-        address (``_actor_calls``)."""
-        s = self._s
-        _, _max_workers, method, initializer, max_tasks, max_attempts, actor = \
-            msg.group_cfg
-        try:
-            gid = self._hosted.get(msg.group_id, msg.group_id)
-            there = s.group(gid)
-            if there is not None and there.actor is not None and there.actor.host:
-                # this node has a proxy of it (its handle reached a task here): the
-                # actor's group here gets an id of its own; its calls find it by the
-                # driver's (``_hosted``)
-                gid, there = next(self._ids), None
-            if there is None:  # (else: a placement asked again)
-                try:
-                    ctx = mp.get_context(method or None)
-                except ValueError:
-                    ctx = mp.get_context()
-                g = WorkerGroup(gid, 1, ctx, initializer, max_tasks, max_attempts)
-                self._paths(g, msg)
-                g.actor = actor_state(actor, initializer)
-                req = g.actor.cfg.req
-                limit = s.cpu_limit
-                bundle = req is not None and req.strategy is not None and \
-                    req.strategy[0] == "bundle"  # (its bundle, held here, has it)
-                short = s.resources_locked().shortfall(req) \
-                    if req is not None and not bundle else None
-                if req is not None and not bundle and limit is not None and req.cpus > limit:
-                    short = f"CPU: {req.cpus} asked, {limit} here"
-                if short:
-                    raise ResourceError(f"node {self.node_id} cannot host it: {short}")
-                s.insert_group_locked(g)
-                self._origin[g.group_id] = (msg.origin, msg.group_id)  # (its output)
-                if gid != msg.group_id:
-                    self._hosted[msg.group_id] = gid
-            self._send(msg.origin, [m.TaskResult(msg.task_id, True,
-                                                 _payload.dumps(self.node_id), 0.0)])
-        except Exception as exc:  # noqa: BLE001 - its driver's calls say why
-            self._send(msg.origin, [m.TaskResult(msg.task_id, False,
-                                                 _payload.dumps_error(exc), 0.0)])
-
-    def placed_locked(self, group_id: int, host: str) -> None:
-        """A driver's actor whose proxy is here got its node: the calls other nodes
-        sent here meanwhile go there, in order."""
-        msgs = self._relay.pop(group_id, [])
-        if msgs:
-            self._send(host, msgs)
-
-    def relay_failed_locked(self, group_id: int, reason: str) -> None:
-        """That actor will never have a node: the calls held for it fail."""
-        for msg in self._relay.pop(group_id, []):
-            self._send(msg.origin, [m.TaskResult(msg.task_id, False, _payload.dumps_error(
-                actor_died(f"#{group_id}", reason)), 0.0)])
-
-    def take_origin_locked(self, g: WorkerGroup) -> "tuple | None":
-        """(origin, its group id) of an actor placed here for another node's driver,
-        forgotten (its end is told once)."""
-        if g.actor is None:
-            return None
-        self._calls.pop(g.group_id, None)
-        origin = self._origin.pop(g.group_id, None)
-        if origin is not None and self._hosted.get(origin[1]) == g.group_id:
-            del self._hosted[origin[1]]
-        return origin
-
-    def hosted_id(self, group_id: int) -> int:
-        """This node's id of the group of the actor a driver's node knows as
-        ``group_id`` (the same, unless this node had a proxy of it when it was placed
-        here)."""
-        return self._hosted.get(group_id, group_id)
-
-    def origin_call_locked(self, g: WorkerGroup, local_id: int) -> "int | None":
-        """The origin's id of call ``local_id`` of an actor placed here, which a
-        checkpoint holds: the calls up to it are forgotten."""
-        calls = self._calls.get(g.group_id)
-        if not calls or local_id not in calls:
-            return None
-        for tid in list(calls):  # (in the order admitted: ids grow)
-            origin_id = calls.pop(tid)
-            if tid == local_id:
-                return origin_id
-        return None
 
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here

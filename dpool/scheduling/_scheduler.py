@@ -55,16 +55,8 @@ from dpool.scheduling._policy import BatchPolicy
 from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
 from dpool.scheduling._resource_dispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
-from dpool.scheduling._states import (
-    FINISH,
-    NEXT,
-    READY,
-    RETURN,
-    SPILLBACK,
-    WAIT,
-    illegal,
-    transition,
-)
+from dpool.scheduling._states import (FINISH, NEXT, READY, RETURN, SPILLBACK, WAIT,
+                                      illegal, transition)
 from dpool.scheduling._workers import WorkerPool
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
