@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+_NUMBERS = "biufc"  # dtype kinds a collective takes: booleans, integers, floats, complex
 OPS: dict[str, Any] = {"sum": np.add, "prod": np.multiply, "min": np.minimum,
                        "max": np.maximum}
 
@@ -27,6 +28,8 @@ def op_of(op: str) -> Any:
 def as_array(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     """``x`` as a C-contiguous numpy array (a view where it can be), and what turns a
     result back into ``x``'s kind."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.kind in _NUMBERS:
+        return x, _same  # (the common case, first)
     if type(x).__module__.split(".")[0] == "torch":  # (torch is not imported for it)
         import torch
 
@@ -37,7 +40,7 @@ def as_array(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     except Exception as exc:  # noqa: BLE001 - say what the member passed
         raise TypeError(f"a collective takes a numpy array, a torch CPU tensor or a "
                         f"buffer, not {type(x).__name__}: {exc}") from exc
-    if arr.dtype.kind not in "biufc":
+    if arr.dtype.kind not in _NUMBERS:
         raise TypeError(f"a collective takes arrays of numbers (or booleans), not "
                         f"{type(x).__name__} of dtype {arr.dtype}")
     return np.ascontiguousarray(arr), _same

@@ -102,9 +102,25 @@ class Group:
     # -- the operations ------------------------------------------------------------------
     def allreduce(self, arr: np.ndarray, ufunc: Any, opname: str,
                   out: np.ndarray) -> None:
+        arena = self.arena
+        if arena is not None and self.broken is None:  # (the hot path, inline)
+            self.seq += 1
+            try:
+                _shm.allreduce(arena, arr, ufunc, out, opname, self.timeout)
+            except CollectiveError as exc:
+                self._fail(exc)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mid-operation: the others must know
+                err = CollectiveError(f"collective group {self.name!r}: allreduce failed "
+                                      f"in rank {self.rank}: {exc!r}", group=self.name,
+                                      rank=self.rank)
+                self._fail(err)
+                raise err from exc
+            return
+
         def go() -> None:
             if self.arena is not None:
-                _shm.allreduce(self.arena, arr, ufunc, out, opname, self.deadline())
+                _shm.allreduce(self.arena, arr, ufunc, out, opname, self.timeout)
                 return
             meta = ("allreduce", arr.dtype.str, arr.shape, opname)
             pickled = self._pickled.get(meta)
@@ -121,7 +137,7 @@ class Group:
             if self.arena is not None:
                 lo, hi = _arrays.row_chunks(arr.shape, self.world)[self.rank]
                 out = np.empty(_arrays.row_shape(arr.shape, lo, hi), dtype=arr.dtype)
-                _shm.allreduce(self.arena, arr, ufunc, out, opname, self.deadline(),
+                _shm.allreduce(self.arena, arr, ufunc, out, opname, self.timeout,
                                rows=True)
                 return out
             self.agree(("reducescatter", arr.dtype.str, arr.shape, opname))
@@ -132,7 +148,7 @@ class Group:
     def broadcast(self, arr: Optional[np.ndarray], root: int) -> np.ndarray:
         def go() -> np.ndarray:
             if self.arena is not None:
-                return _shm.broadcast(self.arena, arr, root, self.deadline())
+                return _shm.broadcast(self.arena, arr, root, self.timeout)
             held = (arr.dtype.str, arr.shape) if arr is not None else None
             metas = self.agree(("broadcast", root, held), same=False)
             for r, m in enumerate(metas):
@@ -149,7 +165,7 @@ class Group:
     def allgather(self, arr: np.ndarray) -> list:
         def go() -> list:
             if self.arena is not None:
-                return _shm.allgather(self.arena, arr, self.deadline())
+                return _shm.allgather(self.arena, arr, self.timeout)
             metas = self.agree(("allgather", arr.dtype.str, arr.shape), same=False)
             return _mesh.allgather(self, arr, [m[1:] for m in metas], self.seq)
 
@@ -158,7 +174,7 @@ class Group:
     def barrier(self) -> None:
         def go() -> None:
             if self.arena is not None:
-                _shm.barrier(self.arena, self.deadline())
+                _shm.barrier(self.arena, self.timeout)
             else:
                 self.agree(("barrier",))
 

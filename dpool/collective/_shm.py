@@ -206,7 +206,9 @@ class Arena:
         return out
 
     # -- the barrier ---------------------------------------------------------------------
-    def barrier(self, deadline: Optional[float]) -> None:
+    def barrier(self, timeout: Optional[float]) -> None:
+        """Wait until every member reached this barrier (``timeout``: at most so long,
+        then the group aborts)."""
         self.epoch += 1
         e = self.epoch
         count = self._counts  # (a memoryview of int64: cheaper than numpy at this size)
@@ -216,7 +218,9 @@ class Arena:
                 self._free_retired()
             return
         spins = 0
-        next_check = time.monotonic() + _CHECK_S
+        now = time.monotonic()
+        next_check = now + _CHECK_S
+        deadline = None if timeout is None else now + timeout
         abort = self._aborted_flag
         while True:
             if min(count) >= e:
@@ -318,12 +322,12 @@ def _pieces(count: int, itemsize: int) -> list[tuple[int, int]]:
     return [(lo, min(count, lo + per)) for lo in range(0, max(count, 1), per)]
 
 
-def _agree(a: Arena, meta: tuple, deadline: Optional[float], same: bool = True) -> list:
+def _agree(a: Arena, meta: tuple, timeout: Optional[float], same: bool = True) -> list:
     """Publish this member's ``meta`` (its first item: the operation), wait for every
     member's, and check that all called the same operation (``same``: with the same
     metadata). Returns every member's (generation, meta)."""
     a.publish(meta)
-    a.barrier(deadline)
+    a.barrier(timeout)
     heads = a.heads()
     if same:
         crc = a.mine(meta)
@@ -345,7 +349,7 @@ def _say(meta: tuple) -> str:
 
 
 def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: str,
-              deadline: Optional[float], rows: bool = False) -> None:
+              timeout: Optional[float], rows: bool = False) -> None:
     """``out`` (flat view or array) gets the reduction; ``rows``: chunks follow axis 0
     (``reducescatter``, which reads only its own chunk after it)."""
     flat_in = arr.reshape(-1)
@@ -354,10 +358,14 @@ def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: st
     if not rows and arr.nbytes <= _SMALL:  # one barrier: each reduces all of it itself
         a.ensure(arr.nbytes)
         np.copyto(a.view(a.rank, a.gen, dtype, n), flat_in)
-        metas = _agree(a, ("allreduce", dtype.str, arr.shape, opname), deadline)
-        np.copyto(flat_out, a.view(0, metas[0][0], dtype, n))
-        for r in range(1, a.world):  # (rank order: the same bits in every member)
-            ufunc(flat_out, a.view(r, metas[r][0], dtype, n), out=flat_out)
+        metas = _agree(a, ("allreduce", dtype.str, arr.shape, opname), timeout)
+        if a.world == 1:
+            np.copyto(flat_out, a.view(0, metas[0][0], dtype, n))
+        else:  # (rank order: the same bits in every member)
+            ufunc(a.view(0, metas[0][0], dtype, n), a.view(1, metas[1][0], dtype, n),
+                  out=flat_out)
+            for r in range(2, a.world):
+                ufunc(flat_out, a.view(r, metas[r][0], dtype, n), out=flat_out)
         a.op += 1
         return
     for plo, phi in _pieces(n, dtype.itemsize) if not rows else [(0, n)]:
@@ -366,7 +374,7 @@ def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: st
         mine = a.view(a.rank, a.gen, dtype, count)
         np.copyto(mine, flat_in[plo:phi])
         metas = _agree(a, ("allreduce" if not rows else "reducescatter", dtype.str,
-                           arr.shape, opname), deadline)
+                           arr.shape, opname), timeout)
         gens = [g for g, _m in metas]
         bounds = _arrays.row_chunks(arr.shape, a.world) if rows else \
             _arrays.chunks(count, a.world)
@@ -376,7 +384,7 @@ def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: st
             for r in range(a.world):
                 if r != a.rank:
                     ufunc(acc, a.view(r, gens[r], dtype, count)[lo:hi], out=acc)
-        a.barrier(deadline)
+        a.barrier(timeout)
         if rows:
             np.copyto(flat_out, mine[lo:hi])
         else:
@@ -388,14 +396,14 @@ def allreduce(a: Arena, arr: np.ndarray, ufunc: Any, out: np.ndarray, opname: st
 
 
 def broadcast(a: Arena, arr: Optional[np.ndarray], root: int,
-              deadline: Optional[float]) -> np.ndarray:
+              timeout: Optional[float]) -> np.ndarray:
     held = None
     if a.rank == root:
         assert arr is not None
         a.ensure(arr.nbytes)
         np.copyto(a.view(a.rank, a.gen, arr.dtype, arr.size), arr.reshape(-1))
         held = (arr.dtype.str, arr.shape)
-    metas = _agree(a, ("broadcast", root, held), deadline, same=False)
+    metas = _agree(a, ("broadcast", root, held), timeout, same=False)
     for r, (_gen, m) in enumerate(metas):
         if m[1] != root:
             a.op += 1
@@ -411,10 +419,10 @@ def broadcast(a: Arena, arr: Optional[np.ndarray], root: int,
     return out
 
 
-def allgather(a: Arena, arr: np.ndarray, deadline: Optional[float]) -> list:
+def allgather(a: Arena, arr: np.ndarray, timeout: Optional[float]) -> list:
     a.ensure(arr.nbytes)
     np.copyto(a.view(a.rank, a.gen, arr.dtype, arr.size), arr.reshape(-1))
-    metas = _agree(a, ("allgather", arr.dtype.str, arr.shape), deadline, same=False)
+    metas = _agree(a, ("allgather", arr.dtype.str, arr.shape), timeout, same=False)
     out = []
     for r, (gen, (_what, dtype_s, shape)) in enumerate(metas):
         dtype = np.dtype(dtype_s)
@@ -425,6 +433,6 @@ def allgather(a: Arena, arr: np.ndarray, deadline: Optional[float]) -> list:
     return out
 
 
-def barrier(a: Arena, deadline: Optional[float]) -> None:
-    _agree(a, ("barrier",), deadline)
+def barrier(a: Arena, timeout: Optional[float]) -> None:
+    _agree(a, ("barrier",), timeout)
     a.op += 1
