@@ -122,7 +122,6 @@ class ActorPlacement:
         gss = self.schedulers()
         cfg = self._cfgs.get(gid)
         if not gss or cfg is None:
-            g.actor.host = ""  # type: ignore[union-attr]
             self._s.break_group_locked(g, f"{reason}, and no global scheduler is linked "
                                           "to place it again")
             return
@@ -210,6 +209,8 @@ class ActorPlacement:
     def on_ended_locked(self, h: Any, msg: m.ActorEnded) -> None:
         """The node hosting a placed actor says it ended: its proxy here ends."""
         g = self._s.group(msg.group_id)
-        if self.placed.pop(msg.group_id, None) is not None and g is not None \
-                and g.broken is None:
+        if self.placed.get(msg.group_id) not in (h.address, h.peer_id):
+            return  # (a node it was placed on before, killed when it was placed again)
+        self.placed.pop(msg.group_id, None)
+        if g is not None and g.broken is None:
             self._s.break_group_locked(g, msg.reason)

@@ -28,9 +28,10 @@ with ``ActorDiedError`` as before. Everything here runs under the scheduler's lo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from dpool.node._actor_placement import ActorPlacement
+from dpool.objects import inline as _inline
 from dpool.protocol import messages as m
 from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
 
@@ -49,12 +50,14 @@ class ActorRebuilds:
         self._sent: dict[int, dict[int, int]] = {}
         self._logged: dict[int, list[int]] = {}  # group id -> the number of each log entry
         self._saved: dict[int, int] = {}  # group id -> the last call its checkpoint holds
+        # (the spillback's) the calls of a proxy still away at its actor's node, taken
+        self.take_away: Callable[[WorkerGroup], list] = lambda g: []
         scheduler.register_handler(m.ActorSaved.CODE, self._on_saved_locked)
 
     def _keeps(self, g: WorkerGroup) -> bool:
         a = g.actor
         return a is not None and a.cfg.max_restarts != 0 and \
-            g.group_id in self._placement.placed
+            g.group_id in self._placement.placed and self._may_restart(g)
 
     def _may_restart(self, g: WorkerGroup) -> bool:
         cfg = g.actor.cfg  # type: ignore[union-attr]
@@ -79,10 +82,20 @@ class ActorRebuilds:
         n = sent.get(t.task_id) if sent is not None else None
         if n is None or n <= self._saved.get(g.group_id, 0) or g.actor is None:
             return
+        if t.dep_ids and t.deps is None:  # (a proxy's call took its inputs from the
+            # object table as it left): the log keeps their values, inline
+            try:
+                t.deps = tuple((oid, ok, _inline.inline_payload(p) if ok else p)
+                               for oid, ok, p in self._s.inputs_locked(t))
+            except Exception:  # noqa: BLE001 - gone: a replay fails that call, as a lost
+                log.warning("actor %s: the inputs of call %#x are gone; a rebuild will "
+                            "not replay it faithfully", g.actor.cfg.name, t.task_id)
         self._s.actor_ran_locked(t)
         self._logged.setdefault(g.group_id, []).append(n)
 
     def _on_saved_locked(self, h: Any, msg: m.ActorSaved) -> None:
+        if self._placement.placed.get(msg.group_id) not in (h.address, h.peer_id):
+            return  # (from a node it left)
         g = self._s.group(msg.group_id)
         sent = self._sent.get(msg.group_id)
         n = sent.get(msg.through) if sent is not None else None
@@ -105,16 +118,7 @@ class ActorRebuilds:
         if it may not be (they fail)."""
         if not self._keeps(g) or not self._may_restart(g):
             return False
-        s = self._s
-        a = g.actor
-        sent = self._sent.get(g.group_id, {})
-        for t in reversed(calls):
-            sent.pop(t.task_id, None)
-            s.back_locked(t)
-            t.attempts -= 1  # (not charged: it completes once, on the new node)
-            g.queue.appendleft(t)
-            a.order.appendleft(t)  # type: ignore[union-attr]
-        self._rebuild_locked(g, reason)
+        self._rebuild_locked(g, reason, calls)
         return True
 
     def hosts_lost_locked(self, names: set, reason: str) -> None:
@@ -127,11 +131,21 @@ class ActorRebuilds:
             if g is not None and self._keeps(g) and self._may_restart(g):
                 self._rebuild_locked(g, reason)
 
-    def _rebuild_locked(self, g: WorkerGroup, reason: str) -> None:
+    def _rebuild_locked(self, g: WorkerGroup, reason: str, lost: Sequence = ()) -> None:
         if g.group_id not in self._placement.placed:
             return  # (being placed again already)
         s = self._s
         a = g.actor
+        # Every call still away at the lost node -- those reported lost and the rest,
+        # accepted or not -- goes back first in the actor's order, in the order forwarded
+        sent = self._sent.get(g.group_id, {})
+        calls = {t.task_id: t for t in (*lost, *self.take_away(g))}
+        for t in sorted(calls.values(), key=lambda t: sent.get(t.task_id, 0),
+                        reverse=True):
+            s.back_locked(t)
+            t.attempts -= 1  # (not charged: it completes once, on the new node)
+            g.queue.appendleft(t)
+            a.order.appendleft(t)  # type: ignore[union-attr]
         a.restarts += 1  # type: ignore[union-attr]
         cfg = a.cfg  # type: ignore[union-attr]
         log.warning("actor %s: %s; placing it again (restart %d of %s), to replay %d "

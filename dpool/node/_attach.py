@@ -112,8 +112,11 @@ def actor_state(actor: tuple, initializer: Optional[bytes]) -> Any:
 
     boot, boot_args = _payload.loads(initializer or b"")
     name, max_restarts, every, concurrency, detached, req = actor
-    return ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
-                                  concurrency, detached, _resources.from_wire(req)))
+    state = ActorState(ActorConfig(name, boot, boot_args[0], max_restarts, every,
+                                   concurrency, detached, _resources.from_wire(req)))
+    # (rebuilt from another node's copy: a restart here starts from it too)
+    state.checkpoint, state.base = boot_args[1], list(boot_args[2])
+    return state
 
 
 class DriverSessions:

@@ -168,6 +168,7 @@ class NodeDaemon:
         self.actor_calls.origin_call = self.runner.origin_call_locked
         self.actor_calls.hosted_id = self.runner.hosted_id
         self.spillback.actor_logs = self.actor_calls.rebuilds
+        self.actor_calls.rebuilds.take_away = self.spillback.take_away_locked
         self.sessions.place_actor = placement.place_locked
         self.sessions.driver_closed_hooks.append(self.placement_groups.driver_closed_locked)
         self.runner.control = store

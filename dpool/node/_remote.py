@@ -446,7 +446,8 @@ class RemoteRunner(RemoteActors):
             self._send(origin, [m.TaskResult(origin_id, ok, value,
                                              s.batch.estimate(fn_id))])
 
-        if not msg.group_cfg and g.actor.cfg.max_restarts and g.group_id in self._origin:  # type: ignore[union-attr]
+        if not msg.group_cfg and g.actor.cfg.max_restarts and \
+                g.actor.cfg.checkpoint_every and g.group_id in self._origin:  # type: ignore[union-attr]
             # a call of an actor placed here that its driver's node may rebuild: a
             # checkpoint says which of that node's calls it holds (``origin_call``)
             self._calls.setdefault(g.group_id, {})[local_id] = origin_id

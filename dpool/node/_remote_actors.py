@@ -44,10 +44,11 @@ class RemoteActors:
         try:
             gid = self._hosted.get(msg.group_id, msg.group_id)
             there = s.group(gid)
-            if there is not None and there.actor is not None and there.actor.host:
-                # this node has a proxy of it (its handle reached a task here): the
-                # actor's group here gets an id of its own; its calls find it by the
-                # driver's (``_hosted``)
+            if there is not None and (there.actor is None or there.actor.host or
+                                      there.broken is not None or there.closed):
+                # this node has a proxy of it (its handle reached a task here), or the
+                # group it hosted before, ended (placed here again): the actor's group
+                # gets an id of its own; its calls find it by the driver's (``_hosted``)
                 gid, there = next(self._ids), None
             if there is None:  # (else: a placement asked again)
                 try:

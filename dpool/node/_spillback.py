@@ -405,6 +405,11 @@ class Spillback(SpillbackWaits, SpillbackResults):
                 for t in ts:
                     self._actor_lost_locked(t, reason)
 
+    def take_away_locked(self, g: WorkerGroup) -> list:
+        """The tasks of ``g`` away at other nodes (not being pulled), taken back."""
+        return [t for t in (self._take_locked(tid) for tid, a in list(self.away.items())
+                            if a.task.group is g and not a.pulling) if t is not None]
+
     def _actor_lost_locked(self, t: Task, reason: str) -> None:
         """A call of another node's actor is lost with that node: it fails."""
         name = t.group.actor.cfg.name

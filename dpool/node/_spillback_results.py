@@ -68,6 +68,9 @@ class SpillbackResults(SpillbackBase):
 
     def _on_result_locked(self, h: Any, msg: m.TaskResult) -> None:
         a = self.away.get(msg.task_id)
+        if a is not None and a.task.group.actor is not None and h is not None and \
+                not {a.node, a.gs} & {h.address, h.peer_id}:
+            return  # (an actor's call sent again elsewhere: a late answer from before)
         t = self._take_locked(msg.task_id)
         if t is None:
             return  # a late duplicate: it was retried and finished already

@@ -75,7 +75,7 @@ class ActorState:
     PLACING = "(placing)"  # ``host`` while a global scheduler looks for a node for it
 
     __slots__ = ("cfg", "order", "log", "checkpoint", "restarts", "calls", "host", "named",
-                 "alloc", "last", "ran_last")
+                 "alloc", "last", "ran_last", "base")
 
     def __init__(self, cfg: ActorConfig, host: str = "") -> None:
         self.cfg = cfg
@@ -91,6 +91,9 @@ class ActorState:
         self.restarts = 0
         self.calls = 0  # calls run (replays of a restart not counted)
         self.ran_last = 0  # the call logged last (what a checkpoint after it holds)
+        # calls to replay before the log, as boot takes them (fn payload, args, inputs):
+        # an actor rebuilt on this node from another's copy, until its first checkpoint
+        self.base: list = []
 
     def admitted_locked(self, s: SchedulerCore, t: Task) -> None:
         """Call ``t`` was admitted: it runs after the calls before it, and the task
@@ -111,6 +114,7 @@ class ActorState:
             replay = [(functions[fn_id], value(args) if args else args,
                        tuple((oid, ok, value(p) if ok else p) for oid, ok, p in deps)
                        if deps else deps) for fn_id, args, deps in self.log]
+        replay = self.base + replay
         return _payload.dumps((cfg.boot, (cfg.ctor, self.checkpoint, replay,
                                           cfg.checkpoint_every, cfg.max_concurrency)))
 
@@ -360,6 +364,7 @@ def checkpoint_locked(s: SchedulerCore, w: WorkerHandle, msg: m.ActorCheckpoint)
     if a is None:
         return
     a.checkpoint = msg.state
+    a.base = []
     _forget_log_locked(s, a)
     if s._actor_service is not None:  # (a node: the driver's node of a placed actor
         s._actor_service.saved_locked(w.group, msg.state, a.ran_last)  # keeps a copy)

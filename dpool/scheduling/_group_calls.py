@@ -144,6 +144,7 @@ class GroupCalls(SchedulerCore):
         from dpool.scheduling import _actors
 
         g.actor.checkpoint = state  # type: ignore[union-attr]
+        g.actor.base = []  # type: ignore[union-attr]
         _actors._forget_log_locked(self, g.actor, calls)
 
     def actor_boot_locked(self, g: WorkerGroup, inline: bool) -> bytes:

@@ -216,9 +216,9 @@ class ResourceDispatch(SchedulerCore):
         self._bundle_cpus_moved_locked(idle)
         for g in list(self._groups.values()):
             a = g.actor
-            st = a.cfg.req.strategy if a is not None and a.cfg.req is not None else None
-            if st is not None and st[0] == BUNDLE and st[1] == pg_id and \
-                    not bl.holds(st[1], st[2]) and not a.host:  # type: ignore[union-attr]
+            held = getattr(a.alloc, "key", None) if a is not None else None  # its bundle
+            if held is not None and held[0] == pg_id and not bl.holds(*held) and \
+                    not a.host:  # type: ignore[union-attr]
                 self.kill_actor_locked(g, f"its placement group {pg_id:#x} was removed "
                                           "(or lost a node)")
             for req, waiting in list(g.by_request.items()):

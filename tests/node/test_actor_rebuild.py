@@ -6,6 +6,8 @@ from the copy."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from dpool.node._actor_placement import ActorPlacement
@@ -18,6 +20,7 @@ from tests.node._fake_scheduler import FakeScheduler
 pytestmark = pytest.mark.timeout(30)
 
 GID = 42
+FROM_H = SimpleNamespace(address="H", peer_id="H")  # the link from the actor's node
 
 
 def _setup(max_restarts: int = 2):
@@ -46,14 +49,18 @@ def test_the_log_holds_the_calls_no_checkpoint_holds_in_the_order_forwarded():
     rebuilds.ran_locked(calls[1])
     assert [e[0] for e in g.actor.log] == [7, 7] and len(g.actor.log) == 2
     # the checkpoint after call 102 comes before 102's result: it holds 100..102
-    s.handlers[m.ActorSaved.CODE](None, m.ActorSaved(GID, b"state", 102))
+    s.handlers[m.ActorSaved.CODE](FROM_H, m.ActorSaved(GID, b"state", 102))
     assert g.actor.checkpoint == b"state" and g.actor.log == []
     rebuilds.ran_locked(calls[2])  # (late: held by the checkpoint already)
     assert g.actor.log == []
     rebuilds.ran_locked(calls[3])
     assert len(g.actor.log) == 1
     # a checkpoint naming a call this node does not know changes nothing
-    s.handlers[m.ActorSaved.CODE](None, m.ActorSaved(GID, b"other", 999))
+    s.handlers[m.ActorSaved.CODE](FROM_H, m.ActorSaved(GID, b"other", 999))
+    assert g.actor.checkpoint == b"state" and len(g.actor.log) == 1
+    # nor does one from a node the actor left
+    s.handlers[m.ActorSaved.CODE](SimpleNamespace(address="OLD", peer_id="OLD"),
+                                  m.ActorSaved(GID, b"stale", 103))
     assert g.actor.checkpoint == b"state" and len(g.actor.log) == 1
 
 
