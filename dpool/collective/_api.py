@@ -4,10 +4,11 @@ member calls on them (see the package's docstring)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def init_group(world_size: int, rank: int, group_name: str = DEFAULT, *,
     _check_name(group_name)
     with _lock:
         _claim(group_name)
-    p = Pending(group_name, world_size, rank)
+    p = Pending(group_name, world_size, rank, transport=transport)
     key = KV_PREFIX + group_name
     kv = _kv() if world_size > 1 else None  # (one member: no rendezvous)
 
@@ -103,19 +104,28 @@ def _form(p: Pending, root: Optional[tuple], timeout: Optional[float], join_time
 
     _current.at_worker_exit(_leave_all)  # (a worker runs no atexit handler)
     table, links = rendezvous(p, root, join_timeout, publish, lookup)
-    g = Group(p.name, p.world, p.rank, table, links, p.token, timeout, transport)
+    try:
+        g = Group(p.name, p.world, p.rank, table, links, p.token, timeout, transport)
+    except BaseException as exc:
+        from dpool.collective._wire import abort
+
+        abort(list(links.values()), f"collective group {p.name!r}: rank {p.rank} could "
+                                    f"not set up the group: {exc!r}")
+        for link in links.values():
+            link.close()
+        raise
     with _lock:
         _groups[p.name] = g
 
 
-def open_group(group_name: str, world_size: int) -> tuple:
+def open_group(group_name: str, world_size: int, transport: str = "auto") -> tuple:
     """(In rank 0's actor, from ``create_group``.) Listen for the others; its address."""
     with _lock:
         _claim(group_name)
         old = _pending.pop(group_name, None)
     if old is not None:
         old.close()
-    p = Pending(group_name, world_size, 0)
+    p = Pending(group_name, world_size, 0, transport=transport)
     with _lock:
         _pending[group_name] = p
     return p.address
@@ -158,7 +168,8 @@ def create_group(actors: Sequence[Any], group_name: str = DEFAULT, *,
         raise TypeError("create_group takes a non-empty list of actor handles "
                         "(executor.actor(...))")
     world = len(actors)
-    root = run_in_actor(actors[0], open_group, group_name, world).result(join_timeout)
+    root = run_in_actor(actors[0], open_group, group_name, world, transport).result(
+        join_timeout)
     fs = [run_in_actor(a, join_group, group_name, world, rank, root, timeout, join_timeout,
                        transport) for rank, a in enumerate(actors)]
     errors = []
@@ -207,22 +218,34 @@ def get_world_size(group_name: str = DEFAULT) -> int:
     return _group(group_name).world
 
 
+@contextlib.contextmanager
+def _inputs(g: Group) -> Iterator[None]:
+    """Checking this member's part of an operation: bad input raises here (its own
+    type), and fails the operation in the other members too (they would wait)."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        g.abandon(exc)
+        raise
+
+
 def allreduce(array: Any, op: str = "sum", out: Any = None,
               group_name: str = DEFAULT) -> Any:
     """Every member's ``array`` reduced with ``op`` (``"sum"``, ``"prod"``, ``"min"``,
     ``"max"``); into ``out`` if given (a writable array of the same dtype and shape)."""
-    ufunc = _arrays.op_of(op)
     g = _group(group_name)
-    arr, back = _arrays.as_array(array)
-    if out is None:
-        target = np.empty_like(arr)
-    else:
-        target = out
-        if not isinstance(out, np.ndarray) or out.shape != arr.shape or \
-                out.dtype != arr.dtype or not out.flags.c_contiguous or \
-                not out.flags.writeable:
-            raise ValueError(f"out must be a writable C-contiguous numpy array of shape "
-                             f"{arr.shape} and dtype {arr.dtype}")
+    with _inputs(g):
+        ufunc = _arrays.op_of(op)
+        arr, back = _arrays.as_array(array)
+        if out is None:
+            target = np.empty_like(arr)
+        else:
+            target = out
+            if not isinstance(out, np.ndarray) or out.shape != arr.shape or \
+                    out.dtype != arr.dtype or not out.flags.c_contiguous or \
+                    not out.flags.writeable:
+                raise ValueError(f"out must be a writable C-contiguous numpy array of "
+                                 f"shape {arr.shape} and dtype {arr.dtype}")
     g.allreduce(arr, ufunc, op, target)
     return target if out is not None else back(target)
 
@@ -230,10 +253,11 @@ def allreduce(array: Any, op: str = "sum", out: Any = None,
 def reducescatter(array: Any, op: str = "sum", group_name: str = DEFAULT) -> Any:
     """Chunk ``rank`` (along axis 0, as ``numpy.array_split`` splits) of every member's
     ``array`` reduced with ``op``."""
-    ufunc = _arrays.op_of(op)
     g = _group(group_name)
-    arr, back = _arrays.as_array(array)
-    _arrays.row_chunks(arr.shape, 1)  # (a 0-d array: ValueError at the call)
+    with _inputs(g):
+        ufunc = _arrays.op_of(op)
+        arr, back = _arrays.as_array(array)
+        _arrays.row_chunks(arr.shape, 1)  # (a 0-d array: ValueError at the call)
     return back(g.reducescatter(arr, ufunc, op))
 
 
@@ -241,7 +265,8 @@ def reduce(array: Any, root: int = 0, op: str = "sum",
            group_name: str = DEFAULT) -> Any:
     """The reduction of every member's ``array`` at ``root``; None in the others."""
     g = _group(group_name)
-    _check_rank(g, root, "root")
+    with _inputs(g):
+        _check_rank(g, root, "root")
     result = allreduce(array, op, group_name=group_name)
     return result if g.rank == root else None
 
@@ -250,18 +275,21 @@ def broadcast(array: Any, root: int = 0, group_name: str = DEFAULT) -> Any:
     """``root``'s ``array`` in every member (the others' ``array`` is not used: None
     will do)."""
     g = _group(group_name)
-    _check_rank(g, root, "root")
-    if g.rank == root:
-        arr, back = _arrays.as_array(array)
-        return back(g.broadcast(arr, root))
-    back = _arrays.as_array(array)[1] if array is not None else (lambda a: a)
-    return back(g.broadcast(None, root))
+    with _inputs(g):
+        _check_rank(g, root, "root")
+        if g.rank == root:
+            arr, back = _arrays.as_array(array)
+        else:
+            arr, back = None, (_arrays.as_array(array)[1] if array is not None
+                               else (lambda a: a))
+    return back(g.broadcast(arr, root))
 
 
 def allgather(array: Any, group_name: str = DEFAULT) -> list:
     """Every member's ``array``, in rank order."""
     g = _group(group_name)
-    arr, back = _arrays.as_array(array)
+    with _inputs(g):
+        arr, back = _arrays.as_array(array)
     return [back(a) for a in g.allgather(arr)]
 
 
@@ -273,15 +301,17 @@ def barrier(group_name: str = DEFAULT) -> None:
 def send(array: Any, dst: int, group_name: str = DEFAULT) -> None:
     """Send ``array`` to member ``dst`` (its ``recv(src=<this rank>)`` returns it)."""
     g = _group(group_name)
-    _check_rank(g, dst, "dst", self_ok=False)
-    arr, _back = _arrays.as_array(array)
+    with _inputs(g):
+        _check_rank(g, dst, "dst", self_ok=False)
+        arr, _back = _arrays.as_array(array)
     g.send(arr, dst)
 
 
 def recv(src: int, group_name: str = DEFAULT) -> Any:
     """The next array member ``src`` sends to this one."""
     g = _group(group_name)
-    _check_rank(g, src, "src", self_ok=False)
+    with _inputs(g):
+        _check_rank(g, src, "src", self_ok=False)
     return g.recv(src)
 
 

@@ -34,7 +34,7 @@ def as_array(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
         import torch
 
         arr = x.detach().cpu().numpy()
-        return np.ascontiguousarray(arr), torch.from_numpy
+        return np.asarray(arr, order="C"), torch.from_numpy
     try:
         arr = np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - say what the member passed
@@ -43,7 +43,7 @@ def as_array(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     if arr.dtype.kind not in _NUMBERS:
         raise TypeError(f"a collective takes arrays of numbers (or booleans), not "
                         f"{type(x).__name__} of dtype {arr.dtype}")
-    return np.ascontiguousarray(arr), _same
+    return np.asarray(arr, order="C"), _same  # (0-d stays 0-d)
 
 
 def _same(a: np.ndarray) -> np.ndarray:

@@ -37,8 +37,7 @@ class Group:
         self.broken: Optional[CollectiveError] = None
         self._pickled: dict[tuple, bytes] = {}  # an operation's metadata, pickled
         same = {(i["node"], i["boot"]) for i in table}
-        if transport == "auto":
-            transport = os.environ.get("DPOOL_COLLECTIVE_TRANSPORT", "auto")
+        transport = table[0].get("transport", transport)  # (rank 0's: every member alike)
         local = len(same) == 1 and transport != "tcp"
         if world > (os.cpu_count() or 1):
             _wire.spin = False  # (this process's groups: members outnumber the CPUs)
@@ -206,12 +205,21 @@ class Group:
         return self.run("recv", go, collective=False)
 
     # -- the end -------------------------------------------------------------------------
+    def abandon(self, exc: BaseException) -> None:
+        """This member cannot take part in the operation it was called for (bad input):
+        the others fail theirs at once instead of waiting for it."""
+        if self.broken is None:
+            self._fail(CollectiveError(f"collective group {self.name!r}: the member of "
+                                       f"rank {self.rank} gave up on an operation: {exc}",
+                                       group=self.name, rank=self.rank))
+
     def close(self) -> None:
-        dead = tuple(r for r, i in enumerate(self.table)
-                     if r != self.rank and not _shm.alive(i["pid"])) \
-            if self.arena is not None else ()
+        if self.broken is None:  # (a member mid-operation must not wait for this one)
+            self._fail(CollectiveError(f"collective group {self.name!r}: the member of "
+                                       f"rank {self.rank} left the group (destroy_group)",
+                                       group=self.name, rank=self.rank))
         for link in self.links.values():
             link.close()
         if self.arena is not None:
-            self.arena.close(dead)
+            self.arena.close()
             self.arena = None

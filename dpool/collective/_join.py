@@ -55,7 +55,8 @@ def listen(world: int) -> socket.socket:
 class Pending:
     """A member between ``open`` and the end of the rendezvous."""
 
-    def __init__(self, name: str, world: int, rank: int, token: str = "") -> None:
+    def __init__(self, name: str, world: int, rank: int, token: str = "",
+                 transport: str = "auto") -> None:
         self.name = name
         self.world = world
         self.rank = rank
@@ -64,6 +65,10 @@ class Pending:
         host, port = self.listener.getsockname()[:2]
         self.info = {"rank": rank, "host": host, "port": port, "pid": os.getpid(),
                      "node": node_here(), "boot": _boot_id()}
+        if rank == 0:  # (rank 0's choice is the group's)
+            if transport == "auto":
+                transport = os.environ.get("DPOOL_COLLECTIVE_TRANSPORT", "auto")
+            self.info["transport"] = transport
 
     @property
     def address(self) -> tuple:
@@ -131,11 +136,14 @@ def rendezvous(p: Pending, root: Optional[tuple], timeout: float,
             while len(pending) < world - 1:
                 link = Link(_accept(p, deadline), -1)
                 try:
-                    hello = _read_hello(link, name, deadline)
-                except CollectiveError:
-                    link.close()  # (not a member: a stray or stale connection)
+                    hello = _read_hello(link, name, min(deadline, time.monotonic() + 5.0))
+                except Exception:  # noqa: BLE001 - not a member: a stray or stale one
+                    link.close()
                     continue
-                r = hello.get("rank", -1) if isinstance(hello, dict) else -1
+                if not isinstance(hello, dict):
+                    link.close()
+                    continue
+                r = hello.get("rank", -1)
                 if hello.get("token") != p.token or hello.get("world") != world or \
                         not 0 < r < world or table[r] is not None:
                     _hello(link, {"refused": _refusal(hello, p, table)}, name, deadline)
@@ -160,8 +168,12 @@ def rendezvous(p: Pending, root: Optional[tuple], timeout: float,
             _hello(link, {"rank": rank, "token": p.token}, name, deadline)
         while len(links) < world - 1:
             link = Link(_accept(p, deadline), -1)
-            hello = _read_hello(link, name, deadline)
-            r = hello.get("rank", -1)
+            try:
+                hello = _read_hello(link, name, min(deadline, time.monotonic() + 5.0))
+            except Exception:  # noqa: BLE001 - not a member: a stray or stale one
+                link.close()
+                continue
+            r = hello.get("rank", -1) if isinstance(hello, dict) else -1
             if hello.get("token") != p.token or not 0 < r < rank or r in links:
                 link.close()
                 continue
@@ -205,7 +217,7 @@ def _join_root(p: Pending, root: Optional[tuple], lookup: Any, links: dict,
         try:
             link = Link(_connect(host, port, min(deadline, time.monotonic() + 2.0)), 0)
         except OSError:
-            if root is not None and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise CollectiveError(f"collective group {name!r}: rank 0 at {host}:{port} "
                                       "cannot be reached", group=name) from None
             time.sleep(0.02)
@@ -217,7 +229,7 @@ def _join_root(p: Pending, root: Optional[tuple], lookup: Any, links: dict,
             answer = _read_hello(link, name, deadline)
         except CollectiveError:
             link.close()  # (rank 0 went away: a stale address)
-            if root is not None:
+            if root is not None or time.monotonic() > deadline:
                 raise
             continue
         if "refused" in answer:

@@ -88,7 +88,7 @@ class Arena:
         self.pids = pids
         self.token = token
         self._ctl_name = f"/dpool_{pids[0]}_c{token}x"
-        size = 64 + 8 * world + _SLOT * 2 * world + _REASON
+        size = 64 + 16 * world + _SLOT * 2 * world + _REASON
         if rank == 0:
             self._ctl, _ = _segment(self._ctl_name, size, create=True)
         else:
@@ -98,7 +98,10 @@ class Arena:
         self._abort = np.frombuffer(self._ctl, dtype=np.int64, count=1, offset=0)
         self._counts = memoryview(self._ctl)[base:base + 8 * world].cast("q")
         self._aborted_flag = memoryview(self._ctl)[0:8].cast("q")
-        self._meta_at = base + 8 * world
+        # (then, per member: 1 once it left the group: the last to leave frees it all)
+        self._left = np.frombuffer(self._ctl, dtype=np.int64, count=world,
+                                   offset=base + 8 * world)
+        self._meta_at = base + 16 * world
         self._slots = np.frombuffer(self._ctl, dtype=np.int64, count=world * 2 * _SLOT // 8,
                                     offset=self._meta_at).reshape(world, 2, _SLOT // 8)
         self._known: dict[tuple, tuple[int, bytes]] = {}  # meta -> (checksum, pickle)
@@ -121,7 +124,7 @@ class Arena:
     def ensure(self, nbytes: int) -> None:
         """This member's segment holds ``nbytes`` per half (before the barrier that
         publishes its generation)."""
-        if nbytes <= self.cap:
+        if nbytes <= self.cap and self._mine is not None:
             return
         cap = max(nbytes, 4096, self.cap * 2)
         self.gen += 1
@@ -272,9 +275,10 @@ class Arena:
         return CollectiveError(reason or f"collective group {self.name!r} was aborted",
                                group=self.name, rank=int(self._abort[0]) - 2)
 
-    def close(self, dead: tuple = ()) -> None:
-        """Unmap everything; unlink this member's segments (rank 0: the control one
-        too), and those of ``dead`` members (their processes cannot any more)."""
+    def close(self) -> None:
+        """Unmap everything. The segments stay until every member left the group or
+        died (a member may still be reading this one's, for the operation it just
+        finished): the last one to leave unlinks them all, and the control segment."""
         self._views.clear()
         self._free_retired()
         for _gen, mm in self._theirs.values():
@@ -283,15 +287,17 @@ class Arena:
         if self._mine is not None:
             _close(self._mine)
             self._mine = None
-            _unlink(self._data_name(self.rank, self.gen))
-        for r in dead:
-            for gen in range(1, 64):
-                _unlink(self._data_name(r, gen))
+        self._left[self.rank] = 1
+        last = all(r == self.rank or self._left[r] or not alive(pid)
+                   for r, pid in enumerate(self.pids))
         self._counts.release()
         self._aborted_flag.release()
-        self._count = self._abort = self._slots = None  # type: ignore[assignment]
+        self._count = self._abort = self._slots = self._left = None  # type: ignore[assignment]
         _close(self._ctl)
-        if self.rank == 0 or 0 in dead:
+        if last:
+            for r in range(self.world):
+                for gen in range(1, max(self.gen, 63) + 1):
+                    _unlink(self._data_name(r, gen))
             _unlink(self._ctl_name)
 
 

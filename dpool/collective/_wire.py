@@ -34,6 +34,11 @@ class Link:
     def __init__(self, sock: socket.socket, rank: int) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # a peer's host that dies without closing the link: seen within ~20 s, not never
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
         self.sock = sock
         self.rank = rank
         self.mid_frame = False  # a frame is partly sent (an abort cannot follow it)

@@ -177,19 +177,45 @@ class Bad:
             return "timeout" if "timeout" in str(e) else str(e)
         return "no error"
 
-    def args(self) -> list:
+    def bad(self, i: int) -> list:
+        """Bad input ``i``: its error here; then, the group is unusable (the others
+        would have waited for this member's part)."""
+        calls = (lambda: col.allreduce(np.zeros(2), op="mean", group_name="b2"),
+                 lambda: col.broadcast(np.zeros(2), root=5, group_name="b2"),
+                 lambda: col.send(np.zeros(2), 0, group_name="b2"),
+                 lambda: col.allreduce(["a"], group_name="b2"),
+                 lambda: col.allreduce(np.zeros(2), group_name="nope"),
+                 lambda: col.allreduce(np.zeros(2), out=np.zeros(3), group_name="b2"))
         out = []
-        for call in (lambda: col.allreduce(np.zeros(2), op="mean", group_name="b2"),
-                     lambda: col.broadcast(np.zeros(2), root=5, group_name="b2"),
-                     lambda: col.send(np.zeros(2), 0, group_name="b2"),
-                     lambda: col.allreduce(["a"], group_name="b2"),
-                     lambda: col.allreduce(np.zeros(2), group_name="nope")):
+        for call in (calls[i], lambda: col.barrier(group_name="b2")):
             try:
                 call()
                 out.append("no error")
             except Exception as e:  # noqa: BLE001
                 out.append(type(e).__name__)
+        col.destroy_group("b2")
         return out
+
+    def shapes_of_nothing(self) -> list:
+        return [col.allreduce(np.zeros((0, 3)), group_name="e").shape,
+                col.allreduce(np.float64(self.rank + 1), group_name="e").shape,
+                float(col.allreduce(np.array(2.0), group_name="e")),
+                [a.shape for a in col.allgather(np.zeros(0), group_name="e")],
+                col.broadcast(np.zeros((0,)) if self.rank == 0 else None,
+                              group_name="e").shape]
+
+    def leave_e(self) -> None:
+        col.destroy_group("e")
+
+    def wait_for_nobody(self) -> str:
+        try:
+            col.allreduce(np.zeros(3), group_name="d")
+        except dpool.CollectiveError as e:
+            return "left the group" if "left the group" in str(e) else str(e)
+        return "no error"
+
+    def leave(self) -> None:
+        col.destroy_group("d")
 
 
 def test_bad_input_gets_a_clear_error_at_the_call():
@@ -207,11 +233,26 @@ def test_bad_input_gets_a_clear_error_at_the_call():
             ["CollectiveError 1", "CollectiveError 1"]
         assert [f.result(timeout=30) for f in [b.after.submit() for b in bs]] == \
             ["failed earlier"] * 2
-        col.create_group(bs[:1], "b2")  # (one member: only its own mistakes)
-        assert bs[0].args() == ["ValueError", "ValueError", "ValueError", "TypeError",
-                                "CollectiveError"]
+        want = ["ValueError", "ValueError", "ValueError", "TypeError", "CollectiveError",
+                "ValueError"]
+        for i, error in enumerate(want):
+            col.create_group(bs[:1], "b2")  # (one member: only its own mistakes)
+            then = "CollectiveError" if error != "CollectiveError" else "no error"
+            assert bs[0].bad(i) == [error, then], i
         col.create_group(bs, "t", timeout=1.0)  # a member that never calls: a timeout
         assert bs[0].alone(1.0) == "timeout"
+        for transport in ("shm", "tcp"):  # empty and 0-d arrays keep their shapes
+            col.create_group(bs, "e", transport=transport)
+            got = [f.result(timeout=30) for f in [b.shapes_of_nothing.submit() for b in bs]]
+            assert got == [[(0, 3), (), 4.0, [(0,), (0,)], (0,)]] * 2, (transport, got)
+            for b in bs:
+                b.leave_e()
+        # a member that leaves fails the one waiting for it, at once
+        col.create_group(bs, "d")
+        waiting = bs[0].wait_for_nobody.submit()
+        time.sleep(0.3)
+        bs[1].leave()
+        assert waiting.result(timeout=30) == "left the group"
 
 
 class Wide:
