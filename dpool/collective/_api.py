@@ -234,7 +234,7 @@ def allreduce(array: Any, op: str = "sum", out: Any = None,
     """Every member's ``array`` reduced with ``op`` (``"sum"``, ``"prod"``, ``"min"``,
     ``"max"``); into ``out`` if given (a writable array of the same dtype and shape)."""
     g = _group(group_name)
-    with _inputs(g):
+    try:  # (``_inputs``, inline: the hot path)
         ufunc = _arrays.op_of(op)
         arr, back = _arrays.as_array(array)
         if out is None:
@@ -246,6 +246,9 @@ def allreduce(array: Any, op: str = "sum", out: Any = None,
                     not out.flags.writeable:
                 raise ValueError(f"out must be a writable C-contiguous numpy array of "
                                  f"shape {arr.shape} and dtype {arr.dtype}")
+    except (TypeError, ValueError) as exc:
+        g.abandon(exc)
+        raise
     g.allreduce(arr, ufunc, op, target)
     return target if out is not None else back(target)
 

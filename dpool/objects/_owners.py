@@ -175,12 +175,12 @@ def _reap_entry(entry: str) -> bool:
 
         shutil.rmtree(path, ignore_errors=True)  # several reapers may race: harmless
         return not os.path.exists(path)
-    import posix_ipc
-
-    try:
-        return unlink("/" + entry)  # False if another reaper was first
-    except (posix_ipc.Error, OSError):  # e.g. another user's: not ours to remove
+    try:  # (on Linux a segment is this file: no posix_ipc import to reap one)
+        os.unlink(path)
+    except OSError:  # another reaper was first, or another user's: not ours to remove
         return False
+    logger.debug("unlinked segment /%s", entry)
+    return True
 
 
 def reap_orphans() -> list[str]:
