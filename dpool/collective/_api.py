@@ -110,7 +110,7 @@ def _form(p: Pending, root: Optional[tuple], timeout: Optional[float], join_time
         from dpool.collective._wire import abort
 
         abort(list(links.values()), f"collective group {p.name!r}: rank {p.rank} could "
-                                    f"not set up the group: {exc!r}")
+                                    f"not set up the group: {exc!r}", p.rank)
         for link in links.values():
             link.close()
         raise

@@ -72,7 +72,7 @@ class Group:
 
     def _fail(self, exc: CollectiveError) -> None:
         self.broken = exc
-        abort(list(self.links.values()), str(exc))
+        abort(list(self.links.values()), str(exc), exc.rank)
         if self.arena is not None:
             try:
                 self.arena.abort(str(exc), exc.rank)

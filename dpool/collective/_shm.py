@@ -94,8 +94,6 @@ class Arena:
         else:
             self._ctl = _wait_open(self._ctl_name, pids[0])
         base = 64
-        self._count = np.frombuffer(self._ctl, dtype=np.int64, count=world, offset=base)
-        self._abort = np.frombuffer(self._ctl, dtype=np.int64, count=1, offset=0)
         self._counts = memoryview(self._ctl)[base:base + 8 * world].cast("q")
         self._aborted_flag = memoryview(self._ctl)[0:8].cast("q")
         # (then, per member: 1 once it left the group: the last to leave frees it all)
@@ -252,7 +250,7 @@ class Arena:
 
     def _check(self, now: float, deadline: Optional[float], e: int) -> None:
         for r, pid in enumerate(self.pids):
-            if r != self.rank and int(self._count[r]) < e and not alive(pid):
+            if r != self.rank and self._counts[r] < e and not alive(pid):
                 self.abort(f"collective group {self.name!r}: the member of rank {r} (pid "
                            f"{pid}) died mid-operation", r)
         if deadline is not None and now >= deadline:
@@ -261,11 +259,11 @@ class Arena:
 
     def abort(self, reason: str, rank: int) -> None:
         """Fail the group in every member, with ``reason``; raises it here."""
-        if not self._abort[0]:
+        if not self._aborted_flag[0]:
             body = reason.encode("utf-8", "replace")[:_REASON - 4]
             at = self._reason_at
             self._ctl[at:at + 4 + len(body)] = _LEN.pack(len(body)) + body
-            self._abort[0] = rank + 2  # (nonzero; the rank it names, plus 2)
+            self._aborted_flag[0] = rank + 2  # (nonzero; the rank it names, plus 2)
         raise self._aborted()
 
     def _aborted(self) -> CollectiveError:
@@ -273,7 +271,7 @@ class Arena:
         (n,) = _LEN.unpack(self._ctl[at:at + 4])
         reason = bytes(self._ctl[at + 4:at + 4 + n]).decode("utf-8", "replace")
         return CollectiveError(reason or f"collective group {self.name!r} was aborted",
-                               group=self.name, rank=int(self._abort[0]) - 2)
+                               group=self.name, rank=self._aborted_flag[0] - 2)
 
     def close(self) -> None:
         """Unmap everything. The segments stay until every member left the group or
@@ -292,7 +290,7 @@ class Arena:
                    for r, pid in enumerate(self.pids))
         self._counts.release()
         self._aborted_flag.release()
-        self._count = self._abort = self._slots = self._left = None  # type: ignore[assignment]
+        self._slots = self._left = None  # type: ignore[assignment]
         _close(self._ctl)
         if last:
             for r in range(self.world):

@@ -122,6 +122,11 @@ class Recv:
                 if self.body is not None and len(self.body) == 0:
                     return True
 
+    def aborted(self, group: str) -> CollectiveError:
+        """The error an ``ABORT`` frame reports: its reason, the rank it names."""
+        return CollectiveError(self.payload().decode("utf-8", "replace"), group=group,
+                               rank=self.seq - 1)
+
     def payload(self) -> bytes:
         assert self.body is not None
         return bytes(self.body)
@@ -131,6 +136,7 @@ class Recv:
         if kind == ABORT:
             self.body = memoryview(bytearray(length))
             self.kind = ABORT  # (read its reason, then raise: ``transfer``)
+            self.seq = seq  # (the rank it names, plus one)
             return
         if kind != self.kind or seq != self.seq:
             raise CollectiveError(
@@ -182,8 +188,7 @@ def transfer(group: str, ops: list, deadline: Optional[float]) -> None:
             while recvs and recvs[0].progress(group):
                 r = recvs.pop(0)
                 if r.kind == ABORT:
-                    reason = r.payload().decode("utf-8", "replace")
-                    raise CollectiveError(reason, group=group, rank=_rank_in(reason))
+                    raise r.aborted(group)
                 if r.then is not None:  # (while the next frames arrive in the kernel)
                     r.then()
             if not sends and not recvs:
@@ -222,38 +227,20 @@ def _peer_gave_up(group: str, link: Link) -> bool:
     if head[0] != ABORT:
         return True
     r = Recv(link, ABORT, 0)
-    while True:
-        try:
-            if r.progress(group):
-                break
-        except CollectiveError:
-            raise
+    while not r.progress(group):
         select.select([link.sock], [], [], 1.0)
-    reason = r.payload().decode("utf-8", "replace")
-    raise CollectiveError(reason, group=group, rank=_rank_in(reason))
+    raise r.aborted(group)
 
 
-def _rank_in(reason: str) -> int:
-    marker = "rank "
-    at = reason.find(marker)
-    if at < 0:
-        return -1
-    digits = ""
-    for ch in reason[at + len(marker):]:
-        if not ch.isdigit():
-            break
-        digits += ch
-    return int(digits) if digits else -1
-
-
-def abort(links: list, reason: str) -> None:
-    """Tell each peer why this member gives up on the group (where no frame is half
-    sent), then end this member's side of every link: a peer waiting on one fails with
-    ``reason`` (or, past a half-sent frame, sees the link end). The sockets stay open
+def abort(links: list, reason: str, rank: int = -1) -> None:
+    """Tell each peer why this member gives up on the group, and which member's loss
+    (``rank``, -1: none) made it (where no frame is half sent), then end this member's
+    side of every link: a peer waiting on one fails with ``reason`` (or, past a
+    half-sent frame, sees the link end). The sockets stay open
     until the group is destroyed: closing one with input unread would reset it, and the
     peer could lose the reason."""
     body = reason.encode("utf-8", "replace")
-    frame = HEADER.pack(ABORT, 0, len(body)) + body
+    frame = HEADER.pack(ABORT, rank + 1, len(body)) + body  # (the rank it names)
     for link in links:
         if link.closed:
             continue
