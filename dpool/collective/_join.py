@@ -134,15 +134,7 @@ def rendezvous(p: Pending, root: Optional[tuple], timeout: float,
             table[0] = p.info
             pending: list[Link] = []
             while len(pending) < world - 1:
-                link = Link(_accept(p, deadline), -1)
-                try:
-                    hello = _read_hello(link, name, min(deadline, time.monotonic() + 5.0))
-                except Exception:  # noqa: BLE001 - not a member: a stray or stale one
-                    link.close()
-                    continue
-                if not isinstance(hello, dict):
-                    link.close()
-                    continue
+                link, hello = _next_hello(p, deadline)
                 r = hello.get("rank", -1)
                 if hello.get("token") != p.token or hello.get("world") != world or \
                         not 0 < r < world or table[r] is not None:
@@ -167,13 +159,8 @@ def rendezvous(p: Pending, root: Optional[tuple], timeout: float,
             links[j] = link
             _hello(link, {"rank": rank, "token": p.token}, name, deadline)
         while len(links) < world - 1:
-            link = Link(_accept(p, deadline), -1)
-            try:
-                hello = _read_hello(link, name, min(deadline, time.monotonic() + 5.0))
-            except Exception:  # noqa: BLE001 - not a member: a stray or stale one
-                link.close()
-                continue
-            r = hello.get("rank", -1) if isinstance(hello, dict) else -1
+            link, hello = _next_hello(p, deadline)
+            r = hello.get("rank", -1)
             if hello.get("token") != p.token or not 0 < r < rank or r in links:
                 link.close()
                 continue
@@ -186,6 +173,21 @@ def rendezvous(p: Pending, root: Optional[tuple], timeout: float,
         raise
     finally:
         p.close()
+
+
+def _next_hello(p: Pending, deadline: float) -> tuple[Link, dict]:
+    """The next connection to this member's listener that says hello (a dict), and its
+    hello; a stray or stale one -- silent for 5 s, or saying something else -- is
+    dropped."""
+    while True:
+        link = Link(_accept(p, deadline), -1)
+        try:
+            hello = _read_hello(link, p.name, min(deadline, time.monotonic() + 5.0))
+        except Exception:  # noqa: BLE001 - not a member: a stray or stale one
+            hello = None
+        if isinstance(hello, dict):
+            return link, hello
+        link.close()
 
 
 def _refusal(hello: Any, p: Pending, table: list) -> str:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 from dpool.control import ClusterControlStore
 from dpool.node._actor_placement import ActorPlacement
 from dpool.node._actor_rebuild import ActorRebuilds
+from dpool.node._answer import answer
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling import ActorState, SchedulerAPI, WorkerGroup, proxy_group
@@ -211,9 +212,4 @@ class ActorCalls:
                                                 g.broken or "its executor was shut down")])
 
     def _answer(self, h: Any, request_id: int, ok: bool, payload: bytes) -> None:
-        s = self._s
-        with s.lock:
-            if h.alive:
-                s.send_locked(h, [m.ObjectValue(request_id, ok, payload)])
-            out = s.take_out_locked()
-        s.deliver(out)
+        answer(self._s, h, request_id, ok, payload)

@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable
 
 from dpool.control import ClusterControlStore
+from dpool.node._answer import answer
 from dpool.objects import payload as _payload
 from dpool.protocol import messages as m
 from dpool.scheduling import SchedulerAPI
@@ -41,9 +42,4 @@ class KeyValues:
             ok, payload = True, _payload.dumps(work())
         except Exception as exc:  # noqa: BLE001 - the asker raises it
             ok, payload = False, _payload.dumps_error(exc)
-        s = self._s
-        with s.lock:
-            if h.alive:
-                s.send_locked(h, [m.ObjectValue(request_id, ok, payload)])
-            out = s.take_out_locked()
-        s.deliver(out)
+        answer(self._s, h, request_id, ok, payload)
