@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cluster import _cli, _env, _free_port  # noqa: E402
+from cluster import loopback_cluster, run_driver  # noqa: E402
 
 DRIVER = r"""
 import json, os, sys, time
@@ -63,40 +58,10 @@ with ProcessPoolExecutor(2) as ex:
 
 
 def run(calls: int, every: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="dpool-actor-rec-")
-    port = _free_port("127.0.0.2")
-    states = [os.path.join(tmp, f"n{i}") for i in range(3)]
-    out = _cli(["start", "--head", "--port", str(port), "--node-ip", "127.0.0.2",
-                "--num-cpus", "1", "--shards", "1", "--global-schedulers", "1"], states[0])
-    token = [x for x in out.stdout.splitlines() if x.startswith("DPOOL_TOKEN=")][0][12:]
-    started = [states[0]]
-    os.makedirs(os.path.join(tmp, "driver"))  # (its working directory ships: keep it small)
-    try:
-        pids = {}
-        for i in (1, 2):
-            _cli(["start", "--address", f"127.0.0.2:{port}", "--token", token, "--node-ip",
-                  f"127.0.0.{2 + i}", "--num-cpus", "1", "--resources", '{"X": 1}'],
-                 states[i])
-            started.append(states[i])
-            rec = json.loads(Path(states[i], "cluster.json").read_text())["node"]
-            pids[rec["address"]] = rec["pid"]
-        time.sleep(1.5)  # (the nodes link to the global scheduler at their first heartbeat)
-        out = subprocess.run([sys.executable, "-c", DRIVER, str(calls), str(every),
-                              json.dumps(pids)],
-                             env=_env(DPOOL_ADDRESS=f"127.0.0.2:{port}", DPOOL_TOKEN=token),
-                             cwd=os.path.join(tmp, "driver"), capture_output=True, text=True,
-                             timeout=900)
-        if out.returncode != 0:
-            raise RuntimeError(out.stderr[-3000:])
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-        return json.loads(line[len("RESULT "):])
-    finally:
-        for state in reversed(started):
-            try:
-                _cli(["stop"], state)
-            except RuntimeError:
-                pass  # (the killed node's state says so)
-        shutil.rmtree(tmp, ignore_errors=True)
+    x_node = ["--num-cpus", "1", "--resources", '{"X": 1}']
+    with loopback_cluster([x_node, x_node]) as (env, nodes, cwd):
+        pids = {x["address"]: x["pid"] for x in nodes}
+        return run_driver(DRIVER, [calls, every, json.dumps(pids)], env, cwd, timeout=900)
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ run), and the tasks/s that the one global scheduler placed in that run. Ray is r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,6 +198,52 @@ def _cli(args: list, state: str) -> subprocess.CompletedProcess:
     if out.returncode != 0:
         raise RuntimeError(f"dpool {' '.join(args)}: {out.stderr}")
     return out
+
+
+@contextlib.contextmanager
+def loopback_cluster(nodes: list) -> Iterator[tuple[dict, list, str]]:
+    """A head on 127.0.0.2 (1 CPU, 1 Redis shard, 1 global scheduler) and a node per
+    item of ``nodes`` (its extra ``dpool start`` flags) on 127.0.0.3, .4, ...: yields the
+    drivers' environment, the nodes' records (``cluster.json``'s ``node``: address, pid)
+    and an empty directory for a driver to run in (a driver's working directory ships to
+    the nodes: this one is small). Stops them all after, a killed one's failure aside."""
+    tmp = tempfile.mkdtemp(prefix="dpool-bench-")
+    port = _free_port("127.0.0.2")
+    head = os.path.join(tmp, "head")
+    out = _cli(["start", "--head", "--port", str(port), "--node-ip", "127.0.0.2",
+                "--num-cpus", "1", "--shards", "1", "--global-schedulers", "1"], head)
+    token = [x for x in out.stdout.splitlines() if x.startswith("DPOOL_TOKEN=")][0][12:]
+    started = [head]
+    driver_dir = os.path.join(tmp, "driver")
+    os.makedirs(driver_dir)
+    try:
+        records = []
+        for i, flags in enumerate(nodes):
+            state = os.path.join(tmp, f"node{i}")
+            _cli(["start", "--address", f"127.0.0.2:{port}", "--token", token,
+                  "--node-ip", f"127.0.0.{3 + i}", *flags], state)
+            started.append(state)
+            records.append(json.loads(Path(state, "cluster.json").read_text())["node"])
+        time.sleep(1.5)  # (the nodes link to the global scheduler at their first heartbeat)
+        yield _env(DPOOL_ADDRESS=f"127.0.0.2:{port}", DPOOL_TOKEN=token), records, driver_dir
+    finally:
+        for state in reversed(started):
+            try:
+                _cli(["stop"], state)
+            except RuntimeError:
+                pass  # (a node the benchmark killed)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_driver(code: str, args: list, env: dict, cwd: str | None = None,
+               timeout: float = 1800) -> dict:
+    """Run ``code`` as a driver; the JSON of its last ``RESULT`` line."""
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
 
 
 def _redis_stats(shards: list, password: str) -> tuple[int, int]:

@@ -28,14 +28,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cluster import _cli, _env, _free_port  # noqa: E402
+from cluster import _env, loopback_cluster, run_driver  # noqa: E402
 
 MEMBER = r"""
 import json, sys, time
@@ -144,43 +142,14 @@ def _result(stdout: str) -> dict:
 
 
 def run_dpool(n: int, sizes: list, mode: str, round_mb: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEMBER, str(n), json.dumps(sizes), mode,
-                          str(round_mb)], env=_env(), capture_output=True, text=True,
-                         timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    return _result(out.stdout)
+    return run_driver(MEMBER, [n, json.dumps(sizes), mode, round_mb], _env())
 
 
 def run_dpool_nodes(n: int, sizes: list, round_mb: int) -> dict:
     """Members on ``n`` loopback nodes of a cluster started here (the head holds none)."""
-    tmp = tempfile.mkdtemp(prefix="dpool-coll-")
-    port = _free_port("127.0.0.2")
-    states = [os.path.join(tmp, f"n{i}") for i in range(n + 1)]
-    out = _cli(["start", "--head", "--port", str(port), "--node-ip", "127.0.0.2",
-                "--num-cpus", "1", "--shards", "1", "--global-schedulers", "1"], states[0])
-    token = [x for x in out.stdout.splitlines() if x.startswith("DPOOL_TOKEN=")][0][12:]
-    started = [states[0]]
-    try:
-        nodes = []
-        for i in range(n):
-            out = _cli(["start", "--address", f"127.0.0.2:{port}", "--token", token,
-                        "--node-ip", f"127.0.0.{3 + i}", "--num-cpus", "1"], states[i + 1])
-            started.append(states[i + 1])
-            record = json.loads(Path(states[i + 1], "cluster.json").read_text())
-            nodes.append(record["node"]["address"])
-        time.sleep(1.5)  # (the nodes link to the global scheduler at their first heartbeat)
-        out = subprocess.run([sys.executable, "-c", MEMBER, str(n), json.dumps(sizes), "tcp",
-                              str(round_mb), ",".join(nodes)],
-                             env=_env(DPOOL_ADDRESS=f"127.0.0.2:{port}", DPOOL_TOKEN=token),
-                             capture_output=True, text=True, timeout=1800)
-        if out.returncode != 0:
-            raise RuntimeError(out.stderr[-3000:])
-        return _result(out.stdout)
-    finally:
-        for state in reversed(started):
-            _cli(["stop"], state)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with loopback_cluster([["--num-cpus", "1"]] * n) as (env, nodes, cwd):
+        return run_driver(MEMBER, [n, json.dumps(sizes), "tcp", round_mb,
+                                   ",".join(x["address"] for x in nodes)], env, cwd)
 
 
 def _mpi_python() -> str | None:
