@@ -139,12 +139,10 @@ def test_a_member_killed_mid_operation_fails_the_others_and_the_group_forms_agai
         victim = ms[1].pid()
         fs = [m.loop.submit("g") for m in ms]
         time.sleep(0.5)
-        killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         for f in (fs[0], fs[2]):
             rank, _t, why = f.result(timeout=30)  # (never a hang)
             assert rank == 1 and "rank 1" in why, why
-        assert time.monotonic() - killed_at < 10
         # the killed actor restarted (its call in flight ran again, out of the group)
         assert fs[1].result(timeout=30)[0] == -1
         assert ms[1].pid() != victim
