@@ -15,34 +15,15 @@ import textwrap
 
 import pytest
 
-from tests.cluster.conftest import (
-    TIMEOUT,
-    Cluster,
-    daemon_env,
-    host,
-    start_node,
-    stop_cluster,
-    wait_for_nodes,
-)
+from tests.cluster.conftest import TIMEOUT, Cluster, daemon_env, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(4 * TIMEOUT)
 
 
 def _cluster(tmp) -> Cluster:
     with daemon_env(DPOOL_RESOURCE_GRACE_S="10"):
-        head, token = start_node(tmp, host(2), head=True,
-                                 extra=("--shards", "1", "--global-schedulers", "1"))
-        c = Cluster(head, token, [head])
-        try:
-            for i in (3, 4):
-                n, _ = start_node(tmp, host(i), head=False, address=head.address,
-                                  token=token, extra=("--resources", '{"X": 1}'))
-                c.nodes.append(n)
-            wait_for_nodes(c, 3)
-        except BaseException:
-            stop_cluster(c)
-            raise
-    return c
+        return start_cluster(tmp, n_nodes=3, shards=1,
+                             node_extra=("--resources", '{"X": 1}'))
 
 
 COMMON = textwrap.dedent("""

@@ -192,10 +192,11 @@ def start_node(tmp: Path, ip: str, *, head: bool, address: str = "", token: str 
 
 
 def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2,
-                  global_schedulers: int = 1, shards: int = 2, extra: tuple = ()) -> Cluster:
+                  global_schedulers: int = 1, shards: int = 2, extra: tuple = (),
+                  node_extra: tuple = ()) -> Cluster:
     """A head on ``host(2)`` (Redis shards, global schedulers, a node; ``extra``: more
     ``dpool start --head`` flags) and nodes joining it from ``host(3)``, ``host(4)``, ...
-    (started at once); stop with ``stop_cluster``."""
+    (started at once; ``node_extra``: more flags for each); stop with ``stop_cluster``."""
     head, token = start_node(tmp, host(2), head=True, num_cpus=head_cpus,
                              extra=("--shards", str(shards), "--global-schedulers",
                                     str(global_schedulers), *extra))
@@ -203,7 +204,8 @@ def start_cluster(tmp: Path, n_nodes: int = 3, head_cpus: int = 2, cpus: int = 2
     try:
         with ThreadPoolExecutor(max(1, n_nodes - 1)) as pool:
             joining = [pool.submit(start_node, tmp, host(2 + i), head=False,
-                                   address=head.address, token=token, num_cpus=cpus)
+                                   address=head.address, token=token, num_cpus=cpus,
+                                   extra=node_extra)
                        for i in range(1, n_nodes)]
         # (all have finished here) keep every node that started, so that all are stopped
         c.nodes += [f.result()[0] for f in joining if f.exception() is None]

@@ -8,15 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.cluster.conftest import (
-    TIMEOUT,
-    Cluster,
-    daemon_env,
-    host,
-    start_node,
-    stop_cluster,
-    wait_for_nodes,
-)
+from tests.cluster.conftest import TIMEOUT, Cluster, daemon_env, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(2 * TIMEOUT)
 
@@ -27,17 +19,8 @@ def two_nodes(tmp_path_factory):
     that asks for "OTHER" runs on ``host(3)``. What no node has fails after 2 s."""
     tmp = tmp_path_factory.mktemp("actors")
     with daemon_env(DPOOL_RESOURCE_GRACE_S="2"):
-        head, token = start_node(tmp, host(2), head=True,
-                                 extra=("--shards", "1", "--global-schedulers", "1"))
-        c = Cluster(head, token, [head])
-        try:
-            other, _ = start_node(tmp, host(3), head=False, address=head.address,
-                                  token=token, extra=("--resources", '{"OTHER": 2}'))
-            c.nodes.append(other)
-            wait_for_nodes(c, 2)
-        except BaseException:
-            stop_cluster(c)
-            raise
+        c = start_cluster(tmp, n_nodes=2, shards=1,
+                          node_extra=("--resources", '{"OTHER": 2}'))
     try:
         yield c
     finally:
