@@ -17,6 +17,7 @@ stateful worker whose method calls return futures; ``get_actor``, ``kill``, ``re
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
+    from dpool._cancel import cancel
     from dpool._resources_api import get_gpu_ids, resources
     from dpool.actors import ActorHandle, ActorMethod, get_actor, kill, readonly
     from dpool.errors import (
@@ -29,11 +30,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported 
         Error,
         NodeLostError,
         ObjectLostError,
+        OutOfMemoryError,
         ObjectStoreFullError,
         PlacementError,
         ProtocolError,
         ResourceError,
         SerializationError,
+        TaskTimeoutError,
         TimeoutError,
         WorkerCrashedError,
     )
@@ -60,7 +63,7 @@ _LAZY = {
          "DeserializationError",
          "Error", "NodeLostError", "ObjectLostError", "ObjectStoreFullError", "PlacementError",
          "ProtocolError", "ResourceError", "SerializationError", "TimeoutError",
-         "WorkerCrashedError"),
+         "WorkerCrashedError", "TaskTimeoutError", "OutOfMemoryError"),
         "dpool.errors"),
     **dict.fromkeys(("ActorHandle", "ActorMethod", "get_actor", "kill", "readonly"),
                     "dpool.actors"),
@@ -75,6 +78,7 @@ _LAZY = {
     "no_rebuild": "dpool.runtime",
     "register_joblib": "dpool.integrations",
     "Manager": "dpool.managers",
+    "cancel": "dpool._cancel",
     **dict.fromkeys(("Demand", "LeastWait", "LocalQueue", "NodeAffinity", "NodeLoad",
                      "PlacementPolicy"), "dpool.placement"),
     **dict.fromkeys(("progress", "timeline"), "dpool.observe"),
@@ -149,6 +153,9 @@ __all__ = [
     "ResourceError",
     "CancelledError",
     "TimeoutError",
+    "TaskTimeoutError",
+    "OutOfMemoryError",
+    "cancel",
     "ActorHandle",
     "ActorMethod",
     "ActorDiedError",

@@ -27,6 +27,7 @@ from dpool.objects import payload as _payload
 from dpool.runtime import DriverRuntime  # noqa: F401 - its import cost at import time, as the stdlib
 from dpool.runtime import current as _current
 from dpool.scheduling import WorkerGroupConfig
+from dpool.scheduling import limits as _limits
 from dpool.scheduling import resources as _resources
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -114,7 +115,13 @@ class ExecutorCore:
         resources: Optional[Mapping[str, float]] = None,
         runtime_resources: Optional[Mapping[str, float]] = None,
         scheduling: Any = None,
+        task_timeout: Optional[float] = None,
+        retry_on_timeout: bool = False,
+        max_memory_per_worker: Optional[int] = None,
+        retry_on_oom: bool = False,
     ) -> None:
+        limits = _limits.group_limits(task_timeout, retry_on_timeout, max_memory_per_worker,
+                                      retry_on_oom)
         if max_workers is None:
             max_workers = _current.cluster_cpus()
         elif max_workers <= 0:
@@ -157,7 +164,8 @@ class ExecutorCore:
             driver.set_resource_offer(offer)
         self._group: Any = driver.add_group(
             WorkerGroupConfig(max_workers, self._mp_context, init_payload, max_tasks_per_child,
-                        max_attempts, working_dir, inherited),
+                              max_attempts, working_dir, inherited,
+                              limits=limits if any(limits) else None),
             self,
         )
         self._shutdown_thread = False
@@ -281,7 +289,9 @@ class ExecutorCore:
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
                 scheduling: Any = None, placement_group: Any = None,
-                bundle: Optional[int] = None, **actor_options: Any) -> "ResourceOptions":
+                bundle: Optional[int] = None, timeout: Optional[float] = None,
+                retry_on_timeout: Optional[bool] = None,
+                **actor_options: Any) -> "ResourceOptions":
         """A view of this executor whose ``submit`` and ``map`` ask for these resources
         (``num_gpus=0.5``: half of one GPU; ``memory``: bytes; ``resources``: custom
         ones, ``{"TPU": 1}``) and this placement (``scheduling="spread"``,
@@ -293,9 +303,12 @@ class ExecutorCore:
         ``resources=``/``scheduling=``. The view shares the executor: its workers, its
         ``max_workers`` (the CPU budget) and its shutdown. The options of ``actor()``
         only: ``name``, ``lifetime``, ``max_restarts``, ``checkpoint_every``,
-        ``max_concurrency`` (see ``dpool.actors``)."""
+        ``max_concurrency`` (see ``dpool.actors``). ``timeout``: seconds each task may run
+        from its start before it is stopped (its worker killed and replaced) and its future
+        raises ``dpool.TaskTimeoutError``; run again if ``retry_on_timeout``."""
         return ResourceOptions(self, _options_spec(num_cpus, num_gpus, memory, resources,
-                                                   scheduling, placement_group, bundle),
+                                                   scheduling, placement_group, bundle,
+                                                   timeout, retry_on_timeout),
                                placement_group, _actor_options(actor_options))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
@@ -357,11 +370,13 @@ class ExecutorCore:
         self.shutdown(wait=True)
         return False
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,
+                 cancel_running: bool = False) -> None:
         """Stop accepting work; with ``wait``, return once every worker has exited.
 
         ``cancel_futures=True`` cancels the calls not yet started. Tasks already running
-        finish either way (as in the stdlib).
+        finish either way (as in the stdlib), unless ``cancel_running=True`` (dpool's):
+        those are stopped too, their workers killed, their futures cancelled.
         """
         with self._shutdown_lock:
             first = not self._shutdown_thread
@@ -370,9 +385,13 @@ class ExecutorCore:
         if driver is None:
             return  # inside a task: the group belongs to the driver's executor
         groups = [self._group, *self._actor_groups]
-        if cancel_futures:
+        if cancel_futures or cancel_running:
             for group in groups:
                 driver.cancel_queued(group)
+        if cancel_running:
+            from dpool._cancel import cancel_group_running
+
+            cancel_group_running(driver, self._group)
         if first:
             for group in groups:
                 driver.close_group(group)
@@ -410,8 +429,15 @@ def _actor_options(given: dict) -> Optional[dict]:
 
 
 def _options_spec(num_cpus: Any, num_gpus: Any, memory: Any, resources: Any,
-                  scheduling: Any, pg: Any = None, bundle: Any = None) -> dict:
+                  scheduling: Any, pg: Any = None, bundle: Any = None, timeout: Any = None,
+                  retry_on_timeout: Any = None) -> dict:
     s = _resources.spec(num_cpus, num_gpus, memory, resources)
+    t = _limits.check_timeout("timeout", timeout)
+    if t is not None:
+        s[_resources.LIMITS] = (t, bool(retry_on_timeout))
+    elif retry_on_timeout is not None:
+        raise TypeError("options(retry_on_timeout=...) goes with timeout=...; for the "
+                        "executor's task_timeout=, give the executor retry_on_timeout=")
     if pg is not None or bundle is not None:
         if scheduling is not None:
             raise ValueError("options() takes scheduling= or placement_group=, not both "
@@ -460,6 +486,9 @@ class ResourceOptions:
         """``executor.actor(cls, *args, **kwargs)`` with this view's actor options and
         resources, which the actor holds for its lifetime (CPUs only those given); with
         ``placement_group=``, a share of its bundle (waits until the group is ready)."""
+        if _resources.LIMITS in self._spec:
+            raise TypeError("options(timeout=...) applies to submit() and map(), not to "
+                            "actor()")
         if self._pg is not None:
             self._pg._usable()  # (raises if it never will be)
         req = None
@@ -490,9 +519,12 @@ class ResourceOptions:
                 memory: Optional[int] = None,
                 resources: Optional[Mapping[str, float]] = None,
                 scheduling: Any = None, placement_group: Any = None,
-                bundle: Optional[int] = None, **actor_options: Any) -> "ResourceOptions":
+                bundle: Optional[int] = None, timeout: Optional[float] = None,
+                retry_on_timeout: Optional[bool] = None,
+                **actor_options: Any) -> "ResourceOptions":
         spec = {**self._spec, **_options_spec(num_cpus, num_gpus, memory, resources,
-                                              scheduling, placement_group, bundle)}
+                                              scheduling, placement_group, bundle,
+                                              timeout, retry_on_timeout)}
         pg = placement_group if placement_group is not None or bundle is not None else (
             None if scheduling is not None else self._pg)
         more = _actor_options(actor_options)

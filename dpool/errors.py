@@ -12,6 +12,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from dpool._errors_broken import DeserializationError, NodeLostError, WorkerCrashedError
     from dpool._errors_futures import CancelledError, TimeoutError
+    from dpool._errors_limits import OutOfMemoryError, TaskTimeoutError
 
 __all__ = [
     "Error",
@@ -30,6 +31,8 @@ __all__ = [
     "NodeLostError",
     "CancelledError",
     "TimeoutError",
+    "TaskTimeoutError",
+    "OutOfMemoryError",
 ]
 
 
@@ -220,6 +223,7 @@ def stdlib_broken_pool() -> type:
 # package (``dpool._errors_futures``).
 _BROKEN = frozenset(("WorkerCrashedError", "DeserializationError", "NodeLostError"))
 _FUTURES = frozenset(("CancelledError", "TimeoutError"))
+_LIMITS = frozenset(("TaskTimeoutError", "OutOfMemoryError"))
 
 
 def __getattr__(name: str) -> type:
@@ -227,6 +231,8 @@ def __getattr__(name: str) -> type:
         from dpool import _errors_broken as defined
     elif name in _FUTURES:
         from dpool import _errors_futures as defined  # type: ignore[no-redef]
+    elif name in _LIMITS:
+        from dpool import _errors_limits as defined  # type: ignore[no-redef]
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     cls = getattr(defined, name)

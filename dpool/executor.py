@@ -51,6 +51,15 @@ class ProcessPoolExecutor(ExecutorCore, _cf.Executor):
       place: a hard affinity to another node fails with ``dpool.PlacementError``. A
       task with a strategy runs alone on a worker, like one with a resource request.
       See README, "Placement policies".
+    - ``task_timeout``: seconds a task may run from its start; past it, its worker is
+      killed and replaced, the others undisturbed, and its future raises
+      ``dpool.TaskTimeoutError`` (a ``TimeoutError``), not retried unless
+      ``retry_on_timeout``. ``options(timeout=...)`` sets it per call.
+    - ``max_memory_per_worker``: bytes of resident memory. A worker above it after a task
+      is replaced before its next one; one above twice it while a task runs is killed,
+      and the task fails with ``dpool.OutOfMemoryError`` (run again if ``retry_on_oom``).
+    - ``shutdown(cancel_running=True)`` and ``dpool.cancel(future, force=True)`` stop
+      tasks that already run. See README, "Control over running work".
     """
 
     _future_type = Future

@@ -68,6 +68,10 @@ class Pool:
     ``{"GPU": 1}``; ``processes`` is then the pool's CPU budget (README, "Resources").
     ``max_attempts`` (keyword-only, dpool's, default 3): how many times a task runs when
     its worker process dies running it, as the executor's keyword.
+    ``task_timeout``, ``retry_on_timeout``, ``max_memory_per_worker``, ``retry_on_oom``
+    (keyword-only, dpool's): as the executor's. A task stopped at its timeout fails with
+    ``dpool.TaskTimeoutError``, also a ``multiprocessing.TimeoutError``; ``get(timeout)``
+    and ``wait(timeout)`` keep the stdlib's meaning (how long to wait).
     """
 
     @staticmethod
@@ -85,6 +89,10 @@ class Pool:
         *,
         resources: Optional[Mapping[str, float]] = None,
         max_attempts: int = 3,
+        task_timeout: Optional[float] = None,
+        retry_on_timeout: bool = False,
+        max_memory_per_worker: Optional[int] = None,
+        retry_on_oom: bool = False,
     ) -> None:
         self._core: Optional[PoolCore] = None  # exists for __del__ if the checks below raise
         self._state_shown: Optional[str] = None  # a value assigned to _state (see there)
@@ -105,7 +113,10 @@ class Pool:
                                 initializer=initializer,
                                 initargs=tuple(initargs),
                                 max_tasks_per_child=maxtasksperchild,
-                                resources=resources, max_attempts=max_attempts)
+                                resources=resources, max_attempts=max_attempts,
+                                task_timeout=task_timeout, retry_on_timeout=retry_on_timeout,
+                                max_memory_per_worker=max_memory_per_worker,
+                                retry_on_oom=retry_on_oom)
         self._ctx = executor._mp_context
         self._core = PoolCore(executor, processes)
 

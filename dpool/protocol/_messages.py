@@ -109,10 +109,13 @@ class Unblocked(Slotted):
 
 
 class ReturnTasks(Slotted):
-    """W->S tasks that arrived while the worker was blocked, handed back unstarted."""
+    """W->S tasks that arrived while the worker was blocked, handed back unstarted; with
+    ``retire``, the worker went past its memory limit and hands back all it holds (then
+    waits for ``Shutdown``)."""
 
     CODE: ClassVar[int] = 9
     task_ids: tuple
+    retire: bool = False
 
 
 class GetObjects(Slotted):

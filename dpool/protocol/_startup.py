@@ -27,13 +27,14 @@ class WorkerConfig:
     env: Optional[dict] = None  # set before anything else runs (CUDA_VISIBLE_DEVICES)
     gpu_ids: tuple = ()  # the GPUs it is bound to, as CUDA_VISIBLE_DEVICES names them
     slot: int = -1  # its slot on the board of running tasks (``_running``); -1: none
+    max_memory: int = 0  # bytes of resident memory after a task that retire it; 0: none
 
     def __init__(self, worker_id: int, group_id: int, parent_pid: int,
                  initializer: Optional[bytes] = None, max_tasks: Optional[int] = None,
                  cwd: str = "", sys_path: Optional[list] = None,
                  store_capacity: Optional[int] = None, capture_output: bool = False,
                  id_base: int = 0, env: Optional[dict] = None, gpu_ids: tuple = (),
-                 slot: int = -1) -> None:
+                 slot: int = -1, max_memory: int = 0) -> None:
         self.worker_id = worker_id
         self.group_id = group_id
         self.parent_pid = parent_pid
@@ -47,6 +48,7 @@ class WorkerConfig:
         self.env = env
         self.gpu_ids = gpu_ids
         self.slot = slot
+        self.max_memory = max_memory
 
 
 WORKER_ENTRY = "dpool.worker._main"

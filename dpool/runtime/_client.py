@@ -122,6 +122,13 @@ class Driver(Client, Protocol):
     def cancel_queued(self, group: Any) -> None:
         """Cancel the futures of ``group``'s tasks not yet started."""
 
+    def cancel_running(self, task_id: int, recursive: bool) -> bool:
+        """Stop a started task (its future is cancelled already): its worker is killed
+        and replaced; with ``recursive``, the tasks it submitted are cancelled too."""
+
+    def cancel_group_running(self, group: Any) -> list:
+        """Stop every running task of ``group``; returns their futures (to cancel)."""
+
     def wait_group_exited(self, group: Any) -> None:
         """Until ``group``'s tasks are done and its workers have exited."""
 

@@ -280,6 +280,14 @@ class ClusterRuntime(ChannelClient):
         if self.leases is not None:
             self.leases.end(group, closed=True)
 
+    def cancel_running(self, task_id: int, recursive: bool) -> bool:
+        raise errors.Error("cancel(force=True) and shutdown(cancel_running=True) stop "
+                           "running tasks of the embedded runtime only; on a cluster, "
+                           "give the task a timeout (options(timeout=...)) instead")
+
+    def cancel_group_running(self, group: RemoteGroup) -> list:
+        return self.cancel_running(0, False)  # type: ignore[return-value]
+
     def cancel_queued(self, group: RemoteGroup) -> None:
         group.cancelled.clear()
         self.send([m.GroupOp(group.group_id, "cancel_queued", "")])

@@ -90,6 +90,12 @@ class DriverRuntime:
     def cancel_queued(self, group: Any) -> None:
         self.scheduler.cancel_queued(group)
 
+    def cancel_running(self, task_id: int, recursive: bool) -> bool:
+        return self.scheduler.cancel_running(task_id, recursive)
+
+    def cancel_group_running(self, group: Any) -> list:
+        return self.scheduler.cancel_group_running(group)
+
     def wait_group_exited(self, group: Any) -> None:
         self.scheduler.wait_group_exited(group)
 

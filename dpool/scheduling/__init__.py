@@ -15,6 +15,8 @@ packages use the names in ``__all__``; the modules are private:
 - ``_states``: task and worker states and their only legal transitions; ``_records``:
   ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``; ``_policy``: how many tasks
   a worker may hold (``BatchPolicy``).
+- ``_limits``: per-task timeouts, memory limits, the host's memory threshold, forced
+  cancels (the watch that kills a worker for its task).
 - ``_resources``: resource requests, allocations, the ledger; ``_bundle_ledger``: the
   placement-group bundles held here; ``_detect``: this host's CPUs, GPUs and memory.
 - ``_forkproc``: starting ``fork`` workers; ``_zygote``: the fork server that forks them.
@@ -35,6 +37,7 @@ from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
     from dpool.scheduling import _detect as detect
+    from dpool.scheduling import _limits as limits
     from dpool.scheduling._actors import ActorConfig, ActorState, proxy_group
     from dpool.scheduling import _resources as resources
     from dpool.scheduling._api import (
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 # modules need: the embedded runtime does not import ``typing``.
 _MODULES = {
     "detect": "dpool.scheduling._detect",
+    "limits": "dpool.scheduling._limits",
     "resources": "dpool.scheduling._resources",
 }
 _LAZY = {
@@ -81,6 +85,7 @@ __all__ = [
     "WorkerGroupConfig",
     "WorkerHandle",
     "detect",
+    "limits",
     "proxy_group",
     "resources",
 ]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from dpool.control import ControlStore
     from dpool.scheduling._bundle_ledger import BundleLedger
+    from dpool.scheduling._limits import LimitWatch
     from dpool.scheduling._api import (
         ActorService,
         DriverService,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         actor_names: dict[str, tuple]
         kv: dict[str, tuple[bytes, float]]
         ended_actors: dict[int, tuple]
+        limits: LimitWatch  # timeouts and memory limits (``_limits``)
         _actor_service: Optional[ActorService]
         ledger: Optional[Ledger]
         ledger_spec: Optional[dict]

@@ -21,6 +21,7 @@ from collections import deque
 from dpool import _log
 from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
+from dpool.scheduling._limits import cancel_group_locked, cancel_running_locked
 from dpool.scheduling._records import Task, WorkerGroup
 from dpool.scheduling._workers import _reap
 
@@ -55,6 +56,25 @@ class GroupCalls(SchedulerCore):
                         x.future.cancel()
             out = self.take_out_locked()
         self.deliver(out)
+
+    def cancel_running(self, task_id: int, recursive: bool = False) -> bool:
+        """``dpool.cancel(future, force=True)`` of a started task (its future cancelled by
+        the caller): its worker is killed and replaced (``_limits``); with ``recursive``,
+        the tasks it submitted are cancelled too. False if no worker here holds it."""
+        with self.lock:
+            found = cancel_running_locked(self, task_id, recursive)
+            out = self.take_out_locked()
+        self.deliver(out)
+        return found
+
+    def cancel_group_running(self, group: WorkerGroup) -> list:
+        """``shutdown(cancel_running=True)``: stop every task of ``group`` its workers
+        hold; returns their futures (the caller cancels them)."""
+        with self.lock:
+            futures = cancel_group_locked(self, group)
+            out = self.take_out_locked()
+        self.deliver(out)
+        return futures
 
     def start_workers(self, group: WorkerGroup, n: int) -> None:
         """Start workers of ``group`` until ``n`` of them run (at most its ``max_workers``).

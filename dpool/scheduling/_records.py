@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from dpool.protocol import Channel, field, record
+from dpool.scheduling._limits import NO_LIMITS
 from dpool.scheduling._states import (
     CLOSED,
     HELLO,
@@ -34,7 +35,7 @@ class Task:
 
     __slots__ = ("task_id", "fn_id", "args", "dep_ids", "group", "owner", "future",
                  "attempts", "started", "missing", "deps", "estimate_s", "deps_counted", "req",
-                 "alloc", "bounced", "state")
+                 "alloc", "bounced", "state", "timeout", "retry_timeout")
 
     def __init__(self, task_id: int, fn_id: int, args: Optional[bytes],
                  dep_ids: Optional[tuple], group: "WorkerGroup", owner: Optional["WorkerHandle"],
@@ -56,6 +57,8 @@ class Task:
         self.alloc: Optional[Allocation] = None  # while it holds resources (running)
         self.bounced = 0  # times a worker holding it first died running no task
         self.state = NEW  # ``_states``: where it is (waiting, queued, running, ...)
+        self.timeout = 0.0  # its own timeout (``options(timeout=)``, ``_limits``); 0: none
+        self.retry_timeout = False
 
 
 class ObjectEntry:
@@ -83,7 +86,7 @@ class WorkerHandle:
 
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "functions", "assigned", "retiring", "pid", "state", "alive", "owned",
-                 "fenced", "gpus", "sees", "extra_cpus", "leased", "killed_here", "slot")
+                 "fenced", "gpus", "sees", "extra_cpus", "leased", "killed_here", "slot", "fate")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "WorkerGroup", process: Any, chan: Channel) -> None:
@@ -116,6 +119,8 @@ class WorkerHandle:
         self.leased: Any = None
         self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
         self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
+        # killed by ``_limits``: (task id, the error it fails with, whether it runs again)
+        self.fate: Optional[tuple] = None
 
     @property
     def ready(self) -> bool:
@@ -177,6 +182,9 @@ class WorkerGroup:
     # (``_workers._died_starting_locked``: at a limit the group breaks)
     start_failures: int = 0
     actor: Any = None  # an actor's group: its ``_actors.ActorState`` (one worker)
+    limits: Any = None  # its ``_limits.GroupLimits``
+    watch: bool = False  # its workers are watched (``_limits``): it has limits, or had a
+    # task with a timeout
 
     def __init__(self, group_id: int, max_workers: int, mp_context: Any,
                  initializer: Optional[bytes], max_tasks: Optional[int],
@@ -205,3 +213,5 @@ class WorkerGroup:
         self.starved = False
         self.start_failures = 0
         self.actor = None
+        self.limits = NO_LIMITS
+        self.watch = False

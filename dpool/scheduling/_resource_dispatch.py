@@ -398,6 +398,8 @@ class ResourceDispatch(SchedulerCore):
             msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
         msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
         w.inflight[t.task_id] = t
+        if g.watch:  # (timeouts, memory limits: ``_limits``)
+            self.limits.watch_locked(w)
         self.control.log_event(t.task_id, "start", _now(), w.worker_id)
         w.load += t.estimate_s
         w.assigned += 1

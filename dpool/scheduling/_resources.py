@@ -64,20 +64,23 @@ class Request(_Fields):
       (``placement.strategy_to_wire``): None for the default rule. A task that
       asks only for a strategy is a request too, so the ordinary dispatch path never
       looks at strategies.
+    - ``limits``: ``(timeout_s, retry_on_timeout)`` of ``options(timeout=)``, or None;
+      taken off the request when the scheduler admits the task (``_limits``).
     """
 
     __slots__ = ()
-    _fields = ("cpus", "gpus", "memory", "custom", "strategy")
+    _fields = ("cpus", "gpus", "memory", "custom", "strategy", "limits")
 
     def __new__(cls, cpus: int = 1, gpus: float = 0.0, memory: int = 0, custom: tuple = (),
-                strategy: Any = None) -> Request:
-        return tuple.__new__(cls, (cpus, gpus, memory, custom, strategy))
+                strategy: Any = None, limits: Optional[tuple] = None) -> Request:
+        return tuple.__new__(cls, (cpus, gpus, memory, custom, strategy, limits))
 
     cpus = property(itemgetter(0))
     gpus = property(itemgetter(1))
     memory = property(itemgetter(2))
     custom = property(itemgetter(3))
     strategy = property(itemgetter(4))
+    limits = property(itemgetter(5))
 
     def as_dict(self) -> dict:
         """``{"CPU": .., "GPU": .., "memory": .., name: ..}`` without zero entries but CPU."""
@@ -153,6 +156,7 @@ def spec(num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
 # A spec's entry for the strategy (``scheduling=``): not a str, so no resource name
 # a user gives (``spec`` accepts only str names) can collide with it.
 STRATEGY = ("scheduling",)
+LIMITS = ("limits",)  # a spec's key for ``options(timeout=)``: (timeout_s, retry_on_timeout)
 # Wire forms of strategies that the local scheduler reads on every task with a request
 # (``dpool.placement`` loads only when a task asks where to run; it declares the same):
 BUNDLE = "bundle"  # (BUNDLE, pg_id, index): run in a placement group's bundle
@@ -193,27 +197,32 @@ def build(*specs: Optional[Mapping[Any, Any]]) -> Optional[Request]:
     if not merged:
         return None
     strategy = merged.pop(STRATEGY, None)
+    limits = merged.pop(LIMITS, None)
     cpus = merged.pop("CPU", 1)
     gpus = float(merged.pop("GPU", 0.0))
     memory = merged.pop("memory", 0)
     custom = tuple(sorted((k, float(v)) for k, v in merged.items() if v))
-    if cpus == 1 and not gpus and not memory and not custom and strategy is None:
+    if cpus == 1 and not gpus and not memory and not custom and strategy is None \
+            and limits is None:
         return None
-    return Request(cpus, gpus, memory, custom, strategy)
+    return Request(cpus, gpus, memory, custom, strategy, limits)
 
 
 def from_wire(t: Optional[tuple]) -> Optional[Request]:
     if t is None:
         return None
     custom = tuple(tuple(x) for x in t[3])
+    limits = tuple(t[5]) if len(t) > 5 and t[5] is not None else None
     if len(t) > 4 and t[4] is not None:  # a strategy (``to_wire`` sends 4 fields without)
-        return Request(t[0], t[1], t[2], custom, tuple(t[4]))
-    return Request(t[0], t[1], t[2], custom)
+        return Request(t[0], t[1], t[2], custom, tuple(t[4]), limits)
+    return Request(t[0], t[1], t[2], custom, None, limits)
 
 
 def to_wire(r: Optional[Request]) -> Optional[tuple]:
     if r is None:
         return None
+    if r.limits is not None:
+        return (r.cpus, r.gpus, r.memory, r.custom, r.strategy, r.limits)
     if r.strategy is None:
         return (r.cpus, r.gpus, r.memory, r.custom)
     return (r.cpus, r.gpus, r.memory, r.custom, r.strategy)

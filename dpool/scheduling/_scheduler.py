@@ -48,6 +48,7 @@ from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
+from dpool.scheduling._limits import GroupLimits, LimitWatch, take_task_limits_locked
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._object_table import ObjectTable
@@ -85,6 +86,7 @@ class WorkerGroupConfig:
     # stdlib does; ``initializer`` then carries ``(fn, None)``.
     inherited: Optional[tuple] = None
     actor: Optional[ActorConfig] = None  # an actor's group (``_actors``): one worker
+    limits: Optional[tuple] = None  # its ``_limits.GroupLimits`` (task_timeout=, ...)
 
 
 class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):
@@ -125,6 +127,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
         self.actor_names: dict[str, tuple] = {}  # name -> (group id, label, methods, node)
         self.kv: dict[str, tuple[bytes, float]] = {}  # ``KVPut``: key -> (value, expiry)
         self.ended_actors: dict[int, tuple] = {}  # group id -> (name, why): ``_actors``
+        self.limits = LimitWatch(self)  # timeouts, memory limits (``_limits``)
         # GPUs, memory, custom resources (``_resource_dispatch``): detected on the first task
         # that asks for any, from ``ledger_spec`` if given (the executor keyword).
         self.ledger = None
@@ -164,6 +167,9 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             g = WorkerGroup(next(self._group_ids), cfg.max_workers, cfg.mp_context, cfg.initializer,
                       cfg.max_tasks, cfg.max_attempts)
             g.inherited = cfg.inherited
+            if cfg.limits is not None and any(cfg.limits):
+                g.limits = GroupLimits(*cfg.limits)
+                g.watch = True
             if cfg.actor is not None:
                 from dpool.scheduling import _actors
 
@@ -280,6 +286,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def shutdown(self) -> None:
         """Stop every group's workers and the IO thread (end of the runtime)."""
+        self.limits.stop()
         self.stop_workers()
         self.io.stop()
         with self.lock:
@@ -366,6 +373,8 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def admit_locked(self, t: Task) -> None:
         """A submitted task (driver or worker): account its stored arguments, accept it."""
+        if t.req is not None and t.req.limits is not None:
+            take_task_limits_locked(t)  # (``options(timeout=)``: onto the task)
         try:
             self.store.adopt(t.args, pin=True)  # (never evicted before the task ran)
         except ObjectStoreFullError as exc:

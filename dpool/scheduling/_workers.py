@@ -42,7 +42,7 @@ from dpool.objects import payload as _payload
 from dpool.protocol import Channel, WorkerConfig, start_worker
 from dpool.protocol import messages as m
 from dpool.protocol import running as _running
-from dpool.scheduling import _forkproc
+from dpool.scheduling import _forkproc, _limits
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._lock import write_sends
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
@@ -187,6 +187,8 @@ class WorkerPool(SchedulerCore):
                     msgs.append(m.RegisterFunction(t.fn_id, self._functions[t.fn_id]))
                 msgs.append(m.ExecuteTask(t.task_id, t.fn_id, t.args, t.deps))
                 inflight[t.task_id] = t
+                if g.watch:  # (timeouts, memory limits: ``_limits``)
+                    self.limits.watch_locked(w)
                 log_event(t.task_id, "start", _now(), w.worker_id)
                 w.load += est
                 w.assigned += 1
@@ -241,7 +243,8 @@ class WorkerPool(SchedulerCore):
             return False
         if len(g.workers) < g.max_workers:
             return self._try_spawn_locked(g)
-        if g.n_blocked == 0 and g.max_tasks is None and not g.n_fenced:
+        if g.n_blocked == 0 and g.max_tasks is None and not g.n_fenced \
+                and not g.limits.max_memory:
             return False  # the common case: every worker counts against max_workers
         if g.n_fenced:
             return self._spawn_past_fenced_locked(g)
@@ -303,7 +306,7 @@ class WorkerPool(SchedulerCore):
                            g.cwd or os.getcwd(), list(g.sys_path or sys.path),
                            self.store.capacity, self._sessions is not None,
                            (self.id_prefix() << 40) if self.id_prefix is not None else 0,
-                           env, gpu_names, slot)
+                           env, gpu_names, slot, g.limits.max_memory)
         args: tuple = (child_sock, cfg) if lease is None else (child_sock, cfg, lease)
         if g.inherited is not None:
             args = (child_sock, cfg, lease, g.inherited)
@@ -370,6 +373,9 @@ class WorkerPool(SchedulerCore):
             self.deliver(out)
             return
         exitcode = _reap(w, kill_after=0.2)
+        oom = False
+        if exitcode == -signal.SIGKILL and not w.killed_here:  # the kernel's OOM killer?
+            oom = self.limits.saw_oom_kill()
         with self.lock:
             left = w.mark_closed()
             was_alive = left < W_STOPPING  # (else it exited as told)
@@ -395,6 +401,9 @@ class WorkerPool(SchedulerCore):
                 running = _running.read(w.slot)
                 _running.give(w.slot)
                 w.slot = -1
+            fate = w.fate  # killed by ``_limits`` for one task: the rest go back
+            if fate is not None:
+                running = fate[0]
             lost = held
             if g.actor is not None:  # restarted with its state, or its calls fail
                 from dpool.scheduling import _actors
@@ -426,18 +435,21 @@ class WorkerPool(SchedulerCore):
                     self._requeue_locked(w, back)
             w.inflight.clear()
             w.load = 0.0
-            if left == W_READY and held and g.broken is None:
+            if fate is not None:
+                _limits.apply_fate_locked(self, g, lost, fate)
+                lost = []
+            elif left == W_READY and held and g.broken is None:
                 if lost:
                     log.warning("worker %d (pid %s) died with %s %s task %#x (attempt "
                                 "%d of %d); %d other task(s) it held go back uncharged",
-                                w.worker_id, w.pid, _describe_exit(exitcode),
+                                w.worker_id, w.pid, _describe_exit(exitcode, oom),
                                 "running" if lost[0].task_id == running else "holding first",
                                 lost[0].task_id, lost[0].attempts, g.max_attempts,
                                 len(held) - len(lost))
                 else:
                     log.warning("worker %d (pid %s) died with %s running no task; the %d "
                                 "task(s) it held go back uncharged", w.worker_id, w.pid,
-                                _describe_exit(exitcode), len(held))
+                                _describe_exit(exitcode, oom), len(held))
             for t in lost:
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     transition(t, REQUEUE)
@@ -445,7 +457,7 @@ class WorkerPool(SchedulerCore):
                 else:
                     err = errors.WorkerCrashedError(
                         f"the worker running this task (pid {w.pid}) died with "
-                        f"{_describe_exit(exitcode)} on attempt {t.attempts} of "
+                        f"{_describe_exit(exitcode, oom)} on attempt {t.attempts} of "
                         f"{g.max_attempts}",
                         exitcode=exitcode, attempts=t.attempts)
                     self.finish_locked(t, False, _payload.dumps_error(err))
@@ -570,7 +582,10 @@ class WorkerPool(SchedulerCore):
             hook()  # trivial by contract (Event.set): runs under the lock
 
 
-def _describe_exit(code: Optional[int]) -> str:
+def _describe_exit(code: Optional[int], oom: bool = False) -> str:
+    if oom:
+        return "signal SIGKILL from the kernel's out-of-memory killer (its OOM kill count " \
+               "went up: the host or this cgroup ran out of memory)"
     if code is None:
         return "an unknown exit status"
     if code < 0:

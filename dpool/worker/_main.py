@@ -204,6 +204,7 @@ class _Worker:
         if self.lease is not None:
             self.lease.ready()
         max_tasks = self.cfg.max_tasks
+        max_memory = self.cfg.max_memory
         pending = self.pending
         while True:
             if not pending:
@@ -224,6 +225,9 @@ class _Worker:
             if max_tasks is not None and self.done_count >= max_tasks:
                 self.flush()
                 return
+            if max_memory and _resident() > max_memory:
+                self.retire()  # (until the scheduler's Shutdown)
+                return
             results = self.results
             if not results:
                 continue  # a leased task's result went to its driver already
@@ -234,6 +238,28 @@ class _Worker:
                 or time.perf_counter() - self.first_result_t > _FLUSH_AGE_S
             ):
                 self.flush()
+
+
+    def retire(self) -> None:
+        """Past ``max_memory_per_worker`` after a task: send the results, hand back every
+        task not started (and each that arrives after), until the scheduler's
+        ``Shutdown`` (a new worker takes this one's place)."""
+        self.flush()
+        while True:
+            pending = self.pending
+            self.send([m.ReturnTasks(tuple(t.task_id for t in pending), True)])
+            pending.clear()
+            while not pending:
+                self.receive()  # (``Shutdown`` ends the process here)
+
+
+def _resident() -> int:
+    """This process's resident memory in bytes."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _client_of(worker: _Worker) -> Any:
