@@ -20,6 +20,16 @@ from dpool.errors import Error
 from dpool.runtime import address as _address
 
 
+def _share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share of the host's memory in (0, 1], got {v}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     role = p.add_mutually_exclusive_group(required=True)
     role.add_argument("--head", action="store_true", help="start a new cluster here")
@@ -43,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the address to listen on (default: --node-ip)")
     p.add_argument("--object-store-memory", type=int, default=None, metavar="BYTES",
                    help="bytes of shared memory this node's object store may hold")
+    p.add_argument("--memory-threshold", type=_share, default=None, metavar="SHARE",
+                   help="above this share of the host's memory in use (0 < SHARE <= 1, "
+                        "e.g. 0.95), the node kills the worker of its newest task, whose "
+                        "future raises dpool.OutOfMemoryError, before the kernel's OOM "
+                        "killer picks a victim (default: off)")
     p.add_argument("--shards", type=int, default=2,
                    help="head: redis-server shards of the control store (default 2), on "
                    "the ports after --port")
@@ -242,6 +257,8 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
     if args.object_store_memory:
         argv += ["--object-store-memory", str(args.object_store_memory)]
     env = {"DPOOL_TOKEN": token}
+    if getattr(args, "memory_threshold", None) is not None:
+        env["DPOOL_MEMORY_THRESHOLD"] = repr(args.memory_threshold)
     if args.placement_policy:
         env["DPOOL_PLACEMENT_POLICY"] = args.placement_policy
     proc, line = launch("dpool.node", argv, log_path, env)

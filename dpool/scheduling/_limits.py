@@ -140,7 +140,7 @@ def _counter(path: str, key: str) -> int:
         with open(path, "rb") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 2 and parts[0] == key:
+                if len(parts) >= 2 and parts[0] == key:
                     return int(parts[1])
     except (OSError, ValueError):
         pass
@@ -217,6 +217,12 @@ class LimitWatch:
         self._stop = False
         self._host_at = 0.0
         self._oom_kills = oom_kills()  # the kernel's count when last looked at
+        env = os.environ.get("DPOOL_MEMORY_THRESHOLD")
+        if env:
+            try:
+                self.set_threshold(float(env))
+            except ValueError as exc:
+                raise ValueError(f"$DPOOL_MEMORY_THRESHOLD: {exc}") from None
 
     def saw_oom_kill(self) -> bool:
         """Whether the kernel's OOM killer killed anything since the last look (a worker
@@ -226,11 +232,14 @@ class LimitWatch:
         return n != seen
 
     def set_threshold(self, share: float) -> None:
-        if not 0.0 < share <= 1.0:
+        """Stop the newest task when more than ``share`` of the host's memory is in use
+        (``--memory-threshold``; ``$DPOOL_MEMORY_THRESHOLD`` on the embedded runtime).
+        Its groups' workers are watched from their next task on."""
+        if isinstance(share, bool) or not isinstance(share, (int, float)) \
+                or not 0.0 < share <= 1.0:
             raise ValueError(f"the memory threshold is a share of the host's memory in "
                              f"(0, 1], got {share!r}")
-        self.threshold = share
-        self._ensure_thread()
+        self.threshold = float(share)
 
     def watch_locked(self, w: WorkerHandle) -> None:
         """``w`` was sent a task of a group with limits, or one with a timeout."""
@@ -241,6 +250,7 @@ class LimitWatch:
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
+            self.s.fork_point()  # (threads start after the fork server: ``_zygote``)
             self._thread = threading.Thread(target=self._run, name="dpool-limits",
                                             daemon=True)
             self._thread.start()

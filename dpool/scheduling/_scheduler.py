@@ -48,7 +48,8 @@ from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
-from dpool.scheduling._limits import GroupLimits, LimitWatch, take_task_limits_locked
+from dpool.scheduling._limits import (NO_LIMITS, GroupLimits, LimitWatch,
+                                      take_task_limits_locked)
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._object_table import ObjectTable
@@ -169,7 +170,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             g.inherited = cfg.inherited
             if cfg.limits is not None and any(cfg.limits):
                 g.limits = GroupLimits(*cfg.limits)
-                g.watch = True
+            g.watch = g.limits is not NO_LIMITS or bool(self.limits.threshold)
             if cfg.actor is not None:
                 from dpool.scheduling import _actors
 
