@@ -7,7 +7,7 @@ bottom (a module may import its own layer and the layers below it):
 
     entry points   cli/, worker/, testing/, __main__, _run, dashboard/
     public API     dpool/__init__, executor, _executor_core, pool, _pool_core, _pool_results,
-                   _resources_api, actors/, managers/
+                   _resources_api, _cancel, actors/, managers/
     runtime/       this process's client (embedded, attached, TCP cluster driver)
     node/, global_scheduler/   the daemons
     scheduling/    the local scheduler
@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                                 "dpool.__main__", "dpool._run", "dpool.dashboard"})),
     ("public API", frozenset({"dpool", "dpool.executor", "dpool._executor_core",
                               "dpool.pool", "dpool._pool_core",
-                              "dpool._pool_results", "dpool._resources_api",
+                              "dpool._pool_results", "dpool._resources_api", "dpool._cancel",
                               "dpool._process_views", "dpool.integrations",
                               "dpool.observe", "dpool.actors", "dpool.managers"})),
     ("runtime", frozenset({"dpool.runtime"})),
@@ -57,7 +57,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("protocol", frozenset({"dpool.protocol"})),
     ("futures", frozenset({"dpool.futures", "dpool._task_future"})),
     ("errors", frozenset({"dpool.errors", "dpool._errors_broken", "dpool._errors_futures",
-                          "dpool._log", "dpool._lazy"})),
+                          "dpool._errors_limits", "dpool._log", "dpool._lazy"})),
 ]
 
 # Pairs that must not import each other, in either direction, whatever the order says.

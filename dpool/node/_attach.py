@@ -55,6 +55,7 @@ from dpool.objects import values as _values
 from dpool.protocol import Channel, map_path
 from dpool.protocol import messages as m
 from dpool.scheduling import Handler, SchedulerAPI, WorkerGroup, WorkerHandle
+from dpool.scheduling import limits as _limits
 from dpool.transfer import pull as _pull
 from dpool.transfer import push as _push
 
@@ -337,6 +338,8 @@ class DriverSessions:
                 g.sys_path = [here, *(map_path(p, root, here) for p in d.sys_path)]
         if msg.actor:
             g.actor = actor_state(msg.actor, msg.initializer)
+        if msg.limits:  # task_timeout=, max_memory_per_worker= (``scheduling._limits``)
+            g.limits = _limits.GroupLimits(*msg.limits)
         g.owner = d
         self._s.insert_group_locked(g)
         d.groups.add(g.group_id)

@@ -52,6 +52,7 @@ from dpool.placement import load as load_policy
 from dpool.protocol import messages as m
 from dpool.scheduling import SchedulerAPI, Task, WorkerGroup
 from dpool.scheduling import resources as _resources
+from dpool.scheduling import limits as _limits
 from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.scheduling")
@@ -238,7 +239,7 @@ class Spillback(SpillbackWaits, SpillbackResults):
                            s.function_payload(t.fn_id),
                            self._outgoing(t.args) if t.args else t.args, deps,
                            g.cwd or os.getcwd(), tuple(g.sys_path or sys.path), g.workdir,
-                           _resources.to_wire(t.req))
+                           _resources.to_wire(_limits.request_with_limits(t)))
         t.attempts += 1
         t.estimate_s = s.batch.estimate(t.fn_id)
         s.away_locked(t)

@@ -19,10 +19,11 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Callable, Iterable
 
-PROTOCOL_VERSION = 8  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
+PROTOCOL_VERSION = 9  # 3: worker leases; 4: SubmitTask and RemoteTask carry a resource request;
 # 5: FetchSegment asks for a range; 6: PushSegment (a TCP driver uploads a large value);
 # 7: CreateGroup carries an actor's settings; 8: ActorSaved (a placed actor's checkpoint
-# goes to its driver's node)
+# goes to its driver's node); 9: limits -- CreateGroup's, a request's timeout,
+# ReturnTasks(retire)
 
 
 

@@ -327,6 +327,8 @@ class CreateGroup(Slotted):
     # detached, its resource request in wire form or None); its ``initializer`` is then
     # ``(boot, (ctor, ...))`` (``dpool.actors``); () otherwise
     actor: tuple = ()
+    # its limits (``scheduling._limits.GroupLimits``: task_timeout=, ...); () for none
+    limits: tuple = ()
 
 
 class GroupOp(Slotted):

@@ -228,8 +228,11 @@ class ClusterRuntime(ChannelClient):
         self._groups[gid] = g
         self._executors.add(executor)
         method = cfg.mp_context.get_start_method() if cfg.mp_context is not None else ""
+        limits = tuple(cfg.limits or ())
+        if limits:  # its tasks go through the node, which watches them (no lent workers)
+            g.lease_closed = True
         g.create = m.CreateGroup(gid, cfg.max_workers, method, cfg.initializer,
-                                 cfg.max_tasks, cfg.max_attempts, workdir, actor)
+                                 cfg.max_tasks, cfg.max_attempts, workdir, actor, limits)
         msgs.append(g.create)
         self._send(msgs)
         if self.leases is not None and not g.lease_closed:

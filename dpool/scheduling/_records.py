@@ -182,7 +182,7 @@ class WorkerGroup:
     # (``_workers._died_starting_locked``: at a limit the group breaks)
     start_failures: int = 0
     actor: Any = None  # an actor's group: its ``_actors.ActorState`` (one worker)
-    limits: Any = None  # its ``_limits.GroupLimits``
+    limits: Any = NO_LIMITS  # its ``_limits.GroupLimits`` (task_timeout=, ...)
     watch: bool = False  # its workers are watched (``_limits``): it has limits, or had a
     # task with a timeout
 

@@ -342,6 +342,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def insert_group_locked(self, g: WorkerGroup) -> None:
         self._groups[g.group_id] = g
+        g.watch = g.limits is not NO_LIMITS or bool(self.limits.threshold)
 
     def close_group_locked(self, g: WorkerGroup) -> None:
         g.closed = True
