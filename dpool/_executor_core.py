@@ -468,7 +468,7 @@ class ResourceOptions:
     request and placement strategy (see ``ProcessPoolExecutor.options``). Chain
     ``options()`` to refine it."""
 
-    __slots__ = ("_executor", "_pg", "_spec", "_actor")
+    __slots__ = ("_executor", "_pg", "_spec", "_actor", "_built")
 
     def __init__(self, executor: ExecutorCore, spec: dict, pg: Any = None,
                  actor: Optional[dict] = None) -> None:
@@ -476,6 +476,15 @@ class ResourceOptions:
         self._spec = spec
         self._pg = pg  # the placement group its tasks run in (None: none)
         self._actor = actor  # options for ``actor()`` only (None: none)
+        self._built: Any = ...  # its request, for functions without @dpool.resources
+
+    def _request(self, fn: Any) -> Optional[_resources.Request]:
+        if _resources.decorated:  # (the function's own may refine it)
+            return self._executor._request(fn, self._spec)
+        built = self._built
+        if built is ...:
+            built = self._built = self._executor._request(fn, self._spec)
+        return built
 
     def _tasks_only(self) -> None:
         if self._actor:
@@ -504,7 +513,7 @@ class ResourceOptions:
         ex = self._executor
         if self._pg is not None:
             self._pg._usable()  # (waits until it is ready; raises if it never will be)
-        return ex._submit_request(fn, args, kwargs, ex._request(fn, self._spec))
+        return ex._submit_request(fn, args, kwargs, self._request(fn))
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1) -> Iterator[Any]:

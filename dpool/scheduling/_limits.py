@@ -111,14 +111,12 @@ def take_task_limits_locked(t: Task) -> None:
     """A task whose request carries limits (``options(timeout=)``): they go on the task;
     the request keeps only what it asks of resources (None: nothing but the default)."""
     r = t.req
-    t.timeout, t.retry_timeout = r.limits
+    t.timeout, t.retry_timeout = r[5]
     t.group.watch = True
-    plain = r._replace(limits=None)
-    if plain.cpus == 1 and not plain.gpus and not plain.memory and not plain.custom \
-            and plain.strategy is None:
-        t.req = None
-    else:
-        t.req = plain
+    t.req = None if r[:5] == _PLAIN else r._replace(limits=None)
+
+
+_PLAIN = (1, 0.0, 0, (), None)  # a request's resource fields that ask for nothing
 
 
 def request_with_limits(t: Task) -> Any:

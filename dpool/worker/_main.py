@@ -254,12 +254,17 @@ class _Worker:
 
 
 def _resident() -> int:
-    """This process's resident memory in bytes."""
-    with open("/proc/self/statm", "rb") as f:
-        return int(f.read().split()[1]) * _PAGE
+    """This process's resident memory in bytes (one ``pread`` of ``/proc/self/statm``,
+    opened once: after every task of a worker with ``max_memory_per_worker``)."""
+    global _statm
+    pid = os.getpid()
+    if _statm[0] != pid:  # (a process forked from this one opens its own)
+        _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+    return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_statm = (0, -1)  # (pid, descriptor): /proc/self names the process that opened it
 
 
 def _client_of(worker: _Worker) -> Any:
