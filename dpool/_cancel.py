@@ -35,7 +35,7 @@ def cancel(future: Any, *, force: bool = False, recursive: bool = False) -> bool
         return True
     if not force or future.done():
         return future.cancelled()
-    client = future._client
+    client: Any = future._client
     if client is None or _current.in_worker():
         raise TypeError("cancel(force=True) stops tasks of this driver's executors; "
                         "call it in the driver")

@@ -110,7 +110,7 @@ def check_timeout(name: str, value: Any) -> Optional[float]:
 def take_task_limits_locked(t: Task) -> None:
     """A task whose request carries limits (``options(timeout=)``): they go on the task;
     the request keeps only what it asks of resources (None: nothing but the default)."""
-    r = t.req
+    r: Any = t.req
     t.timeout, t.retry_timeout = r[5]
     t.group.watch = True
     t.req = None if r[:5] == _PLAIN else r._replace(limits=None)
@@ -133,7 +133,7 @@ def request_with_limits(t: Task) -> Any:
 
 
 # -- the kernel's OOM killer -------------------------------------------------------------
-def _counter(path: str, key: str) -> int:
+def _counter(path: str, key: bytes) -> int:
     try:
         with open(path, "rb") as f:
             for line in f:
@@ -365,7 +365,7 @@ def stop_locked(s: Any, w: WorkerHandle, t: Task, err: BaseException, retry: boo
     w.killed_here = True
     log.info("dpool: stopping task %#x: %s (worker pid %s)", t.task_id, why, w.pid)
     try:
-        os.kill(w.pid, signal.SIGKILL)
+        os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
     except (OSError, TypeError):
         pass  # already gone: its death is handled all the same
 
@@ -452,7 +452,7 @@ def cancel_group_locked(s: Any, g: Any) -> list:
 def _children_locked(s: Any, w: WorkerHandle) -> list:
     """The unfinished tasks worker ``w`` submitted (its running task's, as it runs one
     at a time)."""
-    out = []
+    out: list[int] = []
     for g in s._groups.values():
         out.extend(t.task_id for t in g.queue if t.owner is w)
         for x in g.workers:

@@ -328,3 +328,11 @@ def test_kernel_oom_kill_is_named_as_such(tmp_path):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+def test_memory_threshold_flag_refuses_a_bad_share():
+    out = subprocess.run([sys.executable, "-m", "dpool", "start", "--head",
+                          "--memory-threshold", "1.5"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert "--memory-threshold" in out.stderr and "(0, 1]" in out.stderr
