@@ -47,6 +47,13 @@ log = _log.getLogger("dpool.worker")
 _FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
 _FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this
 _FLUSH_COUNT = 256
+# After a short task, with nothing queued, a worker polls its socket this long before it
+# blocks: a caller that waits for each result (a plain actor call, submit().result() in
+# a loop) sends the next call within tens of microseconds, and waking a blocked process
+# costs ~7 us of that round trip on this VM (bench/NOTES.md).
+_SPIN_S = float(os.environ.get("DPOOL_WORKER_SPIN_S", "100e-6"))
+_SPIN = _SPIN_S > 0
+_SPIN_AFTER_TASK_S = 200e-6
 
 
 
@@ -76,6 +83,7 @@ class _Worker:
         self.threads: Any = None  # a thread pool that runs the tasks (``run_concurrently``)
         # where it says which task it runs (``protocol._running``), None: nowhere
         self.running = _running.writer(cfg.slot)
+        self.spin = False  # poll a moment before blocking for the next message
 
     # -- messages ------------------------------------------------------------------------
     def send(self, msgs: list) -> None:
@@ -108,6 +116,9 @@ class _Worker:
             for msg in self.client.next_messages():
                 self.handle(msg)
             return
+        if self.spin:  # the last task was short: its caller may send the next at once
+            self.spin = False
+            _spin_for_input(self.chan.fileno)  # (nothing came: block below)
         for frame in self.chan.recv_frames():
             for msg in decode_batch(frame):
                 self.handle(msg)
@@ -231,6 +242,8 @@ class _Worker:
             results = self.results
             if not results:
                 continue  # a leased task's result went to its driver already
+            if not pending and results[-1].duration < _SPIN_AFTER_TASK_S:
+                self.spin = _SPIN
             if (
                 not pending
                 or results[-1].duration > _FLUSH_AFTER_TASK_S
@@ -251,6 +264,25 @@ class _Worker:
             pending.clear()
             while not pending:
                 self.receive()  # (``Shutdown`` ends the process here)
+
+
+_pollers: dict = {}  # fd -> its select.poll (a worker reads one socket)
+
+
+def _spin_for_input(fd: int) -> bool:
+    """Poll ``fd`` without sleeping for up to ``_SPIN_S``; whether input came."""
+    poller = _pollers.get(fd)
+    if poller is None:
+        import select
+
+        poller = _pollers[fd] = select.poll()
+        poller.register(fd, select.POLLIN)
+    poll, now = poller.poll, time.perf_counter
+    end = now() + _SPIN_S
+    while now() < end:
+        if poll(0):
+            return True
+    return False
 
 
 def _resident() -> int:
