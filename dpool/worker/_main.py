@@ -47,10 +47,10 @@ log = _log.getLogger("dpool.worker")
 _FLUSH_AFTER_TASK_S = 200e-6  # a task longer than this sends its result at once
 _FLUSH_AGE_S = 2e-3  # no buffered result waits longer than this
 _FLUSH_COUNT = 256
-# After a short task, with nothing queued, a worker polls its socket this long before it
-# blocks: a caller that waits for each result (a plain actor call, submit().result() in
-# a loop) sends the next call within tens of microseconds, and waking a blocked process
-# costs ~7 us of that round trip on this VM (bench/NOTES.md).
+# After a short task that came alone, with nothing queued, a worker polls its socket this
+# long before it blocks: a caller that waits for each result (a plain actor call,
+# submit().result() in a loop) sends the next call within tens of microseconds, and
+# waking a blocked process costs ~7 us of that round trip on this VM (bench/NOTES.md).
 _SPIN_S = float(os.environ.get("DPOOL_WORKER_SPIN_S", "100e-6"))
 _SPIN = _SPIN_S > 0
 _SPIN_AFTER_TASK_S = 200e-6
@@ -242,8 +242,9 @@ class _Worker:
             results = self.results
             if not results:
                 continue  # a leased task's result went to its driver already
-            if not pending and results[-1].duration < _SPIN_AFTER_TASK_S:
-                self.spin = _SPIN
+            if not pending and len(results) == 1 \
+                    and results[0].duration < _SPIN_AFTER_TASK_S:
+                self.spin = _SPIN  # (one short task, alone: a caller waiting on each)
             if (
                 not pending
                 or results[-1].duration > _FLUSH_AFTER_TASK_S
