@@ -155,7 +155,6 @@ def test_force_cancel_stops_a_running_task_and_replaces_its_worker(tmp_path):
         assert f in waiter.result(30).done
         assert _gone(pid)
         assert ex.submit(square, 4).result(30) == 16
-        assert dpool.cancel(ex.submit(square, 1), force=True) in (True, False)
         done = ex.submit(square, 2)
         done.result(30)
         assert dpool.cancel(done, force=True) is False  # finished: nothing to cancel
