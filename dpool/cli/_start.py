@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. 0.95), the node kills the worker of its newest task, whose "
                         "future raises dpool.OutOfMemoryError, before the kernel's OOM "
                         "killer picks a victim (default: off)")
+    p.add_argument("--block", action="store_true",
+                   help="stay in the foreground: on SIGTERM or SIGINT (or when this host's "
+                        "node dies) stop everything started here, as `dpool stop`, and exit "
+                        "(a container's or batch script's entrypoint)")
     p.add_argument("--shards", type=int, default=2,
                    help="head: redis-server shards of the control store (default 2), on "
                    "the ports after --port")
@@ -162,7 +166,38 @@ def run(args: argparse.Namespace) -> int:
           f"(node {node['address']}, log {node['log']})")
     print(f"DPOOL_ADDRESS={record['address']}")
     print(f"DPOOL_TOKEN={token}")
+    if getattr(args, "block", False):
+        sys.stdout.flush()
+        return block(record)
     return 0
+
+
+def block(record: dict) -> int:
+    """``--block``: until SIGTERM/SIGINT, or until this host's node exits, then stop what
+    was started here (``dpool stop``). 0 after a signal, 1 if the node died."""
+    import signal
+    import time
+
+    from dpool.cli import _stop
+
+    why: list = []  # (a handler only appends: a lock taken in one could deadlock)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        why.append(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    node = record["node"]
+    try:
+        while not why:
+            time.sleep(0.2)
+            if not why and not same_process(node.get("pid"), node.get("started")):
+                why.append("its node exited")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    print(f"dpool start --block: {why[0] if why else 'stopping'}; stopping", flush=True)
+    _stop.run(argparse.Namespace(timeout=10.0))
+    return 0 if why and why[0] != "its node exited" else 1
 
 
 def _start_control_store(args: argparse.Namespace, token: str, port: int, state: str,

@@ -17,6 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None,
                    metavar="SECONDS", help="refresh in place every SECONDS (2) until Ctrl-C")
+    p.add_argument("--wait-nodes", type=int, default=None, metavar="N",
+                   help="wait until N nodes (the head's own included) are up: exit 0 then, "
+                        "1 after --timeout seconds (a readiness probe)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="with --wait-nodes: how long to wait (default 60 s)")
 
 
 def query(address: str) -> dict:
@@ -47,9 +52,37 @@ def _watch(args: argparse.Namespace) -> int:
         return 0
 
 
+def wait_nodes(address: str, n: int, timeout: float) -> tuple[bool, int]:
+    """Poll the cluster until ``n`` nodes are alive (retrying while it cannot be reached
+    yet); (whether they are, how many were last seen)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while True:
+        try:
+            seen = sum(1 for x in query(address)["nodes"] if x["alive"])
+        except Error:
+            seen = 0  # (not up yet: retried)
+        if seen >= n:
+            return True, seen
+        if time.monotonic() >= deadline:
+            return False, seen
+        time.sleep(0.2)
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "watch", None) is not None:
         return _watch(args)
+    if getattr(args, "wait_nodes", None) is not None:
+        address = args.address or os.environ.get("DPOOL_ADDRESS") or "auto"
+        ok, seen = wait_nodes(address, args.wait_nodes, args.timeout)
+        if ok:
+            print(f"dpool status: {seen} node(s) up")
+            return 0
+        sys.stderr.write(f"dpool status: {seen} of {args.wait_nodes} node(s) up after "
+                         f"{args.timeout:g} s\n")
+        return 1
     address = args.address or os.environ.get("DPOOL_ADDRESS") or "auto"
     try:
         status = query(address)
