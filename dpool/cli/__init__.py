@@ -7,6 +7,7 @@ everything after the script belongs to the script.
 - ``_start``: a cluster's head on this host, or this host joining one; ``_stop``:
   everything ``dpool start`` started on this host; ``_procs``: what both share --
   daemons started detached with a readiness pipe, and stopped.
+- ``_slurm``: a whole cluster inside a Slurm step, running a program on it.
 - ``_status``: the cluster's nodes; ``_timeline``: the task timeline as a Chrome
   trace-event file; ``_logs``: task output and daemon logs; ``_objects``: the object
   table, largest first; ``_dashboard``: a live page of the cluster.
@@ -27,6 +28,7 @@ commands:
   start --head [...]        start a cluster's head on this host (Redis shards, node)
   start --address H:P       join this host to a cluster as a node
   stop                      stop everything `dpool start` started on this host
+  slurm -- prog [args...]   under srun: a cluster over the step's ranks, running prog
   status [--json]           show the cluster's nodes
   timeline [--out F]        write the cluster's task timeline (Chrome trace JSON)
   logs [--node N] [--task ID] [--follow]   the cluster's task output, daemon logs
@@ -34,7 +36,7 @@ commands:
   dashboard [--port P]      serve a live page of the cluster (prints a login URL)
 """
 
-_COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard")
+_COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard", "slurm")
 
 __all__ = ["main"]  # (for ``python -m dpool``)
 
