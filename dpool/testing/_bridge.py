@@ -25,7 +25,7 @@ import struct
 import sys
 import threading
 
-MAGIC = b"DPOOL\x00\x01\x00"  # dpool.protocol._auth.MAGIC (a test checks they agree)
+MAGIC = b"DPOOL\x00\x02\x00"  # dpool.protocol._auth.MAGIC (a test checks they agree)
 _NONCE = 32
 _CHUNK = 1 << 16
 
@@ -40,19 +40,23 @@ def _recv_exact(sock, n):
     return buf
 
 
-def handshake(sock, token):
-    """The client side of ``dpool.protocol._auth`` (mutual HMAC-SHA256 challenge)."""
+def handshake(sock, token, build):
+    """The client side of ``dpool.protocol._auth`` (mutual HMAC-SHA256 challenge, then
+    the builds: this bridge is the controller's own run, so it offers the controller's
+    build, which the controller wrote beside the token)."""
     hello = _recv_exact(sock, len(MAGIC) + _NONCE)
     if hello[:len(MAGIC)] != MAGIC:
         raise OSError("the pytest controller's listener is not a dpool one")
     nonce = os.urandom(_NONCE)
     sock.sendall(hmac.new(token, b"client" + hello[len(MAGIC):], hashlib.sha256).digest()
-                 + nonce)
+                 + nonce + struct.pack("!H", len(build)) + build)
     if _recv_exact(sock, 2) != b"OK":
         raise OSError("the pytest controller refused this bridge's token")
     expect = hmac.new(token, b"server" + nonce, hashlib.sha256).digest()
     if not hmac.compare_digest(_recv_exact(sock, 32), expect):
         raise OSError("the pytest controller does not know this run's token")
+    (n,) = struct.unpack("!H", _recv_exact(sock, 2))
+    _recv_exact(sock, n)  # (the controller's build: the one sent)
 
 
 def _pump_in(conn):
@@ -77,10 +81,12 @@ def main(argv):
     try:
         with open(os.path.join(rundir, "token"), "rb") as f:
             token = f.read()
+        with open(os.path.join(rundir, "build"), "rb") as f:
+            build = f.read()
         ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         ctl.settimeout(30)
         ctl.connect(os.path.join(rundir, "s"))
-        handshake(ctl, token)
+        handshake(ctl, token, build)
         hello = json.dumps({"slot": slot, "pid": os.getpid()}).encode()
         ctl.sendall(b"B" + struct.pack("!I", len(hello)) + hello)
         ctl.settimeout(None)  # the controller answers once a test worker is up, or says why not

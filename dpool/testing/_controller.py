@@ -120,6 +120,8 @@ class Backend:
         fd = os.open(os.path.join(self.rundir, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(self._token)
+        with open(os.path.join(self.rundir, "build"), "w") as f:  # (what bridges offer)
+            json.dump(_auth.build(), f)
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         unix.bind(os.path.join(self.rundir, "s"))
         unix.listen(256)

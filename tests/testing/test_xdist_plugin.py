@@ -10,6 +10,7 @@ found too.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import signal
@@ -433,7 +434,7 @@ def test_bridge_handshake_is_dpools() -> None:
         t = threading.Thread(target=serve)
         t.start()
         try:
-            _bridge.handshake(b, client_token)
+            _bridge.handshake(b, client_token, json.dumps(_auth.build()).encode())
             assert ok
         except OSError:
             assert not ok
