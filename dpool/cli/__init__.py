@@ -7,7 +7,8 @@ everything after the script belongs to the script.
 - ``_start``: a cluster's head on this host, or this host joining one; ``_stop``:
   everything ``dpool start`` started on this host; ``_procs``: what both share --
   daemons started detached with a readiness pipe, and stopped.
-- ``_slurm``: a whole cluster inside a Slurm step, running a program on it.
+- ``_slurm``: a whole cluster inside a Slurm step, running a program on it; ``_up``: a
+  cluster on SSH hosts (``up``/``down``).
 - ``_status``: the cluster's nodes; ``_timeline``: the task timeline as a Chrome
   trace-event file; ``_logs``: task output and daemon logs; ``_objects``: the object
   table, largest first; ``_dashboard``: a live page of the cluster.
@@ -29,6 +30,8 @@ commands:
   start --address H:P       join this host to a cluster as a node
   stop                      stop everything `dpool start` started on this host
   slurm -- prog [args...]   under srun: a cluster over the step's ranks, running prog
+  up hosts.yaml             start a head and nodes on SSH hosts (idempotent)
+  down hosts.yaml           stop them
   status [--json]           show the cluster's nodes
   timeline [--out F]        write the cluster's task timeline (Chrome trace JSON)
   logs [--node N] [--task ID] [--follow]   the cluster's task output, daemon logs
@@ -36,7 +39,9 @@ commands:
   dashboard [--port P]      serve a live page of the cluster (prints a login URL)
 """
 
-_COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard", "slurm")
+_COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard", "slurm",
+             "up", "down")
+_MODULES = {"up": "_up", "down": "_up"}  # (a command's module, when not ``_<command>``)
 
 __all__ = ["main"]  # (for ``python -m dpool``)
 
@@ -56,8 +61,9 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     import importlib
 
-    module = importlib.import_module(f"dpool.cli._{command}")
+    module = importlib.import_module(f"dpool.cli.{_MODULES.get(command, '_' + command)}")
     parser = argparse.ArgumentParser(prog=f"dpool {command}", description=module.__doc__)
     module.add_arguments(parser)
     args = parser.parse_args(rest)  # a bad flag: usage and exit status 2
+    args.command = command
     return int(module.run(args))

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-port", type=int, default=0,
                    help="a joining node's port (default: any free port)")
     p.add_argument("--token", default=None,
-                   help="the cluster token (joining; default $DPOOL_TOKEN)")
+                   help="the cluster token (default $DPOOL_TOKEN; a head without one makes "
+                        "one up)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs this node offers (default: all it may use; 0: runs no tasks)")
     p.add_argument("--num-gpus", type=int, default=None,
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                              "with --redis-address, give a Sentinel-managed deployment "
                              "(sentinel://...) instead\n")
             return 2
-        token = args.token or secrets.token_hex(16)
+        # (a launcher's own token, from a Secret or a 0600 file: $DPOOL_TOKEN)
+        token = args.token or os.environ.get("DPOOL_TOKEN") or secrets.token_hex(16)
         port = args.port
     else:
         token = args.token or os.environ.get("DPOOL_TOKEN") or ""
