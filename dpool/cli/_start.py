@@ -59,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. 0.95), the node kills the worker of its newest task, whose "
                         "future raises dpool.OutOfMemoryError, before the kernel's OOM "
                         "killer picks a victim (default: off)")
+    p.add_argument("--drain-grace", type=float, default=None, metavar="SECONDS",
+                   help="on SIGTERM (dpool stop, a batch system's or Kubernetes' notice), "
+                        "how long the node lets running tasks finish before it hands them "
+                        "to other nodes, uncharged (default 8)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground: on SIGTERM or SIGINT (or when this host's "
                         "node dies) stop everything started here, as `dpool stop`, and exit "
@@ -293,6 +297,8 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         argv += ["--resources", args.resources]
     if args.object_store_memory:
         argv += ["--object-store-memory", str(args.object_store_memory)]
+    if getattr(args, "drain_grace", None) is not None:
+        argv += ["--drain-grace", str(args.drain_grace)]
     env = {"DPOOL_TOKEN": token}
     if getattr(args, "memory_threshold", None) is not None:
         env["DPOOL_MEMORY_THRESHOLD"] = repr(args.memory_threshold)

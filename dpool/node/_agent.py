@@ -91,6 +91,10 @@ class ClusterAgent:
             log.warning("no node-death notices (polling the node table only): %s", exc)
         self._thread.start()
 
+    def nudge(self) -> None:
+        """Report the load now (it changed: a draining node's)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()

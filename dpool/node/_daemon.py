@@ -283,6 +283,39 @@ class NodeDaemon:
         s.deliver(out)
 
     # -- lifetime ------------------------------------------------------------------------
+    def drain(self, grace_s: float) -> None:
+        """SIGTERM (a batch system's or Kubernetes' notice before a kill): take no more
+        tasks -- 0 CPUs advertised, so global schedulers place nothing here, and tasks
+        spilled here come back to their origins -- and hand back those not started; let
+        the running ones finish for up to ``grace_s``; hand back what still runs then.
+        Handed back, a task runs again elsewhere without being charged an attempt."""
+        s = self.scheduler
+        reason = f"node {self.node_id} is stopping"
+        with s.lock:
+            self.runner.draining = reason
+            s.cpu_limit = 0
+            self.sessions.num_cpus = 0
+            back = self.runner.give_back_locked(reason, running_too=False)
+            out = s.take_out_locked()
+        s.deliver(out)
+        if self.agent is not None:
+            self.agent.nudge()  # (its load, 0 CPUs, goes out now)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            with s.lock:  # (a worker lent to a driver is not running a task of ours)
+                busy = sum(1 for g in s.groups_locked() for w in g.workers
+                           if w.inflight and w.alive)
+            if not busy:
+                break
+            time.sleep(0.05)
+        with s.lock:
+            back += self.runner.give_back_locked(
+                f"{reason}; its grace period ({grace_s:g} s) ended first", running_too=True)
+            out = s.take_out_locked()
+        s.deliver(out)
+        if back:
+            log.info("node %s: gave %d task(s) back to their origins", self.node_id, back)
+
     def serve(self) -> None:
         self.server.start()
         if self.agent is not None:
@@ -319,6 +352,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unix-path", default=None)
     p.add_argument("--object-store-memory", type=int, default=None)
     p.add_argument("--join", default=None, help="the head node's address")
+    p.add_argument("--drain-grace", type=float, default=8.0,
+                   help="on SIGTERM, how long running tasks may finish before the node "
+                        "hands them back to other nodes (default 8 s)")
     _process.add_arguments(p)
     return p
 
@@ -346,6 +382,7 @@ def main(argv: Optional[list] = None) -> int:
     proc.serving(f"{daemon.node_id} {socket.gethostname()}")
     try:
         proc.run_until_stopped()
+        daemon.drain(args.drain_grace)
     finally:
         daemon.close()
         log.info("node %s stopped", daemon.node_id)

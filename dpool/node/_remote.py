@@ -49,6 +49,10 @@ from dpool.transfer import pull as _pull
 
 log = logging.getLogger("dpool.scheduling")
 
+def _no_one(ok: bool, payload: bytes) -> None:
+    """The outcome of a task given back to its origin (``give_back_locked``)."""
+
+
 _LOCAL_IDS = 1 << 62  # ids of remote tasks and functions here: above drivers' and workers'
 REFERENCE_MIN = 1 << 20  # results this large are lent by reference, not sent inline
 
@@ -100,6 +104,7 @@ class RemoteRunner(RemoteActors):
         self._lent: dict[str, tuple] = {}
         self.lend_timeout_s = 60.0  # a result not fetched by then is freed
         self._remote: dict[int, tuple] = {}  # local task id -> (origin, its task id)
+        self.draining = ""  # why this node takes no more tasks (``give_back_locked``)
         self._relay: dict[int, list] = {}  # actor calls waiting for their actor's node
         # group id -> {this node's id: the origin's} of the calls of actors placed here
         self._calls: dict[int, dict[int, int]] = {}
@@ -157,6 +162,9 @@ class RemoteRunner(RemoteActors):
     def _on_task_locked(self, h: Any, msg: m.RemoteTask) -> None:
         if isinstance(h, PeerHandle):
             h.tasks_in += 1  # (read with the load it changes: ``ClusterAgent._load``)
+        if self.draining and msg.group_cfg:  # (stopping: back to its origin, uncharged)
+            self._send(msg.origin, [m.SpillbackRejected(msg.task_id, self.draining)])
+            return
         if msg.workdir and self.workdirs is not None and \
                 self.workdirs.path(msg.workdir[0]) is None:
             self._send(msg.origin, [m.Accepted(msg.task_id, self.node_id)])
@@ -464,6 +472,35 @@ class RemoteRunner(RemoteActors):
         # timelines: this task runs the origin's task ``origin_id`` (worker-id field)
         s.control.log_event(local_id, "remote", time.time(), origin_id)
         s.admit_locked(t)
+
+    def give_back_locked(self, reason: str, running_too: bool) -> int:
+        """A stopping node (SIGTERM) hands other nodes' tasks back to their origins, which
+        run them again elsewhere uncharged (``SpillbackRejected``): those not started
+        yet, and with ``running_too`` (its grace period over) those still running, whose
+        outcome is then no one's. Actors' calls stay (the actor ends with the node).
+        Returns how many went back."""
+        n = 0
+        for g in list(self._groups.values()):
+            if g.actor is not None:
+                continue
+            for q in (g.queue, *g.by_request.values()):
+                for t in [t for t in q if t.task_id in self._remote]:
+                    q.remove(t)
+                    self._give_back_locked(t, reason)
+                    self._s.finish_locked(t, False, _payload.dumps_error(Error(reason)))
+                    n += 1
+            if running_too:
+                for w in g.workers:
+                    for t in list(w.inflight.values()):
+                        if t.task_id in self._remote:
+                            self._give_back_locked(t, reason)
+                            n += 1
+        return n
+
+    def _give_back_locked(self, t: Task, reason: str) -> None:
+        origin, origin_id = self._remote.pop(t.task_id)
+        t.future = _no_one  # (its outcome, if it comes, is sent to no one)
+        self._send(origin, [m.SpillbackRejected(origin_id, reason)])
 
     def _on_query_locked(self, h: Any, msg: m.TasksQuery) -> None:
         """The origin asks which of the tasks this node accepted from it are still here
