@@ -41,7 +41,7 @@ commands:
 
 _COMMANDS = ("start", "stop", "status", "timeline", "logs", "objects", "dashboard", "slurm",
              "up", "down")
-_MODULES = {"up": "_up", "down": "_up"}  # (a command's module, when not ``_<command>``)
+_COMMAND_MODULES = {"up": "_up", "down": "_up"}  # (a command's module, when not ``_<command>``)
 
 __all__ = ["main"]  # (for ``python -m dpool``)
 
@@ -61,7 +61,7 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     import importlib
 
-    module = importlib.import_module(f"dpool.cli.{_MODULES.get(command, '_' + command)}")
+    module = importlib.import_module(f"dpool.cli.{_COMMAND_MODULES.get(command, '_' + command)}")
     parser = argparse.ArgumentParser(prog=f"dpool {command}", description=module.__doc__)
     module.add_arguments(parser)
     args = parser.parse_args(rest)  # a bad flag: usage and exit status 2
