@@ -39,7 +39,8 @@ def cancel(future: Any, *, force: bool = False, recursive: bool = False) -> bool
     if client is None or _current.in_worker():
         raise TypeError("cancel(force=True) stops tasks of this driver's executors; "
                         "call it in the driver")
-    client.cancel_running(future._oid, recursive)  # (its result is dropped from now)
+    if not client.cancel_running(future._oid, recursive):
+        return future.cancelled()  # (done meanwhile, or not a task: an actor's call)
     return _stop_cancelled(future) or future.cancelled()
 
 

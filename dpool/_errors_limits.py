@@ -37,9 +37,9 @@ def _rebuild_timeout(message: str, timeout: float) -> TaskTimeoutError:
 
 class OutOfMemoryError(Error, MemoryError):
     """A task's worker went past a memory limit -- twice ``max_memory_per_worker``, or the
-    host's available memory fell below the node's threshold -- and was killed, or the
-    kernel's out-of-memory killer ended it. ``limit`` and ``peak`` are bytes (0: not
-    known)."""
+    host's memory in use rose above the node's threshold -- and was killed for it.
+    ``limit`` and ``peak`` are bytes (0: not known). (A worker the kernel's own OOM killer
+    ended raises ``WorkerCrashedError`` saying so, after its attempts.)"""
 
     __module__ = "dpool.errors"
 

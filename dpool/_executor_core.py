@@ -378,10 +378,14 @@ class ExecutorCore:
         finish either way (as in the stdlib), unless ``cancel_running=True`` (dpool's):
         those are stopped too, their workers killed, their futures cancelled.
         """
+        driver = self._driver
+        if cancel_running and driver is not None and not driver.stops_running_tasks:
+            raise errors.Error("shutdown(cancel_running=True) stops running tasks of the "
+                               "embedded runtime only; on a cluster, give tasks a timeout "
+                               "(task_timeout=, options(timeout=...))")
         with self._shutdown_lock:
             first = not self._shutdown_thread
             self._shutdown_thread = True
-        driver = self._driver
         if driver is None:
             return  # inside a task: the group belongs to the driver's executor
         groups = [self._group, *self._actor_groups]

@@ -306,8 +306,9 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         env["DPOOL_PLACEMENT_POLICY"] = args.placement_policy
     proc, line = launch("dpool.node", argv, log_path, env)
     node_id = line.split()[1]
+    grace = args.drain_grace if getattr(args, "drain_grace", None) is not None else 8.0
     return {"address": node_id, "pid": proc.pid, "started": started_at(proc.pid),
-            "unix_path": unix_path, "log": log_path}
+            "unix_path": unix_path, "log": log_path, "drain_grace": grace}
 
 
 def _node_alive(record: dict) -> bool:

@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
         if stop_pid(gs.get("pid"), args.timeout, gs.get("started")):
             stopped.append(f"global scheduler {gs.get('address')}")
     node = record.get("node", {})
-    if stop_pid(node.get("pid"), args.timeout, node.get("started")):
+    # (a node drains first: its running tasks get its grace, then it hands them back)
+    node_timeout = max(args.timeout, float(node.get("drain_grace", 0)) + 5.0)
+    if stop_pid(node.get("pid"), node_timeout, node.get("started")):
         stopped.append(f"node {node.get('address')}")
     # Sentinels first: with them gone, no primary stopped below is "failed over"
     servers = sorted(record.get("redis", []), key=lambda r: r.get("role") != "sentinel")

@@ -117,7 +117,11 @@ def _record(cfg: dict, h: dict) -> Optional[dict]:
     out = _remote(cfg, h["host"], [_python(cfg, h), "-c", _READ_RECORD])
     if out.returncode != 0:
         raise ConfigError(_why(out))
-    return json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
+    try:  # (the last line: a login banner may come first)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
+    except ValueError:
+        raise ConfigError(f"unreadable answer from {h['host']}: {out.stdout[-200:]!r}") \
+            from None
 
 
 def _why(out: subprocess.CompletedProcess) -> str:
@@ -138,7 +142,7 @@ def _up_head(cfg: dict) -> tuple[str, str, str]:
     """(address, token, what was done) for the head: started, or found running."""
     h = cfg["head"]
     rec = _record(cfg, h)
-    if rec is not None and rec.get("head") and _alive(cfg, h):
+    if rec is not None and rec.get("head") and _alive(cfg, h, rec):
         return rec["address"], rec["token"], "already running"
     argv = [_python(cfg, h), "-m", "dpool", "start", "--head",
             "--port", str(h.get("port", 6380)), *_start_args(h)]
@@ -149,16 +153,22 @@ def _up_head(cfg: dict) -> tuple[str, str, str]:
     return values["DPOOL_ADDRESS"], values["DPOOL_TOKEN"], f"head started ({values['DPOOL_ADDRESS']})"
 
 
-def _alive(cfg: dict, h: dict) -> bool:
-    """Whether the node that the host's record names still runs there."""
-    out = _remote(cfg, h["host"], [_python(cfg, h), "-m", "dpool", "status", "--wait-nodes",
-                                   "1", "--timeout", "3"])
-    return out.returncode == 0
+def _alive(cfg: dict, h: dict, rec: dict) -> bool:
+    """Whether the node that the host's record names is alive in its cluster."""
+    out = _remote(cfg, h["host"], [_python(cfg, h), "-m", "dpool", "status", "--json"])
+    if out.returncode != 0:
+        return False
+    try:
+        status = json.loads(out.stdout)
+    except ValueError:
+        return False
+    mine = (rec.get("node") or {}).get("address")
+    return any(n.get("node_id") == mine and n.get("alive") for n in status.get("nodes", ()))
 
 
 def _up_worker(cfg: dict, h: dict, address: str, token: str) -> str:
     rec = _record(cfg, h)
-    if rec is not None and rec.get("address") == address and _alive(cfg, h):
+    if rec is not None and rec.get("address") == address and _alive(cfg, h, rec):
         return "already running"
     if rec is not None:  # a stale record, or a node of another cluster: stopped first
         _remote(cfg, h["host"], [_python(cfg, h), "-m", "dpool", "stop"])

@@ -315,6 +315,7 @@ class NodeDaemon:
         s.deliver(out)
         if back:
             log.info("node %s: gave %d task(s) back to their origins", self.node_id, back)
+        self.links.flush(2.0)  # (those words reach their origins before the links close)
 
     def serve(self) -> None:
         self.server.start()

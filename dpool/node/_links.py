@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Callable, Optional
 
 from dpool.errors import Error
@@ -134,6 +135,21 @@ class Links:
         with self._lock:
             if self._links.get(h.address) is h:
                 del self._links[h.address]
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` until what was sent is written out and no link is still
+        connecting with messages waiting (before ``close``: a stopping node's last
+        words). Whether it all went."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                busy = bool(self._waiting) or any(h.chan.pending_output()
+                                                  for h in self._links.values())
+            if not busy:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
 
     def close(self) -> None:
         with self._lock:

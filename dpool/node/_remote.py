@@ -371,6 +371,9 @@ class RemoteRunner(RemoteActors):
 
     def _run_locked(self, msg: m.RemoteTask, accepted: bool = False) -> None:
         s = self._s
+        if self.draining and msg.group_cfg:  # (its code or inputs came after the SIGTERM)
+            self._send(msg.origin, [m.SpillbackRejected(msg.task_id, self.draining)])
+            return
         if msg.group_cfg[:1] == ("actor",):
             self._host_actor_locked(msg)
             return
@@ -480,6 +483,14 @@ class RemoteRunner(RemoteActors):
         outcome is then no one's. Actors' calls stay (the actor ends with the node).
         Returns how many went back."""
         n = 0
+        waiting = [*self._held, *(x for v in self._fetching.values() for x in v)]
+        for msg in waiting:  # (not admitted yet: their inputs or code were on the way)
+            if msg.group_cfg:
+                self._send(msg.origin, [m.SpillbackRejected(msg.task_id, reason)])
+                n += 1
+        self._held = [x for x in self._held if not x.group_cfg]
+        for digest, v in list(self._fetching.items()):
+            self._fetching[digest] = [x for x in v if not x.group_cfg]
         for g in list(self._groups.values()):
             if g.actor is not None:
                 continue

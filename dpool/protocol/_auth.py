@@ -10,7 +10,7 @@ before any framing, and uses fixed-size fields only::
                        + the client's build (2-byte length + JSON)
     server -> client   b"OK" + HMAC(token, "server" + client nonce) (32) + the server's build
                        or  b"NO"  (a wrong token)
-                       or  b"VB" + the server's build  (versions that differ)
+                       or  b"VB" + the same HMAC + the server's build  (versions differ)
 
 HMAC-SHA256, compared in constant time. The two HMACs are domain-separated ("client",
 "server") so a server can never be used as an oracle that answers its own challenge.
@@ -157,8 +157,8 @@ def server_handshake(sock: socket.socket, token: bytes,
         theirs = _read_build(sock, deadline)
         why = mismatch(build(), theirs)
         if why is not None:
-            try:
-                sock.sendall(b"VB" + _pack_build())
+            try:  # (with its proof of the token: a client reads builds only after one)
+                sock.sendall(b"VB" + _mac(token, b"server", reply[_MAC:]) + _pack_build())
             except OSError:
                 pass
             raise VersionMismatch(f"refused a peer of another version: {why}")
@@ -188,11 +188,12 @@ def client_handshake(sock: socket.socket, token: bytes, peer: str = "the server"
         answer = _recv_exact(sock, 2, deadline)
         if not answer:
             raise Error(f"{peer} closed the connection during the handshake")
-        if answer == b"VB":
+        if answer in (b"OK", b"VB"):
+            answer += _recv_exact(sock, _MAC, deadline)
+        if answer[:2] == b"VB" and hmac.compare_digest(answer[2:],
+                                                       _mac(token, b"server", nonce)):
             why = mismatch(build(), _read_build(sock, deadline))
             raise VersionMismatch(f"{peer} refused this process: {why or 'versions differ'}")
-        if answer == b"OK":
-            answer += _recv_exact(sock, _MAC, deadline)
         if answer[:2] != b"OK":
             raise AuthenticationError(
                 f"{peer} refused the cluster token: set DPOOL_TOKEN to the token that "

@@ -105,6 +105,10 @@ class Channel:
                 del self._out[:n]
             return True
 
+    def pending_output(self) -> int:
+        """Bytes sent but not yet written to the socket (a non-blocking channel's)."""
+        return len(self._out)
+
     # -- receiving -----------------------------------------------------------------------
     def _frames(self) -> list[bytes]:
         buf = self._buf

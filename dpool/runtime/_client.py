@@ -87,6 +87,7 @@ class Driver(Client, Protocol):
     in the methods below, as each runtime takes only its own."""
 
     pid: int  # the process it was started in (a fork starts its own)
+    stops_running_tasks: bool  # ``cancel(force=True)``, ``shutdown(cancel_running=True)``
 
     def add_group(self, cfg: WorkerGroupConfig, executor: object) -> WorkerGroup:
         """A new worker group for ``executor`` (as ``cfg``, a ``scheduling.WorkerGroupConfig``,

@@ -77,6 +77,8 @@ class _ClusterFuture(Future):
 class ClusterRuntime(ChannelClient):
     """The ``Driver`` of a process attached to a node (see ``_client``)."""
 
+    stops_running_tasks = False  # (``cancel_running``: a clear error)
+
     def __init__(self, target: Target) -> None:
         self.pid = os.getpid()
         self.target = target

@@ -41,6 +41,7 @@ class DriverRuntime:
     """The ``Driver`` of a process that runs its own workers (see ``_client``)."""
 
     gives_back_slot = False  # the driver is not a worker: waiting blocks nobody's slot
+    stops_running_tasks = True  # ``dpool.cancel(force=True)``, ``cancel_running=True``
 
     def __init__(self) -> None:
         self.pid = self.owner_pid = os.getpid()

@@ -219,11 +219,11 @@ class WorkerMessages(SchedulerCore):
         _actors.checkpoint_locked(self, w, msg)
 
     def _on_return_tasks_locked(self, w: WorkerHandle, msg: m.ReturnTasks) -> None:
-        if msg.retire:  # past max_memory_per_worker: replaced before its next task
-            w.retiring = True
         self._requeue_locked(w, msg.task_ids)
-        if w.retiring and msg.retire and not w.inflight and w.mark_stopping():
-            self.send_locked(w, [m.Shutdown()])
+        if msg.retire:  # past max_memory_per_worker: replaced before its next task
+            w.retiring = True  # (after the requeue, which un-retires for max_tasks)
+            if not w.inflight and w.mark_stopping():
+                self.send_locked(w, [m.Shutdown()])
         self._dispatch_locked(w.group)
 
     def _on_get_objects_locked(self, w: WorkerHandle, msg: m.GetObjects) -> None:

@@ -31,7 +31,6 @@ Lock rule (``_api``): ``_locked`` functions expect the scheduler's lock held.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 
@@ -49,6 +48,7 @@ log = _log.getLogger("dpool.scheduling")
 
 TICK_S = 0.01  # how often the watch looks at running tasks
 HOST_EVERY_S = 0.1  # how often it reads the host's memory (with a threshold)
+HOST_SETTLE_S = 1.0  # after stopping a task for it, before the next look
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -134,15 +134,16 @@ def request_with_limits(t: Task) -> Any:
 
 # -- the kernel's OOM killer -------------------------------------------------------------
 def _counter(path: str, key: bytes) -> int:
+    """The number after ``key`` at the start of a line of ``path`` (0: none)."""
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 2 and parts[0] == key:
-                    return int(parts[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+        with open(path, "rb", buffering=0) as f:
+            data = b"\n" + f.read()
+        at = data.find(b"\n" + key)
+        if at < 0:
+            return 0
+        return int(data[at + 1 + len(key):data.index(b"\n", at + 1)].split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _cgroup_oom_file() -> Optional[tuple[str, bytes]]:
@@ -158,11 +159,11 @@ def _cgroup_oom_file() -> Optional[tuple[str, bytes]]:
         if "memory" in controllers.split(","):
             p = f"/sys/fs/cgroup/memory{path}/memory.oom_control"
             if os.path.exists(p):
-                return p, b"oom_kill"
+                return p, b"oom_kill "
         if controllers == "":
             p = f"/sys/fs/cgroup{path}/memory.events"
             if os.path.exists(p):
-                return p, b"oom_kill"
+                return p, b"oom_kill "
     return None
 
 
@@ -175,7 +176,7 @@ def oom_kills() -> int:
     global _cgroup_file
     if _cgroup_file is ...:
         _cgroup_file = _cgroup_oom_file()
-    n = _counter("/proc/vmstat", b"oom_kill")
+    n = _counter("/proc/vmstat", b"oom_kill ")
     if _cgroup_file is not None:
         n += _counter(*_cgroup_file)
     return n
@@ -214,20 +215,13 @@ class LimitWatch:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self._host_at = 0.0
-        self._oom_kills = oom_kills()  # the kernel's count when last looked at
+        self._host_killed = 0.0  # when the threshold last stopped a task
         env = os.environ.get("DPOOL_MEMORY_THRESHOLD")
         if env:
             try:
                 self.set_threshold(float(env))
             except ValueError as exc:
                 raise ValueError(f"$DPOOL_MEMORY_THRESHOLD: {exc}") from None
-
-    def saw_oom_kill(self) -> bool:
-        """Whether the kernel's OOM killer killed anything since the last look (a worker
-        just died of SIGKILL that this process did not send)."""
-        n = oom_kills()
-        seen, self._oom_kills = self._oom_kills, n
-        return n != seen
 
     def set_threshold(self, share: float) -> None:
         """Stop the newest task when more than ``share`` of the host's memory is in use
@@ -276,6 +270,8 @@ class LimitWatch:
             if not w.alive or w.fate is not None:
                 del self.watched[w]
                 continue
+            if not w.ready:  # (starting: its initializer's time is not a task's)
+                continue
             tid = _running_task(w)
             if tid != st[0]:
                 st[0], st[1], st[2] = tid, now, 0
@@ -317,21 +313,25 @@ class LimitWatch:
         stop_locked(self.s, w, t, err, retry, f"past its timeout of {timeout:g} s")
 
     def _host_locked(self, now: float) -> None:
+        if now - self._host_killed < HOST_SETTLE_S:
+            return  # (the last victim's memory may not be back yet: look again later)
         used = host_memory_used()
         if used <= self.threshold:
             return
         newest = None
         for g in list(self.s._groups.values()):
+            if g.actor is not None:
+                continue  # (an actor's state is not a task to run again)
             for w in g.workers:
-                if not w.alive or w.fate is not None or w.process is None:
+                if not w.alive or not w.ready or w.fate is not None or w.process is None:
                     continue
                 tid = _running_task(w)
                 t = w.inflight.get(tid) if tid else None
                 if t is None:
                     continue
                 st = self.watched.get(w)
-                if st is None or st[0] != tid:
-                    self.watched[w] = st = [tid, now, 0]
+                if st is None or st[0] != tid:  # (a start not seen yet: oldest)
+                    self.watched[w] = st = [tid, 0.0, 0]
                 if newest is None or st[1] > newest[0]:
                     newest = (st[1], w, t)
         if newest is None:
@@ -344,6 +344,7 @@ class LimitWatch:
             f"the host's memory in use ({used:.0%}) went above the node's threshold "
             f"({self.threshold:.0%}); the worker of the newest task (pid {w.pid}, "
             f"{_mb(peak)}) was killed to keep the host alive", limit=0, peak=peak)
+        self._host_killed = now
         stop_locked(self.s, w, t, err, w.group.limits.retry_oom, "host memory above the threshold")
 
 
@@ -365,8 +366,8 @@ def stop_locked(s: Any, w: WorkerHandle, t: Task, err: BaseException, retry: boo
     w.killed_here = True
     log.info("dpool: stopping task %#x: %s (worker pid %s)", t.task_id, why, w.pid)
     try:
-        os.kill(w.pid, signal.SIGKILL)  # type: ignore[arg-type]
-    except (OSError, TypeError):
+        w.process.kill()  # (a forked worker's: through its pidfd, never a reused pid)
+    except (OSError, ValueError, AttributeError):
         pass  # already gone: its death is handled all the same
 
 
@@ -410,11 +411,12 @@ def cancel_running_locked(s: Any, task_id: int, recursive: bool) -> bool:
                 if t is None:
                     continue
                 found = found or tid == task_id
-                if recursive:
+                running = _running_task(w) == tid and w.ready
+                if recursive and running:  # (what it submitted: while it ran)
                     todo.extend(_children_locked(s, w))
                 if t.future is not None:
                     t.future = None  # (cancelled by the caller already)
-                if _running_task(w) == tid and w.fate is None and w.process is not None:
+                if running and w.fate is None and w.process is not None:
                     stop_locked(s, w, t, CancelledError(), False, "cancelled")
             for t in list(g.queue):  # (queued again after a death, or a child)
                 if t.task_id == tid:
@@ -431,10 +433,11 @@ def cancel_group_locked(s: Any, g: Any) -> list:
     from concurrent.futures import CancelledError
 
     futures = []
+    cancelled = _payload.dumps_error(CancelledError())
     for w in list(g.workers):
         if not w.inflight or w.process is None:
             continue
-        running = _running_task(w)
+        running = _running_task(w) if w.ready else 0
         for t in list(w.inflight.values()):
             if t.future is not None:
                 futures.append(t.future)
@@ -442,10 +445,21 @@ def cancel_group_locked(s: Any, g: Any) -> list:
             if t.task_id == running:
                 if w.fate is None:
                     stop_locked(s, w, t, CancelledError(), False, "cancelled at shutdown")
-            elif running:  # (its worker dies: it will never run)
+            else:  # (not started: it never will; a worker running none is killed too)
                 del w.inflight[t.task_id]
                 w.load = w.load - t.estimate_s if w.inflight else 0.0
-                s.finish_locked(t, False, _payload.dumps_error(CancelledError()))
+                s.finish_locked(t, False, cancelled)
+        if not running and w.fate is None:
+            w.killed_here = True
+            try:
+                w.process.kill()
+            except (OSError, ValueError, AttributeError):
+                pass
+    for t in [t for t in g.queue if t.started]:  # (back in the queue after a death)
+        g.queue.remove(t)
+        if t.future is not None:
+            futures.append(t.future)
+        s.skip_cancelled_locked(t)
     return futures
 
 

@@ -86,7 +86,7 @@ class WorkerHandle:
 
     __slots__ = ("worker_id", "group", "process", "chan", "inflight", "load", "blocked",
                  "functions", "assigned", "retiring", "pid", "state", "alive", "owned",
-                 "fenced", "gpus", "sees", "extra_cpus", "leased", "killed_here", "slot", "fate")
+                 "fenced", "gpus", "sees", "extra_cpus", "leased", "killed_here", "slot", "fate", "oom_base")
     remote_values = False  # an attached driver (``_attach.DriverHandle``) says True
 
     def __init__(self, worker_id: int, group: "WorkerGroup", process: Any, chan: Channel) -> None:
@@ -121,6 +121,7 @@ class WorkerHandle:
         self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
         # killed by ``_limits``: (task id, the error it fails with, whether it runs again)
         self.fate: Optional[tuple] = None
+        self.oom_base = 0  # the kernel's OOM kill count when it started (``_limits``)
 
     @property
     def ready(self) -> bool:

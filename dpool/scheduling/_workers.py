@@ -328,6 +328,7 @@ class WorkerPool(SchedulerCore):
             child_sock.close()
         _forkproc.disown(proc)
         w = WorkerHandle(wid, g, proc, Channel(parent_sock, blocking=False))
+        w.oom_base = _limits.oom_kills()  # (a SIGKILL it dies of, with more: the kernel's)
         w.slot = slot
         g.workers.append(w)
         if gpus is not None:
@@ -375,7 +376,7 @@ class WorkerPool(SchedulerCore):
         exitcode = _reap(w, kill_after=0.2)
         oom = False
         if exitcode == -signal.SIGKILL and not w.killed_here:  # the kernel's OOM killer?
-            oom = self.limits.saw_oom_kill()
+            oom = _limits.oom_kills() != w.oom_base
         with self.lock:
             left = w.mark_closed()
             was_alive = left < W_STOPPING  # (else it exited as told)
@@ -420,7 +421,7 @@ class WorkerPool(SchedulerCore):
                 # worker): the first it held, as it runs them in order.
                 if running is not None:
                     lost = [t for t in held if t.task_id == running]
-                    if not lost:
+                    if not lost and fate is None:
                         # Died running no task. A task that kills its worker before it
                         # starts (reading it, say) would come back for good: the first
                         # held is charged after dying that way _BOUNCES times its attempts.
@@ -435,9 +436,9 @@ class WorkerPool(SchedulerCore):
                     self._requeue_locked(w, back)
             w.inflight.clear()
             w.load = 0.0
-            if fate is not None:
+            if fate is not None:  # its task as the fate says; the rest as after a death
                 _limits.apply_fate_locked(self, g, lost, fate)
-                lost = []
+                lost = [t for t in lost if t.task_id != fate[0]]
             elif left == W_READY and held and g.broken is None:
                 if lost:
                     log.warning("worker %d (pid %s) died with %s %s task %#x (attempt "

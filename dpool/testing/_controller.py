@@ -43,7 +43,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from dpool.errors import AuthenticationError
+from dpool.errors import Error
 from dpool.protocol import auth as _auth
 
 log = logging.getLogger("dpool.testing")
@@ -203,7 +203,7 @@ class Backend:
                 raise ConnectionError(f"unexpected message {role!r} ({size} bytes)")
             hello = json.loads(_recv_exact(sock, size))
             sock.settimeout(None)
-        except (AuthenticationError, OSError, ValueError) as exc:
+        except (Error, OSError, ValueError) as exc:  # (a wrong token or version, ...)
             log.warning("dpool: refused a connection to the pytest controller: %s", exc)
             sock.close()
             return

@@ -58,6 +58,13 @@ _PROGRAM = textwrap.dedent("""
             print(outcome(ex.submit(spin)), outcome(ex.submit(where)))
         with ProcessPoolExecutor(2, max_memory_per_worker=100 * 2**20) as ex:
             print(outcome(ex.submit(hog)), outcome(ex.submit(where)))
+        ex = ProcessPoolExecutor(1)
+        try:
+            ex.shutdown(cancel_running=True)
+        except dpool.Error as e:
+            print("REFUSED", "timeout" in str(e))
+        print(ex.submit(where).result(60) is not None)  # (still open: nothing half done)
+        ex.shutdown()
 """)
 
 
@@ -70,3 +77,4 @@ def test_timeouts_and_memory_limits_on_the_cluster(two_nodes, tmp_path):
     assert lines[1] == "True"
     assert lines[2].startswith("TaskTimeoutError ok ")
     assert lines[3].startswith("OutOfMemoryError ok "), out.stdout + out.stderr
+    assert lines[4:6] == ["REFUSED True", "True"], out.stdout + out.stderr

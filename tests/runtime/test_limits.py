@@ -335,3 +335,27 @@ def test_memory_threshold_flag_refuses_a_bad_share():
                          timeout=60)
     assert out.returncode != 0
     assert "--memory-threshold" in out.stderr and "(0, 1]" in out.stderr
+
+
+def test_memory_limit_with_max_tasks_per_child_does_not_bounce_tasks():
+    # (a worker past its memory hands back what it holds; with max_tasks_per_child the
+    # requeue must not make it take them again)
+    with ProcessPoolExecutor(2, max_tasks_per_child=50,
+                             max_memory_per_worker=150 * 2**20) as ex:
+        out = list(ex.map(leak_50mb, range(12)))
+    assert len(out) == 12 and len({pid for pid, _ in out}) >= 4
+
+
+class Sleeper:
+    def nap(self, s):
+        time.sleep(s)
+        return s
+
+
+def test_force_cancel_does_not_claim_an_actor_call():
+    with ProcessPoolExecutor(1) as ex:
+        a = ex.actor(Sleeper)
+        f = a.nap.submit(0.5)
+        time.sleep(0.2)
+        assert dpool.cancel(f, force=True) is False  # (dpool.kill ends an actor)
+        assert not f.cancelled() and f.result(30) == 0.5
