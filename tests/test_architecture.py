@@ -5,7 +5,7 @@ import`` in it is checked -- at module level, inside functions and under
 ``if TYPE_CHECKING:`` alike (a lazy import is still a dependency). The order, top to
 bottom (a module may import its own layer and the layers below it):
 
-    entry points   cli/, worker/, testing/, __main__, _run, dashboard/
+    entry points   cli/, worker/, testing/, __main__, _run, dashboard/, autoscaler/
     public API     dpool/__init__, executor, _executor_core, pool, _pool_core, _pool_results,
                    _resources_api, _cancel, actors/, managers/
     runtime/       this process's client (embedded, attached, TCP cluster driver)
@@ -42,7 +42,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dpool"
 # Top to bottom; each layer is a set of modules or packages (a package holds its submodules).
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("entry points", frozenset({"dpool.cli", "dpool.worker", "dpool.testing",
-                                "dpool.__main__", "dpool._run", "dpool.dashboard"})),
+                                "dpool.__main__", "dpool._run", "dpool.dashboard",
+                                "dpool.autoscaler"})),
     ("public API", frozenset({"dpool", "dpool.executor", "dpool._executor_core",
                               "dpool.pool", "dpool._pool_core",
                               "dpool._pool_results", "dpool._resources_api", "dpool._cancel",

@@ -67,6 +67,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stay in the foreground: on SIGTERM or SIGINT (or when this host's "
                         "node dies) stop everything started here, as `dpool stop`, and exit "
                         "(a container's or batch script's entrypoint)")
+    p.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                   help="head: add nodes when tasks wait and remove idle ones, keeping "
+                        "between MIN and MAX nodes of its own (not counting the head)")
+    p.add_argument("--provider", default="local",
+                   help="head, with --autoscale: where nodes come from (local: node "
+                        "processes on this host, on addresses of their own)")
+    p.add_argument("--provider-config", default=None, metavar="FILE",
+                   help="the provider's settings (JSON or YAML), e.g. {\"num_cpus\": 2}")
+    p.add_argument("--idle-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --autoscale: how long a node it added may be idle before it "
+                        "is removed (default 60)")
     p.add_argument("--shards", type=int, default=2,
                    help="head: redis-server shards of the control store (default 2), on "
                    "the ports after --port")
@@ -135,6 +146,14 @@ def run(args: argparse.Namespace) -> int:
         # (a launcher's own token, from a Secret or a 0600 file: $DPOOL_TOKEN)
         token = args.token or os.environ.get("DPOOL_TOKEN") or secrets.token_hex(16)
         port = args.port
+        if getattr(args, "autoscale", None):
+            from dpool.autoscaler import parse_range
+
+            try:
+                parse_range(args.autoscale)
+            except ValueError as exc:
+                sys.stderr.write(f"dpool start: {exc}\n")
+                return 2
     else:
         token = args.token or os.environ.get("DPOOL_TOKEN") or ""
         if not token:
@@ -168,6 +187,16 @@ def run(args: argparse.Namespace) -> int:
     record["node"] = node
     record["address"] = node["address"] if args.head else args.address
     _address.write_record(record)
+    if args.head and getattr(args, "autoscale", None):
+        try:
+            record["autoscaler"] = _start_autoscaler(args, token, node["address"], state)
+        except (StartError, Error) as exc:
+            sys.stderr.write(f"dpool start: the autoscaler: {exc}\n")
+            from dpool.cli import _stop
+
+            _stop.run(argparse.Namespace(timeout=10.0))
+            return 1
+        _address.write_record(record)
     print(f"dpool: {'head' if args.head else 'node'} started on {socket.gethostname()} "
           f"(node {node['address']}, log {node['log']})")
     print(f"DPOOL_ADDRESS={record['address']}")
@@ -272,6 +301,17 @@ def _start_global_schedulers(args: argparse.Namespace, token: str, shards: list,
                             {"DPOOL_TOKEN": token})
         record["global_schedulers"].append({"address": line.split()[1], "pid": proc.pid,
                                             "started": started_at(proc.pid)})
+
+
+def _start_autoscaler(args: argparse.Namespace, token: str, head: str, state: str) -> dict:
+    argv = ["--head", head, "--autoscale", args.autoscale, "--provider", args.provider,
+            "--idle-timeout", str(args.idle_timeout),
+            "--state", os.path.join(state, "autoscaler")]
+    if args.provider_config:
+        argv += ["--provider-config", os.path.abspath(args.provider_config)]
+    log_path = os.path.join(state, "autoscaler.log")
+    proc, _line = launch("dpool.autoscaler", argv, log_path, {"DPOOL_TOKEN": token})
+    return {"pid": proc.pid, "started": started_at(proc.pid), "log": log_path}
 
 
 def _undo(record: dict) -> None:

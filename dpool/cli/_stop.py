@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
         print("dpool stop: nothing was started on this host")
         return 0
     stopped = []
+    scaler = record.get("autoscaler")
+    if scaler:  # first: it stops (drains) the nodes it added
+        if stop_pid(scaler.get("pid"), max(args.timeout, 60.0), scaler.get("started")):
+            stopped.append("autoscaler")
     for gs in record.get("global_schedulers", []):
         if stop_pid(gs.get("pid"), args.timeout, gs.get("started")):
             stopped.append(f"global scheduler {gs.get('address')}")

@@ -1,0 +1,168 @@
+"""The autoscaler's loop and process (``dpool start --head --autoscale MIN:MAX`` starts it
+beside the head; ``dpool stop`` stops it, and it stops every node it added).
+
+Every ``period_s`` it asks the head for the cluster's status (``dpool status``'s), turns
+it into a ``ClusterView`` -- each live node's queued tasks and busy CPUs, which nodes it
+added (by their addresses) and since when each has been idle, how many it is still
+starting -- asks the policy for a ``Decision`` and applies it through the provider:
+nodes to add are started in the background, nodes to remove are stopped (drained). Each
+decision is logged; a node that fails to start is logged with why, and its slot is free
+again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from dpool.autoscaler._policy import AutoscalePolicy, ClusterView, NodeSeen, QueueTarget
+from dpool.autoscaler._providers import (
+    NodeProvider,
+    ProviderError,
+    load_provider,
+    read_config,
+)
+from dpool.node import process as _process
+
+log = logging.getLogger("dpool.autoscaler")
+
+
+class Autoscaler:
+    def __init__(self, status: Any, provider: NodeProvider, policy: AutoscalePolicy,
+                 period_s: float = 1.0) -> None:
+        self._status = status  # () -> the cluster's status dict (``dpool status --json``)
+        self.provider = provider
+        self.policy = policy
+        self.period_s = period_s
+        self._idle: dict[str, float] = {}  # node id -> since when it ran nothing
+        self.decisions: list[tuple[float, int, list]] = []  # (when, added, removed)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def view(self, now: float) -> ClusterView:
+        status = self._status()
+        provided = self.provider.nodes()
+        ours = {n.node_id for n in provided if n.node_id}
+        seen = []
+        for n in status.get("nodes", ()):
+            if not n.get("alive"):
+                continue
+            nid = n["node_id"]
+            busy = bool(n.get("cpus_used") or n.get("queued"))
+            if busy:
+                self._idle.pop(nid, None)
+            else:
+                self._idle.setdefault(nid, now)
+            seen.append(NodeSeen(nid, int(n.get("cpus_total", 0)), int(n.get("cpus_used", 0)),
+                                 int(n.get("queued", 0)), nid in ours, self._idle.get(nid)))
+        live = {x.node_id for x in seen}
+        pending = sum(1 for n in provided if not n.error and n.node_id not in live)
+        return ClusterView(seen, pending, len(provided), now)
+
+    def step(self) -> None:
+        """One round: look, decide, act."""
+        forget = getattr(self.provider, "forget_failed", None)
+        for failed in forget() if forget is not None else ():
+            log.warning("autoscaler: a node on %s failed to start: %s", failed.key,
+                        failed.error)
+        view = self.view(time.monotonic())
+        d = self.policy.decide(view)
+        if not d.add and not d.remove:
+            return
+        log.info("autoscaler: +%d -%d (%s; %d queued, %d node(s) of ours, %d starting)",
+                 d.add, len(d.remove), d.why, view.queued, view.ours, view.pending)
+        self.decisions.append((time.time(), d.add, list(d.remove)))
+        for _ in range(d.add):
+            try:
+                self.provider.create_node()
+            except ProviderError as exc:
+                log.warning("autoscaler: %s", exc)
+                break
+        by_id = {n.node_id: n for n in self.provider.nodes() if n.node_id}
+        for nid in d.remove:
+            node = by_id.get(nid)
+            if node is not None:  # (only nodes it added)
+                self._idle.pop(nid, None)
+                threading.Thread(target=self.provider.terminate_node, args=(node,),
+                                 daemon=True, name="dpool-autoscale-stop").start()
+
+    def run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - the next round looks again
+                log.warning("autoscaler: a round failed: %s", exc)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="dpool-autoscaler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the loop, then every node it added (drained, in parallel)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.period_s + 30)
+        stops = [threading.Thread(target=self.provider.terminate_node, args=(n,), daemon=True)
+                 for n in self.provider.nodes()]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join(60)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` as two ints (``ValueError`` saying what is wrong)."""
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--autoscale takes MIN:MAX (e.g. 0:4), got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise ValueError(f"--autoscale MIN:MAX needs 0 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dpool.autoscaler",
+                                description="dpool's autoscaler (started by `dpool start "
+                                            "--head --autoscale`)")
+    p.add_argument("--head", required=True, help="the head node's address")
+    p.add_argument("--autoscale", required=True, metavar="MIN:MAX")
+    p.add_argument("--provider", default="local")
+    p.add_argument("--provider-config", default=None)
+    p.add_argument("--idle-timeout", type=float, default=60.0)
+    p.add_argument("--period", type=float, default=1.0)
+    p.add_argument("--state", required=True, help="its folder (its nodes' state folders)")
+    _process.add_arguments(p)
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = _parser().parse_args(argv)
+    proc = _process.DaemonProcess("dpool autoscaler", args)
+    if (status := proc.missing_token()) is not None:
+        return status
+    try:
+        lo, hi = parse_range(args.autoscale)
+        provider = load_provider(args.provider, read_config(args.provider_config),
+                                 args.head, proc.token, args.state)
+        policy = QueueTarget(lo, hi, provider.cpus_per_node, args.idle_timeout)
+    except (ValueError, ProviderError) as exc:
+        return proc.failed(str(exc))
+    from dpool.observe import node_status
+    from dpool.runtime import address as _address
+
+    target = _address.resolve(args.head, proc.token)
+    scaler = Autoscaler(lambda: node_status(target), provider, policy, args.period)
+    scaler.start()
+    log.info("autoscaler for %s serving (%d..%d nodes, provider %s)", args.head, lo, hi,
+             args.provider)
+    proc.serving(f"autoscaler {args.head}")
+    try:
+        proc.run_until_stopped()
+    finally:
+        scaler.close()
+        log.info("autoscaler stopped (%d decisions)", len(scaler.decisions))
+    return 0
