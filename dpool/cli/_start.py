@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. 0.95), the node kills the worker of its newest task, whose "
                         "future raises dpool.OutOfMemoryError, before the kernel's OOM "
                         "killer picks a victim (default: off)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics (/metrics, with the cluster token as a "
+                        "Bearer token) and /health on this port of --bind (0: any free)")
     p.add_argument("--drain-grace", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM (dpool stop, a batch system's or Kubernetes' notice), "
                         "how long the node lets running tasks finish before it hands them "
@@ -339,6 +342,8 @@ def _start_node(args: argparse.Namespace, token: str, port: int, state: str,
         argv += ["--object-store-memory", str(args.object_store_memory)]
     if getattr(args, "drain_grace", None) is not None:
         argv += ["--drain-grace", str(args.drain_grace)]
+    if getattr(args, "metrics_port", None) is not None:
+        argv += ["--metrics-port", str(args.metrics_port)]
     env = {"DPOOL_TOKEN": token}
     if getattr(args, "memory_threshold", None) is not None:
         env["DPOOL_MEMORY_THRESHOLD"] = repr(args.memory_threshold)

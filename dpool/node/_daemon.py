@@ -29,7 +29,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dpool.control import ClusterControlStore, InProcessControlStore
 from dpool.node import _process
@@ -121,6 +121,7 @@ class NodeDaemon:
         self.actor_calls = ActorCalls(self.scheduler, self.node_id, self.links.send)
         self.control: Optional[ClusterControlStore] = None
         self.agent: Optional[ClusterAgent] = None
+        self.metrics: Any = None  # ``node._metrics.MetricsServer`` (--metrics-port)
         self.spillback: Optional[Spillback] = None
         self.placement_groups: Optional[NodePlacementGroups] = None  # (in a cluster)
         self.prefixes: Optional[IdPrefixes] = None
@@ -317,12 +318,41 @@ class NodeDaemon:
             log.info("node %s: gave %d task(s) back to their origins", self.node_id, back)
         self.links.flush(2.0)  # (those words reach their origins before the links close)
 
+    def serve_metrics(self, bind: str, port: int) -> int:
+        """``/metrics`` and ``/health`` on ``bind:port`` (``node._metrics``); the port."""
+        from dpool.node._metrics import MetricsServer, TaskMetrics
+
+        self.scheduler.task_metrics = TaskMetrics()
+        self.metrics = MetricsServer(self._metrics_text, self.token, bind, port)
+        self.metrics.start()
+        return self.metrics.port
+
+    def _metrics_text(self) -> str:
+        from dpool.node._metrics import heartbeat_ages, render
+
+        s = self.scheduler
+        with s.lock:
+            status = self.sessions.status_locked()
+            workers = [w for g in s.groups_locked() for w in g.workers if w.alive]
+            busy = sum(1 for w in workers if w.inflight or w.leased is not None)
+            spilled = s.store.spilled_bytes
+            tasks = s.task_metrics
+        ages: dict = {}
+        if self.control is not None:
+            try:
+                ages = heartbeat_ages(self.control.cluster_view()[1])
+            except Exception:  # noqa: BLE001 - the rest still answers
+                ages = {}
+        return render(status, tasks, (busy, len(workers) - busy), spilled, ages)
+
     def serve(self) -> None:
         self.server.start()
         if self.agent is not None:
             self.agent.start()
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         if self.agent is not None:
             self.agent.stop()
         if self.control is not None:
@@ -353,6 +383,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unix-path", default=None)
     p.add_argument("--object-store-memory", type=int, default=None)
     p.add_argument("--join", default=None, help="the head node's address")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics (Prometheus) and /health on this port (0: any)")
     p.add_argument("--drain-grace", type=float, default=8.0,
                    help="on SIGTERM, how long running tasks may finish before the node "
                         "hands them back to other nodes (default 8 s)")
@@ -378,6 +410,13 @@ def main(argv: Optional[list] = None) -> int:
         return proc.failed(f"cannot listen on {bind}:{args.port}: {exc}"
                            if isinstance(exc, OSError) else str(exc))
     daemon.serve()
+    if args.metrics_port is not None:
+        try:
+            port = daemon.serve_metrics(bind, args.metrics_port)
+        except OSError as exc:
+            daemon.close()
+            return proc.failed(f"cannot serve metrics on {bind}:{args.metrics_port}: {exc}")
+        log.info("node %s: metrics on http://%s:%d/metrics", daemon.node_id, bind, port)
     log.info("node %s serving (%d CPUs, unix socket %s)", daemon.node_id, num_cpus,
              args.unix_path)
     proc.serving(f"{daemon.node_id} {socket.gethostname()}")

@@ -146,6 +146,11 @@ class HostStore:
         return self._capacity
 
     @property
+    def spilled_bytes(self) -> int:
+        """Bytes of objects spilled to disk now."""
+        return sum(size for _path, _name, size in self._spilled.values())
+
+    @property
     def under_pressure(self) -> bool:
         """Over half the store is in use: pins taken ahead of need may keep out a value
         that needs the room (the scheduler sends tasks with large inputs to idle workers

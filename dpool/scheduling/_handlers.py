@@ -24,10 +24,16 @@ from dpool.scheduling import _resources
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._records import ObjectEntry, Task, WorkerHandle
 
+TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
+if TYPE_CHECKING:
+    from typing import Any
+
 log = _log.getLogger("dpool.scheduling")
 
 
 class WorkerMessages(SchedulerCore):
+    task_metrics: Any = None  # a node's ``/metrics`` counts (``observe(ok, duration)``)
+
     def _on_frames(self, w: WorkerHandle, frames: list) -> None:
         self.deliver(self._handle_frames(w, frames))
 
@@ -68,6 +74,8 @@ class WorkerMessages(SchedulerCore):
         if t.alloc is not None:  # it held resources (``_resource_dispatch``)
             self._release_allocation_locked(t, w)
         self.batch.observe(t.fn_id, msg.duration)
+        if self.task_metrics is not None:
+            self.task_metrics.observe(msg.ok, msg.duration)
         if t.group.actor is not None:
             from dpool.scheduling import _actors
 
