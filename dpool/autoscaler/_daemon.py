@@ -29,6 +29,8 @@ from dpool.node import process as _process
 
 log = logging.getLogger("dpool.autoscaler")
 
+_LOST_AFTER_S = 120.0  # a node started that never showed up alive this long is given up
+
 
 class Autoscaler:
     def __init__(self, status: Any, provider: NodeProvider, policy: AutoscalePolicy,
@@ -38,6 +40,7 @@ class Autoscaler:
         self.policy = policy
         self.period_s = period_s
         self._idle: dict[str, float] = {}  # node id -> since when it ran nothing
+        self._lost: list = []  # its nodes gone from the cluster (the last ``view``)
         self.decisions: list[tuple[float, int, list]] = []  # (when, added, removed)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -59,8 +62,18 @@ class Autoscaler:
             seen.append(NodeSeen(nid, int(n.get("cpus_total", 0)), int(n.get("cpus_used", 0)),
                                  int(n.get("queued", 0)), nid in ours, self._idle.get(nid)))
         live = {x.node_id for x in seen}
-        pending = sum(1 for n in provided if not n.error and n.node_id not in live)
-        return ClusterView(seen, pending, len(provided), now)
+        pending = 0
+        self._lost = []
+        for n in provided:
+            if n.error:
+                continue
+            if n.node_id in live:
+                n.seen_live = True
+            elif n.seen_live or now - n.created > _LOST_AFTER_S:
+                self._lost.append(n)  # it died, or never came up: forgotten (below)
+            else:
+                pending += 1
+        return ClusterView(seen, pending, len(provided) - len(self._lost), now)
 
     def step(self) -> None:
         """One round: look, decide, act."""
@@ -69,6 +82,11 @@ class Autoscaler:
             log.warning("autoscaler: a node on %s failed to start: %s", failed.key,
                         failed.error)
         view = self.view(time.monotonic())
+        for n in self._lost:
+            log.warning("autoscaler: node %s (%s) is gone from the cluster; forgetting it",
+                        n.node_id or "?", n.key)
+            threading.Thread(target=self.provider.terminate_node, args=(n,), daemon=True,
+                             name="dpool-autoscale-stop").start()
         d = self.policy.decide(view)
         if not d.add and not d.remove:
             return

@@ -36,6 +36,7 @@ class ProvidedNode:
     node_id: str = ""  # the cluster's, once it runs ("" while it starts)
     created: float = 0.0  # (monotonic)
     error: str = ""  # why it failed to start
+    seen_live: bool = False  # the cluster listed it alive once (the autoscaler's note)
 
 
 class NodeProvider(Protocol):
