@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names, as if imported here
     from dpool._cancel import cancel
-    from dpool._resources_api import get_gpu_ids, resources
+    from dpool._resources_api import get_gpu_ids, request_resources, resources
     from dpool.actors import ActorHandle, ActorMethod, get_actor, kill, readonly
     from dpool.errors import (
         ActorDiedError,
@@ -69,7 +69,8 @@ _LAZY = {
                     "dpool.actors"),
     **dict.fromkeys(("Executor", "ProcessPoolExecutor", "ResourceOptions", "get_executor"),
                     "dpool.executor"),
-    **dict.fromkeys(("get_gpu_ids", "resources"), "dpool._resources_api"),
+    **dict.fromkeys(("get_gpu_ids", "resources", "request_resources"),
+                    "dpool._resources_api"),
     **dict.fromkeys(("Future", "ObjectRef"), "dpool.futures"),
     **dict.fromkeys(("get", "put", "wait"), "dpool.runtime"),
     **dict.fromkeys(("Pool", "cpu_count"), "dpool.pool"),
@@ -123,6 +124,7 @@ __all__ = [
     "get_executor",
     "resources",
     "get_gpu_ids",
+    "request_resources",
     "ResourceOptions",
     "wait",
     "get",

@@ -34,8 +34,9 @@ _LOST_AFTER_S = 120.0  # a node started that never showed up alive this long is 
 
 class Autoscaler:
     def __init__(self, status: Any, provider: NodeProvider, policy: AutoscalePolicy,
-                 period_s: float = 1.0) -> None:
+                 period_s: float = 1.0, requested: Any = None) -> None:
         self._status = status  # () -> the cluster's status dict (``dpool status --json``)
+        self._requested = requested  # (status) -> CPUs a standing request asks; None: 0
         self.provider = provider
         self.policy = policy
         self.period_s = period_s
@@ -73,7 +74,13 @@ class Autoscaler:
                 self._lost.append(n)  # it died, or never came up: forgotten (below)
             else:
                 pending += 1
-        return ClusterView(seen, pending, len(provided) - len(self._lost), now)
+        asked = 0
+        if self._requested is not None:
+            try:
+                asked = int(self._requested(status))
+            except Exception as exc:  # noqa: BLE001 - no request read: none this round
+                log.debug("autoscaler: reading the standing request: %s", exc)
+        return ClusterView(seen, pending, len(provided) - len(self._lost), now, asked)
 
     def step(self) -> None:
         """One round: look, decide, act."""
@@ -131,6 +138,29 @@ class Autoscaler:
             t.join(60)
 
 
+class _RequestReader:
+    """The standing ``dpool.request_resources`` (CPUs), read from the control store whose
+    shards the status names."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self._store: Any = None
+
+    def __call__(self, status: dict) -> int:
+        import json
+
+        from dpool.control import RedisControlStore
+        from dpool.control import keys as _keys
+
+        if self._store is None:
+            shards = [s["address"] for s in status.get("shards", ())]
+            if not shards:
+                return 0
+            self._store = RedisControlStore(shards, self._token)
+        raw = self._store.get_value(_keys.AUTOSCALE_REQUEST)
+        return int(json.loads(raw).get("num_cpus", 0)) if raw else 0
+
+
 def parse_range(text: str) -> tuple[int, int]:
     """``MIN:MAX`` as two ints (``ValueError`` saying what is wrong)."""
     try:
@@ -173,7 +203,8 @@ def main(argv: Optional[list] = None) -> int:
     from dpool.runtime import address as _address
 
     target = _address.resolve(args.head, proc.token)
-    scaler = Autoscaler(lambda: node_status(target), provider, policy, args.period)
+    scaler = Autoscaler(lambda: node_status(target), provider, policy, args.period,
+                        _RequestReader(proc.token))
     scaler.start()
     log.info("autoscaler for %s serving (%d..%d nodes, provider %s)", args.head, lo, hi,
              args.provider)

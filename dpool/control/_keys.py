@@ -63,6 +63,10 @@ SINGLETON_SHARD = 0
 EVENTS = PREFIX + b"events"
 
 # -- pub/sub channels --------------------------------------------------------------------
+# the key-value table's key of ``dpool.request_resources``'s standing request (JSON
+# ``{"num_cpus": N}``), which the autoscaler reads each round
+AUTOSCALE_REQUEST = "dpool:autoscaler:request"
+
 CH_OBJECT_READY = "dpool:ch:object-ready"
 CH_NODE_DEAD = "dpool:ch:node-dead"
 CH_SCHEDULER_UP = "dpool:ch:scheduler-up"  # a global scheduler registered

@@ -63,3 +63,16 @@ def test_bad_settings_are_clear_errors():
     for bad in ("4", "a:b", "3:1", "-1:2"):
         with pytest.raises(ValueError, match="MIN"):
             parse_range(bad)
+
+
+def test_a_standing_request_is_kept_whatever_is_queued():
+    p = QueueTarget(0, 4, cpus_per_node=1, idle_timeout_s=10)
+    v = view([head()])
+    v.requested_cpus = 3
+    assert p.decide(v).add == 1  # (doubling from none: one, then two, ...)
+    nodes = [head()] + [node(i, idle_since=0.0) for i in range(3)]
+    v = view(nodes)
+    v.requested_cpus = 3
+    assert p.decide(v).remove == [] and p.decide(v).add == 0  # idle, but asked for
+    v.requested_cpus = 2
+    assert len(p.decide(v).remove) == 1

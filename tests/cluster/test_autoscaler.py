@@ -117,6 +117,30 @@ def test_grows_for_a_burst_and_shrinks_when_idle(elastic, tmp_path):
             proc.wait()
 
 
+def test_request_resources_grows_ahead_of_work_and_withdrawing_shrinks(elastic, tmp_path):
+    c = elastic
+    deadline = time.monotonic() + IDLE_S + 30
+    while _alive_nodes(c) != [c.head.address] and time.monotonic() < deadline:
+        time.sleep(0.2)  # (after the test before: back to the head alone)
+    ask = "import dpool, sys; dpool.request_resources(num_cpus=int(sys.argv[1]))"
+    out = subprocess.run([sys.executable, "-c", ask, "2"], env=c.driver_env(),
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 30
+    while len(_alive_nodes(c)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_alive_nodes(c)) == 3  # the head and two nodes, with no task queued
+    time.sleep(IDLE_S + 2)
+    assert len(_alive_nodes(c)) == 3  # idle, but asked for: kept
+    out = subprocess.run([sys.executable, "-c", ask, "0"], env=c.driver_env(),
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + IDLE_S + 30
+    while _alive_nodes(c) != [c.head.address] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive_nodes(c) == [c.head.address]
+
+
 @pytest.mark.parametrize("extra, why", [
     (("--autoscale", "3:1"), "MIN <= MAX"),
     (("--autoscale", "0:2", "--provider", "cloud9"), "unknown provider"),
