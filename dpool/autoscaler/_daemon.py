@@ -29,12 +29,16 @@ from dpool.node import process as _process
 
 log = logging.getLogger("dpool.autoscaler")
 
-_LOST_AFTER_S = 120.0  # a node started that never showed up alive this long is given up
+_LOST_AFTER_S = 60.0  # after its start ended, a node never seen alive this long is given up
 
 
 class Autoscaler:
     def __init__(self, status: Any, provider: NodeProvider, policy: AutoscalePolicy,
-                 period_s: float = 1.0, requested: Any = None) -> None:
+                 period_s: float = 1.0, requested: Any = None,
+                 min_nodes: Optional[int] = None, max_nodes: Optional[int] = None) -> None:
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self._asked = 0  # the standing request's CPUs, as last read
+        self._stops: list = []  # threads stopping nodes
         self._status = status  # () -> the cluster's status dict (``dpool status --json``)
         self._requested = requested  # (status) -> CPUs a standing request asks; None: 0
         self.provider = provider
@@ -48,12 +52,13 @@ class Autoscaler:
 
     def view(self, now: float) -> ClusterView:
         status = self._status()
-        provided = self.provider.nodes()
+        provided = [n for n in self.provider.nodes() if not n.terminating]
         ours = {n.node_id for n in provided if n.node_id}
+        stopping = {n.node_id for n in self.provider.nodes() if n.terminating}
         seen = []
         for n in status.get("nodes", ()):
-            if not n.get("alive"):
-                continue
+            if not n.get("alive") or n["node_id"] in stopping:
+                continue  # (a node being drained is no capacity any more)
             nid = n["node_id"]
             busy = bool(n.get("cpus_used") or n.get("queued"))
             if busy:
@@ -63,6 +68,8 @@ class Autoscaler:
             seen.append(NodeSeen(nid, int(n.get("cpus_total", 0)), int(n.get("cpus_used", 0)),
                                  int(n.get("queued", 0)), nid in ours, self._idle.get(nid)))
         live = {x.node_id for x in seen}
+        for nid in [k for k in self._idle if k not in live]:
+            del self._idle[nid]  # (gone: a later node under its id starts busy)
         pending = 0
         self._lost = []
         for n in provided:
@@ -70,17 +77,16 @@ class Autoscaler:
                 continue
             if n.node_id in live:
                 n.seen_live = True
-            elif n.seen_live or now - n.created > _LOST_AFTER_S:
+            elif n.started.is_set() and (n.seen_live or now - n.created > _LOST_AFTER_S):
                 self._lost.append(n)  # it died, or never came up: forgotten (below)
             else:
                 pending += 1
-        asked = 0
         if self._requested is not None:
             try:
-                asked = int(self._requested(status))
-            except Exception as exc:  # noqa: BLE001 - no request read: none this round
+                self._asked = int(self._requested(status))
+            except Exception as exc:  # noqa: BLE001 - the last one read stands meanwhile
                 log.debug("autoscaler: reading the standing request: %s", exc)
-        return ClusterView(seen, pending, len(provided) - len(self._lost), now, asked)
+        return ClusterView(seen, pending, len(provided) - len(self._lost), now, self._asked)
 
     def step(self) -> None:
         """One round: look, decide, act."""
@@ -92,9 +98,12 @@ class Autoscaler:
         for n in self._lost:
             log.warning("autoscaler: node %s (%s) is gone from the cluster; forgetting it",
                         n.node_id or "?", n.key)
-            threading.Thread(target=self.provider.terminate_node, args=(n,), daemon=True,
-                             name="dpool-autoscale-stop").start()
+            self._terminate(n)
         d = self.policy.decide(view)
+        room = self.max_nodes - view.ours if self.max_nodes is not None else d.add
+        d.add = max(0, min(d.add, room))  # (whatever a policy says: within MIN..MAX)
+        if self.min_nodes is not None:
+            d.remove = d.remove[:max(0, view.ours - self.min_nodes)]
         if not d.add and not d.remove:
             return
         log.info("autoscaler: +%d -%d (%s; %d queued, %d node(s) of ours, %d starting)",
@@ -111,8 +120,22 @@ class Autoscaler:
             node = by_id.get(nid)
             if node is not None:  # (only nodes it added)
                 self._idle.pop(nid, None)
-                threading.Thread(target=self.provider.terminate_node, args=(node,),
-                                 daemon=True, name="dpool-autoscale-stop").start()
+                self._terminate(node)
+
+    def _terminate(self, node: Any) -> None:
+        if node.terminating:
+            return  # (once)
+        node.terminating = True
+
+        def stop() -> None:
+            try:
+                self.provider.terminate_node(node)
+            finally:
+                node.terminating = False  # (stopped and forgotten, or to try again)
+
+        t = threading.Thread(target=stop, daemon=True, name="dpool-autoscale-stop")
+        self._stops.append(t)
+        t.start()
 
     def run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -125,17 +148,17 @@ class Autoscaler:
         self._thread = threading.Thread(target=self.run, name="dpool-autoscaler", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop the loop, then every node it added (drained, in parallel)."""
+    def close(self, timeout: float = 50.0) -> None:
+        """Stop the loop, then every node it added (drained, in parallel), within
+        ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.period_s + 30)
-        stops = [threading.Thread(target=self.provider.terminate_node, args=(n,), daemon=True)
-                 for n in self.provider.nodes()]
-        for t in stops:
-            t.start()
-        for t in stops:
-            t.join(60)
+            self._thread.join(min(self.period_s + 10, timeout))
+        for n in self.provider.nodes():
+            self._terminate(n)
+        for t in list(self._stops):
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 class _RequestReader:
@@ -157,7 +180,11 @@ class _RequestReader:
             if not shards:
                 return 0
             self._store = RedisControlStore(shards, self._token)
-        raw = self._store.get_value(_keys.AUTOSCALE_REQUEST)
+        try:
+            raw = self._store.get_value(_keys.AUTOSCALE_REQUEST)
+        except Exception:
+            self._store = None  # (connect afresh next time: a failover, say)
+            raise
         return int(json.loads(raw).get("num_cpus", 0)) if raw else 0
 
 
@@ -204,7 +231,7 @@ def main(argv: Optional[list] = None) -> int:
 
     target = _address.resolve(args.head, proc.token)
     scaler = Autoscaler(lambda: node_status(target), provider, policy, args.period,
-                        _RequestReader(proc.token))
+                        _RequestReader(proc.token), lo, hi)
     scaler.start()
     log.info("autoscaler for %s serving (%d..%d nodes, provider %s)", args.head, lo, hi,
              args.provider)

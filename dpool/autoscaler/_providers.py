@@ -9,7 +9,9 @@ first). Its config:
 - ``num_cpus`` (default 1): each new node's CPUs;
 - ``addresses``: the loopback (or other local) addresses its nodes listen on, one node
   each -- the most it can start at once (default ``127.0.100.1`` .. ``127.0.100.32``);
-- ``python`` (default this interpreter).
+- ``python`` (default this interpreter);
+- ``object_store_memory``: each node's store, in bytes (default: the node's own default,
+  a share of this host's memory -- give less when many nodes share the host).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 _START_TIMEOUT_S = 120.0
@@ -37,6 +39,8 @@ class ProvidedNode:
     created: float = 0.0  # (monotonic)
     error: str = ""  # why it failed to start
     seen_live: bool = False  # the cluster listed it alive once (the autoscaler's note)
+    terminating: bool = False  # being stopped: no longer counted, never stopped twice
+    started: threading.Event = field(default_factory=threading.Event)  # its start ended
 
 
 class NodeProvider(Protocol):
@@ -85,10 +89,17 @@ class LocalProvider:
     """Node processes on this host (see the module's doc)."""
 
     def __init__(self, config: dict, head: str, token: str, state: str) -> None:
-        unknown = set(config) - {"num_cpus", "addresses", "python"}
+        unknown = set(config) - {"num_cpus", "addresses", "python", "object_store_memory"}
         if unknown:
             raise ProviderError(f"local provider: unknown config keys {sorted(unknown)} "
-                                "(it takes num_cpus, addresses, python)")
+                                "(it takes num_cpus, addresses, python, "
+                                "object_store_memory)")
+        store = config.get("object_store_memory")
+        if store is not None and (isinstance(store, bool) or not isinstance(store, int)
+                                  or store <= 0):
+            raise ProviderError(f"local provider: object_store_memory must be a positive "
+                                f"int (bytes), got {store!r}")
+        self._store_bytes = store
         cpus = config.get("num_cpus", 1)
         if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
             raise ProviderError(f"local provider: num_cpus must be an int >= 1, got {cpus!r}")
@@ -130,40 +141,52 @@ class LocalProvider:
     def _start(self, node: ProvidedNode) -> None:
         argv = [self._python, "-m", "dpool", "start", "--address", self._head,
                 "--node-ip", node.key, "--num-cpus", str(self.cpus_per_node)]
+        if self._store_bytes is not None:
+            argv += ["--object-store-memory", str(self._store_bytes)]
         try:
             out = subprocess.run(argv, env=self._env(node.key), capture_output=True,
                                  text=True, timeout=_START_TIMEOUT_S, check=False)
+            if out.returncode != 0:
+                lines = (out.stderr or out.stdout).strip().splitlines()
+                node.error = lines[-1] if lines else f"exit status {out.returncode}"
+            for line in out.stdout.splitlines():
+                if "(node " in line:  # "dpool: node started on HOST (node ADDR:PORT, ...)"
+                    node.node_id = line.split("(node ", 1)[1].split(",", 1)[0]
+            if not node.error and not node.node_id:
+                node.error = f"no node address in: {out.stdout!r}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             node.error = str(exc)
-            return
-        if out.returncode != 0:
-            lines = (out.stderr or out.stdout).strip().splitlines()
-            node.error = lines[-1] if lines else f"exit status {out.returncode}"
-            return
-        for line in out.stdout.splitlines():
-            if "(node " in line:  # "dpool: node started on HOST (node ADDR:PORT, log ...)"
-                node.node_id = line.split("(node ", 1)[1].split(",", 1)[0]
-        if not node.node_id:
-            node.error = f"no node address in: {out.stdout!r}"
+        finally:
+            if node.error:  # (whatever it left behind on that address goes first)
+                self._stop(node)
+            node.started.set()
+
+    def _stop(self, node: ProvidedNode) -> bool:
+        try:
+            out = subprocess.run([self._python, "-m", "dpool", "stop"],
+                                 env=self._env(node.key), capture_output=True, text=True,
+                                 timeout=_START_TIMEOUT_S, check=False)
+            return out.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
 
     def terminate_node(self, node: ProvidedNode) -> None:
-        """``dpool stop`` for its state folder (the node drains first), then forget it."""
-        try:
-            subprocess.run([self._python, "-m", "dpool", "stop"], env=self._env(node.key),
-                           capture_output=True, text=True, timeout=_START_TIMEOUT_S,
-                           check=False)
-        finally:
+        """``dpool stop`` for its state folder (the node drains first; a start still under
+        way is waited for), then forget it -- unless the stop failed."""
+        node.started.wait(_START_TIMEOUT_S + 10)
+        if self._stop(node):
             with self._lock:
-                self._nodes.pop(node.key, None)
+                if self._nodes.get(node.key) is node:
+                    del self._nodes[node.key]
 
     def nodes(self) -> list[ProvidedNode]:
         with self._lock:
             return list(self._nodes.values())
 
     def forget_failed(self) -> list[ProvidedNode]:
-        """The nodes that failed to start (their addresses free again)."""
+        """The nodes that failed to start, their starts over (addresses free again)."""
         with self._lock:
-            failed = [n for n in self._nodes.values() if n.error]
+            failed = [n for n in self._nodes.values() if n.error and n.started.is_set()]
             for n in failed:
                 del self._nodes[n.key]
         return failed

@@ -18,6 +18,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for each process before killing it")
 
 
+def _stop_autoscaled(timeout: float) -> list:
+    """Nodes the autoscaler started that still run (it was killed, or one's stop failed):
+    each has a record in a folder of the autoscaler's (``autoscaler/node-*``)."""
+    import glob
+    import json
+    import os
+
+    out = []
+    for path in glob.glob(os.path.join(_address.state_dir(), "autoscaler", "node-*",
+                                       "cluster.json")):
+        try:
+            with open(path) as f:
+                node = json.load(f).get("node", {})
+        except (OSError, ValueError):
+            continue
+        if stop_pid(node.get("pid"), max(timeout, float(node.get("drain_grace", 0)) + 5.0),
+                    node.get("started")):
+            out.append(f"node {node.get('address')} (the autoscaler's)")
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         record = _address.read_record()
@@ -32,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if scaler:  # first: it stops (drains) the nodes it added
         if stop_pid(scaler.get("pid"), max(args.timeout, 60.0), scaler.get("started")):
             stopped.append("autoscaler")
+        stopped += _stop_autoscaled(args.timeout)
     for gs in record.get("global_schedulers", []):
         if stop_pid(gs.get("pid"), args.timeout, gs.get("started")):
             stopped.append(f"global scheduler {gs.get('address')}")

@@ -336,7 +336,7 @@ class NodeDaemon:
             workers = [w for g in s.groups_locked() for w in g.workers if w.alive]
             busy = sum(1 for w in workers if w.inflight or w.leased is not None)
             spilled = s.store.spilled_bytes
-            tasks = s.task_metrics
+            tasks = s.task_metrics.copy()
         ages: dict = {}
         if self.control is not None:
             try:

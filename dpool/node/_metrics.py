@@ -43,6 +43,13 @@ class TaskMetrics:
         self.counts = [0] * (len(BUCKETS) + 1)  # per bucket; the last: above every bound
         self.total_s = 0.0
 
+    def copy(self) -> TaskMetrics:
+        """A snapshot (taken under the scheduler's lock: one scrape sees one state)."""
+        c = TaskMetrics()
+        c.finished, c.failed, c.counts, c.total_s = (self.finished, self.failed,
+                                                     list(self.counts), self.total_s)
+        return c
+
     def observe(self, ok: bool, duration: float) -> None:
         if ok:
             self.finished += 1
@@ -53,10 +60,11 @@ class TaskMetrics:
 
 
 def _line(name: str, value: float, labels: Optional[dict] = None) -> str:
+    text = str(value) if isinstance(value, int) else repr(float(value))  # (all digits)
     if labels:
         inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-        return f"{name}{{{inner}}} {value:g}"
-    return f"{name} {value:g}"
+        return f"{name}{{{inner}}} {text}"
+    return f"{name} {text}"
 
 
 def _escape(text: str) -> str:
@@ -82,7 +90,7 @@ def render(status: dict, tasks: TaskMetrics, workers: tuple[int, int], spilled: 
     out.append(_line("dpool_task_duration_seconds_bucket", running + tasks.counts[-1],
                      {"le": "+Inf"}))
     out.append(_line("dpool_task_duration_seconds_sum", tasks.total_s))
-    out.append(_line("dpool_task_duration_seconds_count", tasks.finished + tasks.failed))
+    out.append(_line("dpool_task_duration_seconds_count", sum(tasks.counts)))
     out += [
         "# HELP dpool_tasks_queued Tasks waiting on this node for a worker.",
         "# TYPE dpool_tasks_queued gauge",

@@ -20,6 +20,7 @@ class Recorder:
 
     def create_node(self):
         n = ProvidedNode(f"10.0.0.{len(self._nodes) + 1}", created=time.monotonic())
+        n.started.set()  # (at once, here)
         self._nodes.append(n)
         return n
 
@@ -42,7 +43,8 @@ def test_it_adds_for_a_queue_forgets_a_lost_node_and_removes_idle_ones():
     status = {"nodes": [{"node_id": "head", "alive": True, "cpus_total": 0,
                          "cpus_used": 0, "queued": 5}]}
     p = Recorder()
-    a = Autoscaler(lambda: status, p, QueueTarget(0, 3, 1, idle_timeout_s=0.0))
+    a = Autoscaler(lambda: status, p, QueueTarget(0, 3, 1, idle_timeout_s=0.0),
+                   min_nodes=0, max_nodes=3)
     a.step()
     assert len(p.nodes()) == 1  # none yet: one
     n1 = p.nodes()[0]
@@ -65,3 +67,29 @@ def test_it_adds_for_a_queue_forgets_a_lost_node_and_removes_idle_ones():
     a.step()  # idle (timeout 0): n1 goes
     assert _wait(lambda: "10.0.0.1" in p.terminated)
     assert [d[1] for d in a.decisions if d[1]] == [1, 1]
+
+
+class Greedy:
+    """A policy that asks too much both ways: the loop keeps it within MIN..MAX."""
+
+    def decide(self, view):
+        from dpool.autoscaler import Decision
+
+        return Decision(add=10, remove=[n.node_id for n in view.nodes if n.ours])
+
+
+def test_the_loop_keeps_any_policy_within_min_and_max():
+    status = {"nodes": [{"node_id": "head", "alive": True, "cpus_total": 0,
+                         "cpus_used": 0, "queued": 0}]}
+    p = Recorder()
+    a = Autoscaler(lambda: status, p, Greedy(), min_nodes=1, max_nodes=2)
+    a.step()
+    assert len(p.nodes()) == 2  # not 10
+    for i, n in enumerate(p.nodes()):
+        n.node_id = f"n{i}"
+        status["nodes"].append({"node_id": n.node_id, "alive": True, "cpus_total": 1,
+                                "cpus_used": 0, "queued": 0})
+    a.step()  # (asks to remove both: one stays)
+    assert _wait(lambda: len(p.terminated) == 1)
+    time.sleep(0.1)
+    assert len(p.terminated) == 1
