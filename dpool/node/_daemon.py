@@ -322,7 +322,7 @@ class NodeDaemon:
         """``/metrics`` and ``/health`` on ``bind:port`` (``node._metrics``); the port."""
         from dpool.node._metrics import MetricsServer, TaskMetrics
 
-        self.scheduler.task_metrics = TaskMetrics()
+        self.scheduler.count_tasks(TaskMetrics())
         self.metrics = MetricsServer(self._metrics_text, self.token, bind, port)
         self.metrics.start()
         return self.metrics.port

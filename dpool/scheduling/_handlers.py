@@ -34,6 +34,12 @@ log = _log.getLogger("dpool.scheduling")
 class WorkerMessages(SchedulerCore):
     task_metrics: Any = None  # a node's ``/metrics`` counts (``observe(ok, duration)``)
 
+    def count_tasks(self, metrics: Any) -> None:
+        """From now on, tell ``metrics.observe(ok, duration)`` each task's outcome (a
+        node's ``/metrics``)."""
+        with self.lock:
+            self.task_metrics = metrics
+
     def _on_frames(self, w: WorkerHandle, frames: list) -> None:
         self.deliver(self._handle_frames(w, frames))
 
