@@ -1,7 +1,8 @@
 """The dashboard's HTTP server (the stdlib's ``ThreadingHTTPServer``) and its login.
 
 It serves nothing to a request that does not prove it knows the cluster token: every
-path, a wrong one included, answers 401 unless the request carries
+path but ``/health`` (``ok``, for probes), a wrong one included, answers 401 unless the
+request carries
 
 - the login cookie, ``HMAC(token, "dpool-dashboard-session")``, set by
   ``/login?key=K`` where ``K = HMAC(token, "dpool-dashboard-login")`` (the login URL
@@ -10,7 +11,8 @@ path, a wrong one included, answers 401 unless the request carries
 - ``Authorization: Bearer <the cluster token>`` (for scripts: ``curl -H ... /api/state``).
 
 Paths: ``/`` the page, ``/fragment`` its live part (what the page's script fetches),
-``/api/state`` the snapshot as JSON. Every answer forbids caching, framing and any
+``/api/state`` the snapshot as JSON, ``/metrics`` the cluster's gauges in Prometheus'
+text format (``node.metrics.render_cluster``), and ``/health`` (``ok``, to anyone). Every answer forbids caching, framing and any
 content from elsewhere (Content-Security-Policy: only the page's own script and style,
 by hash, and requests back to this server).
 """
@@ -143,6 +145,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 self._send(403, b"wrong login key\n", "text/plain")
             return
+        if url.path == "/health":  # (for probes: says nothing but that it serves)
+            self._send(200, b"ok\n", "text/plain")
+            return
         if not d.authorized(self.headers.get("Cookie"), self.headers.get("Authorization")):
             self._send(401, b"401: this dashboard shows a dpool cluster only to who knows "
                             b"its token: open the login URL that `dpool dashboard` printed\n",
@@ -155,6 +160,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(200, _render.fragment(d.snapshot()).encode(), "text/html; charset=utf-8")
         elif url.path == "/api/state":
             self._send(200, json.dumps(d.snapshot()).encode(), "application/json")
+        elif url.path == "/metrics":  # (Prometheus: the token as a Bearer token)
+            from dpool.node import metrics as _metrics
+
+            self._send(200, _metrics.render_cluster(d.snapshot()).encode(),
+                       "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._send(404, b"not found\n", "text/plain")
 

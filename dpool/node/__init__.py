@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from dpool._lazy import front_door
 
 if TYPE_CHECKING:
+    from dpool.node import _metrics as metrics
     from dpool.node import _process as process
     from dpool.node._attach import PeerHandle
     from dpool.node._links import dial, peer_hello, welcome_message
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 # is the module itself, used as a namespace (``from dpool.node import process as _process``).
 _MODULES = {
     "process": "dpool.node._process",
+    "metrics": "dpool.node._metrics",
 }
 _LAZY = {
     "PeerHandle": "dpool.node._attach",
@@ -43,6 +45,7 @@ __all__ = [
     "NodeServer",
     "PeerHandle",
     "dial",
+    "metrics",
     "peer_hello",
     "process",
     "welcome_message",

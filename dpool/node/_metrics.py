@@ -59,7 +59,8 @@ class TaskMetrics:
         self.total_s += duration
 
 
-def _line(name: str, value: float, labels: Optional[dict] = None) -> str:
+def line(name: str, value: float, labels: Optional[dict] = None) -> str:
+    """One sample in the text format: ``name{labels} value``."""
     text = str(value) if isinstance(value, int) else repr(float(value))  # (all digits)
     if labels:
         inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
@@ -78,46 +79,46 @@ def render(status: dict, tasks: TaskMetrics, workers: tuple[int, int], spilled: 
     out = [
         "# HELP dpool_tasks_total Tasks this node finished, by outcome.",
         "# TYPE dpool_tasks_total counter",
-        _line("dpool_tasks_total", tasks.finished, {"outcome": "finished"}),
-        _line("dpool_tasks_total", tasks.failed, {"outcome": "failed"}),
+        line("dpool_tasks_total", tasks.finished, {"outcome": "finished"}),
+        line("dpool_tasks_total", tasks.failed, {"outcome": "failed"}),
         "# HELP dpool_task_duration_seconds Time tasks spent in their function.",
         "# TYPE dpool_task_duration_seconds histogram",
     ]
     running = 0
     for bound, n in zip(BUCKETS, tasks.counts, strict=False):
         running += n
-        out.append(_line("dpool_task_duration_seconds_bucket", running, {"le": f"{bound:g}"}))
-    out.append(_line("dpool_task_duration_seconds_bucket", running + tasks.counts[-1],
+        out.append(line("dpool_task_duration_seconds_bucket", running, {"le": f"{bound:g}"}))
+    out.append(line("dpool_task_duration_seconds_bucket", running + tasks.counts[-1],
                      {"le": "+Inf"}))
-    out.append(_line("dpool_task_duration_seconds_sum", tasks.total_s))
-    out.append(_line("dpool_task_duration_seconds_count", sum(tasks.counts)))
+    out.append(line("dpool_task_duration_seconds_sum", tasks.total_s))
+    out.append(line("dpool_task_duration_seconds_count", sum(tasks.counts)))
     out += [
         "# HELP dpool_tasks_queued Tasks waiting on this node for a worker.",
         "# TYPE dpool_tasks_queued gauge",
-        _line("dpool_tasks_queued", status.get("queued", 0)),
+        line("dpool_tasks_queued", status.get("queued", 0)),
         "# HELP dpool_workers Worker processes of this node, busy or idle.",
         "# TYPE dpool_workers gauge",
-        _line("dpool_workers", workers[0], {"state": "busy"}),
-        _line("dpool_workers", workers[1], {"state": "idle"}),
+        line("dpool_workers", workers[0], {"state": "busy"}),
+        line("dpool_workers", workers[1], {"state": "idle"}),
         "# HELP dpool_cpus This node's CPUs, and those running tasks.",
         "# TYPE dpool_cpus gauge",
-        _line("dpool_cpus", status.get("cpus_total", 0), {"kind": "total"}),
-        _line("dpool_cpus", status.get("cpus_used", 0), {"kind": "used"}),
+        line("dpool_cpus", status.get("cpus_total", 0), {"kind": "total"}),
+        line("dpool_cpus", status.get("cpus_used", 0), {"kind": "used"}),
         "# HELP dpool_object_store_bytes This node's object store.",
         "# TYPE dpool_object_store_bytes gauge",
-        _line("dpool_object_store_bytes", status.get("store_used", 0), {"kind": "used"}),
-        _line("dpool_object_store_bytes", status.get("store_capacity", 0),
+        line("dpool_object_store_bytes", status.get("store_used", 0), {"kind": "used"}),
+        line("dpool_object_store_bytes", status.get("store_capacity", 0),
               {"kind": "capacity"}),
-        _line("dpool_object_store_bytes", spilled, {"kind": "spilled"}),
+        line("dpool_object_store_bytes", spilled, {"kind": "spilled"}),
     ]
     if heartbeats:
         out += ["# HELP dpool_node_heartbeat_age_seconds Since each node's last heartbeat.",
                 "# TYPE dpool_node_heartbeat_age_seconds gauge"]
-        out += [_line("dpool_node_heartbeat_age_seconds", age, {"node": node})
+        out += [line("dpool_node_heartbeat_age_seconds", age, {"node": node})
                 for node, age in sorted(heartbeats.items())]
         out += ["# HELP dpool_nodes_alive Nodes the node table lists as alive.",
                 "# TYPE dpool_nodes_alive gauge",
-                _line("dpool_nodes_alive", len(heartbeats))]
+                line("dpool_nodes_alive", len(heartbeats))]
     return "\n".join(out) + "\n"
 
 
@@ -182,3 +183,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def heartbeat_ages(rows: list) -> dict:
     """node id -> seconds since its last heartbeat, of the live rows of the node table."""
     return {r["node_id"]: max(0.0, float(r.get("age", 0.0))) for r in rows if r.get("alive")}
+
+
+def render_cluster(snap: dict) -> str:
+    """The cluster as the dashboard's collector sees it (``Collector.snapshot``): each
+    node's gauges, labelled by node, and the cluster's counts -- the head's ``/metrics``."""
+    nodes = snap.get("nodes") or []
+    out = ["# HELP dpool_node_up Whether the node table lists the node as alive.",
+           "# TYPE dpool_node_up gauge"]
+    out += [line("dpool_node_up", int(bool(n.get("alive"))), {"node": n.get("node_id")})
+            for n in nodes]
+    families: tuple = (
+        ("dpool_node_cpus", "CPUs of each node, and those running tasks.",
+         lambda n: [({"kind": "total"}, n.get("cpus_total") or 0),
+                    ({"kind": "used"}, n.get("cpus_used") or 0)]),
+        ("dpool_node_tasks_queued", "Tasks waiting on each node.",
+         lambda n: [({}, n.get("queued") or 0)]),
+        ("dpool_node_object_store_bytes", "Each node's object store.",
+         lambda n: [({"kind": "used"}, n.get("store_used") or 0),
+                    ({"kind": "capacity"}, n.get("store_capacity") or 0)]),
+        ("dpool_node_heartbeat_age_seconds", "Since each node's last heartbeat.",
+         lambda n: [({}, float(n.get("age") or 0.0))]),
+    )
+    for name, text, values in families:
+        out += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for n in nodes:
+            for labels, v in values(n):
+                out.append(line(name, v, {"node": n.get("node_id"), **labels}))
+    running = (snap.get("running") or {}).get("count", 0)
+    out += [
+        "# HELP dpool_nodes_alive Nodes the node table lists as alive.",
+        "# TYPE dpool_nodes_alive gauge",
+        line("dpool_nodes_alive", sum(1 for n in nodes if n.get("alive"))),
+        "# HELP dpool_tasks_running Tasks running in the cluster.",
+        "# TYPE dpool_tasks_running gauge",
+        line("dpool_tasks_running", running),
+        "# HELP dpool_global_schedulers_alive Global scheduler replicas alive.",
+        "# TYPE dpool_global_schedulers_alive gauge",
+        line("dpool_global_schedulers_alive",
+             sum(1 for g in snap.get("global_schedulers") or [] if g.get("alive"))),
+        "# HELP dpool_control_store_shards_alive Control-store shards answering.",
+        "# TYPE dpool_control_store_shards_alive gauge",
+        line("dpool_control_store_shards_alive",
+             sum(1 for x in snap.get("shards") or [] if x.get("alive"))),
+    ]
+    return "\n".join(out) + "\n"

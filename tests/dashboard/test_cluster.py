@@ -166,6 +166,26 @@ def test_the_state_lists_nodes_schedulers_and_shards(dash, cluster3):
     assert state["errors"] == []
 
 
+def test_prometheus_metrics_of_the_cluster_and_health(dash, cluster3):
+    parser = pytest.importorskip("prometheus_client.parser")
+    assert dash.get("/health") == (200, b"ok\n")  # (to anyone: for probes)
+    assert dash.get("/metrics")[0] == 401
+    status, body = dash.get("/metrics", Authorization=f"Bearer {cluster3.token}")
+    assert status == 200
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in parser.text_string_to_metric_families(body.decode())
+               for s in fam.samples}
+    assert samples[("dpool_nodes_alive", ())] == 3
+    assert samples[("dpool_global_schedulers_alive", ())] == 1
+    assert samples[("dpool_control_store_shards_alive", ())] == 2
+    for n in cluster3.nodes:
+        assert samples[("dpool_node_up", (("node", n.address),))] == 1
+        assert samples[("dpool_node_cpus", (("kind", "total"), ("node", n.address)))] == 2
+        assert samples[("dpool_node_object_store_bytes",
+                        (("kind", "capacity"), ("node", n.address)))] > 0
+        assert ("dpool_node_heartbeat_age_seconds", (("node", n.address),)) in samples
+
+
 FAILING = textwrap.dedent("""
     import time
     from concurrent.futures import ProcessPoolExecutor
