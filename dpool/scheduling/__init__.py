@@ -13,7 +13,8 @@ packages use the names in ``__all__``; the modules are private:
 - ``_actors``: actor groups (one worker that keeps its state; calls in order, a log of
   them and restarts that replay it).
 - ``_states``: task and worker states and their only legal transitions; ``_records``:
-  ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``; ``_policy``: how many tasks
+  ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``, ``WorkerGroupConfig``;
+  ``_exits``: reaping a worker process and saying how it died; ``_policy``: how many tasks
   a worker may hold (``BatchPolicy``).
 - ``_limits``: per-task timeouts, memory limits, the host's memory threshold, forced
   cancels (the watch that kills a worker for its task).
@@ -31,8 +32,14 @@ here.
 
 from dpool._lazy import front_door
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
-from dpool.scheduling._scheduler import LocalScheduler, WorkerGroupConfig
+from dpool.scheduling._records import (
+    ObjectEntry,
+    Task,
+    WorkerGroup,
+    WorkerGroupConfig,
+    WorkerHandle,
+)
+from dpool.scheduling._scheduler import LocalScheduler
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from dpool.protocol import record
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._resources import BUNDLE
 from dpool.scheduling._states import DONE, NEXT, QUEUED, SEND, WAITING, illegal
-from dpool.scheduling._workers import _describe_exit
+from dpool.scheduling._exits import describe_exit
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -395,7 +395,7 @@ def died_locked(s: SchedulerCore, w: WorkerHandle, held: list, exitcode: Optiona
         s._requeue_locked(w, tuple(t.task_id for t in held))
     if not was_alive or g.broken is not None:
         return  # told to stop (its group closed, or it was killed)
-    how = _describe_exit(exitcode)
+    how = describe_exit(exitcode)
     cfg = a.cfg
     if cfg.max_restarts < 0 or a.restarts < cfg.max_restarts:
         a.restarts += 1

@@ -9,7 +9,7 @@ declares.
 
 Lock rule: each call takes the scheduler's lock and must not be called with it held, but
 ``close_group_soon``, which takes none (a finalizer may run while this thread holds it).
-Workers are reaped (``_workers._reap``) after the lock is released.
+Workers are reaped (``_exits.reap``) after the lock is released.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dpool.protocol import messages as m
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._limits import cancel_group_locked, cancel_running_locked
 from dpool.scheduling._records import Task, WorkerGroup
-from dpool.scheduling._workers import _reap
+from dpool.scheduling._exits import reap
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class GroupCalls(SchedulerCore):
             stragglers = list(group.workers)
         for w in stragglers:  # did not exit within `timeout` of being told to
             log.warning("worker %d did not exit when asked; killing it", w.worker_id)
-            _reap(w, kill_after=0)
+            reap(w, kill_after=0)
 
     def terminate_group(self, group: WorkerGroup, reason: str) -> None:
         """Stop a group's workers now; its unfinished tasks fail with ``reason``."""
@@ -136,7 +136,7 @@ class GroupCalls(SchedulerCore):
                 _actors.end_locked(self, group)
             out = self.take_out_locked()
         for w in victims:
-            _reap(w, kill_after=0.5)
+            reap(w, kill_after=0.5)
         self.deliver(out)
 
     def kill_actor_locked(self, g: WorkerGroup, reason: str) -> bool:

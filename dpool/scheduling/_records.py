@@ -1,4 +1,5 @@
-"""The local scheduler's records: ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``.
+"""The local scheduler's records: ``Task``, ``ObjectEntry``, ``WorkerHandle``, ``WorkerGroup``
+and the ``WorkerGroupConfig`` a group is made from.
 
 Plain data, read and written under the scheduler's lock (the node's services too:
 ``SchedulerAPI``). A task's ``state`` moves only as ``_states.TRANSITIONS`` allows
@@ -27,6 +28,7 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Optional
 
+    from dpool.scheduling._actors import ActorConfig
     from dpool.scheduling._resources import Allocation, Request
 
 
@@ -117,7 +119,7 @@ class WorkerHandle:
         # the attached driver this worker is lent to (cluster mode): it sends the tasks;
         # the node's dispatch leaves the worker alone and counts it busy until it ends
         self.leased: Any = None
-        self.killed_here = False  # SIGKILLed by ``_workers._reap``, not from outside
+        self.killed_here = False  # SIGKILLed by ``_exits.reap``, not from outside
         self.slot = -1  # where it says which task it runs (``protocol._running``); -1: none
         # killed by ``_limits``: (task id, the error it fails with, whether it runs again)
         self.fate: Optional[tuple] = None
@@ -216,3 +218,23 @@ class WorkerGroup:
         self.actor = None
         self.limits = NO_LIMITS
         self.watch = False
+
+
+@record
+class WorkerGroupConfig:
+    """How to make a worker group (``LocalScheduler.add_group``): an executor's, a
+    Pool's or an actor's settings."""
+
+
+    max_workers: int
+    mp_context: Any
+    initializer: Optional[bytes] = None
+    max_tasks: Optional[int] = None
+    max_attempts: int = 3
+    working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
+    # ``initargs`` that only process creation may hand over (a multiprocessing Lock,
+    # Queue, Value...): given to every worker as an argument of its Process, as the
+    # stdlib does; ``initializer`` then carries ``(fn, None)``.
+    inherited: Optional[tuple] = None
+    actor: Optional[ActorConfig] = None  # an actor's group (``_actors``): one worker
+    limits: Optional[tuple] = None  # its ``_limits.GroupLimits`` (task_timeout=, ...)

@@ -43,7 +43,7 @@ from dpool._task_future import completes_anywhere
 from dpool.errors import ObjectLostError, ObjectStoreFullError
 from dpool.objects import HostStore, stored_size
 from dpool.objects import payload as _payload
-from dpool.protocol import SPIN_S, IOLoop, preload_worker, record
+from dpool.protocol import SPIN_S, IOLoop, preload_worker
 from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
@@ -54,7 +54,13 @@ from dpool.scheduling._lineage import STORED
 from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._object_table import ObjectTable
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._records import (
+    ObjectEntry,
+    Task,
+    WorkerGroup,
+    WorkerGroupConfig,
+    WorkerHandle,
+)
 from dpool.scheduling._resource_dispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
 from dpool.scheduling._states import (FINISH, NEXT, READY, RETURN, SPILLBACK, WAIT,
@@ -65,29 +71,12 @@ TYPE_CHECKING = False  # typing's, without importing typing (type checkers know 
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
-    from dpool.scheduling._actors import ActorConfig
-
     from dpool.control import ControlStore
     from dpool.scheduling._api import ActorService, DriverService, Handler
     from dpool.scheduling._api import LeaseService, SpillbackService
 
 log = _log.getLogger("dpool.scheduling")
 
-
-@record
-class WorkerGroupConfig:
-    max_workers: int
-    mp_context: Any
-    initializer: Optional[bytes] = None
-    max_tasks: Optional[int] = None
-    max_attempts: int = 3
-    working_dir: Optional[str] = None  # cluster mode: the directory shipped to the nodes
-    # ``initargs`` that only process creation may hand over (a multiprocessing Lock,
-    # Queue, Value...): given to every worker as an argument of its Process, as the
-    # stdlib does; ``initializer`` then carries ``(fn, None)``.
-    inherited: Optional[tuple] = None
-    actor: Optional[ActorConfig] = None  # an actor's group (``_actors``): one worker
-    limits: Optional[tuple] = None  # its ``_limits.GroupLimits`` (task_timeout=, ...)
 
 
 class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, ObjectTable):

@@ -43,6 +43,7 @@ from dpool.protocol import Channel, WorkerConfig, start_worker
 from dpool.protocol import messages as m
 from dpool.protocol import running as _running
 from dpool.scheduling import _forkproc, _limits
+from dpool.scheduling._exits import describe_exit, reap
 from dpool.scheduling._core import SchedulerCore
 from dpool.scheduling._lock import write_sends
 from dpool.scheduling._records import Task, WorkerGroup, WorkerHandle
@@ -109,7 +110,7 @@ class WorkerPool(SchedulerCore):
         if self.zygote is not None:
             self.zygote.finish()
         for w in workers:
-            _reap(w, kill_after=1.0)
+            reap(w, kill_after=1.0)
         with self._fork_lock:
             self._forked_server = True  # none after the end
         if self.zygote is not None:
@@ -373,7 +374,7 @@ class WorkerPool(SchedulerCore):
             w.chan.close()
             self.deliver(out)
             return
-        exitcode = _reap(w, kill_after=0.2)
+        exitcode = reap(w, kill_after=0.2)
         oom = False
         if exitcode == -signal.SIGKILL and not w.killed_here:  # the kernel's OOM killer?
             oom = _limits.oom_kills() != w.oom_base
@@ -443,14 +444,14 @@ class WorkerPool(SchedulerCore):
                 if lost:
                     log.warning("worker %d (pid %s) died with %s %s task %#x (attempt "
                                 "%d of %d); %d other task(s) it held go back uncharged",
-                                w.worker_id, w.pid, _describe_exit(exitcode, oom),
+                                w.worker_id, w.pid, describe_exit(exitcode, oom),
                                 "running" if lost[0].task_id == running else "holding first",
                                 lost[0].task_id, lost[0].attempts, g.max_attempts,
                                 len(held) - len(lost))
                 else:
                     log.warning("worker %d (pid %s) died with %s running no task; the %d "
                                 "task(s) it held go back uncharged", w.worker_id, w.pid,
-                                _describe_exit(exitcode, oom), len(held))
+                                describe_exit(exitcode, oom), len(held))
             for t in lost:
                 if t.attempts < g.max_attempts and g.broken is None and was_alive:
                     transition(t, REQUEUE)
@@ -458,7 +459,7 @@ class WorkerPool(SchedulerCore):
                 else:
                     err = errors.WorkerCrashedError(
                         f"the worker running this task (pid {w.pid}) died with "
-                        f"{_describe_exit(exitcode, oom)} on attempt {t.attempts} of "
+                        f"{describe_exit(exitcode, oom)} on attempt {t.attempts} of "
                         f"{g.max_attempts}",
                         exitcode=exitcode, attempts=t.attempts)
                     self.finish_locked(t, False, _payload.dumps_error(err))
@@ -491,13 +492,13 @@ class WorkerPool(SchedulerCore):
             g.start_failures += 1
         log.warning("worker %d (pid %s) died with %s before it started (%d start-up "
                     "failure(s) in a row); the %d task(s) it held go back uncharged",
-                    w.worker_id, w.pid, _describe_exit(exitcode), g.start_failures,
+                    w.worker_id, w.pid, describe_exit(exitcode), g.start_failures,
                     len(held))
         if g.start_failures >= _START_FAILURES:
             self.break_group_locked(g, (
                 "A child process terminated abruptly, the process pool is not usable "
                 f"anymore ({g.start_failures} workers in a row died while starting, the "
-                f"last with {_describe_exit(exitcode)})"))
+                f"last with {describe_exit(exitcode)})"))
 
     def break_group_locked(self, g: WorkerGroup, reason: str) -> None:
         """``g`` cannot run tasks any more (its workers cannot start): fail what it has
@@ -581,34 +582,3 @@ class WorkerPool(SchedulerCore):
         hooks, g.on_idle = g.on_idle, []
         for hook in hooks:
             hook()  # trivial by contract (Event.set): runs under the lock
-
-
-def _describe_exit(code: Optional[int], oom: bool = False) -> str:
-    if oom:
-        return "signal SIGKILL from the kernel's out-of-memory killer (its OOM kill count " \
-               "went up: the host or this cgroup ran out of memory)"
-    if code is None:
-        return "an unknown exit status"
-    if code < 0:
-        import signal
-
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-def _reap(w: WorkerHandle, kill_after: float) -> Optional[int]:
-    """Wait for a worker process to exit (killing it after ``kill_after`` s: its exit
-    code then says SIGKILL, and ``w.killed_here`` is set)."""
-    proc = w.process
-    try:
-        proc.join(kill_after)
-        if proc.exitcode is None:
-            w.killed_here = True
-            proc.kill()
-            proc.join(2.0)
-        return proc.exitcode
-    except (AssertionError, ValueError, OSError):  # not our child / already closed
-        return None

@@ -291,3 +291,28 @@ def shards():
         for s in servers:
             s.stop()
         assert_gone(pids)
+
+
+_SPREAD = """
+import os, time
+import dpool
+
+def where(t):
+    time.sleep(t)
+    return os.environ.get("DPOOL_NODE_ID")
+
+if __name__ == "__main__":
+    with dpool.ProcessPoolExecutor() as ex:
+        print(len(set(ex.map(where, [0.3] * 24))))
+"""
+
+
+def nodes_used(env: dict, tmp: Path) -> int:
+    """How many nodes a program's 24 tasks of 0.3 s ran on, run with ``env`` (its
+    ``DPOOL_ADDRESS``/``DPOOL_TOKEN``) as a driver from ``tmp``."""
+    prog = tmp / "spread.py"
+    prog.write_text(_SPREAD)
+    out = subprocess.run([sys.executable, str(prog)], env=env, capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)

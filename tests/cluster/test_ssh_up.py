@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from tests.cluster.conftest import ROOT, TIMEOUT, base_env, free_port, host
+from tests.cluster.conftest import ROOT, TIMEOUT, base_env, free_port, host, nodes_used
 from tests.cluster.ssh_helpers import SshUnavailable, start_sshd
 
 yaml = pytest.importorskip("yaml")
@@ -63,23 +62,7 @@ def test_up_runs_a_cluster_on_ssh_hosts_and_down_stops_it(sshd, tmp_path):
         assert lines[0].startswith(f"{ips[0]}: head started")
         assert all(any(x.startswith(f"{ip}: node started") for x in lines) for ip in ips[1:])
         values = dict(x.split("=", 1) for x in lines if "=" in x)
-        prog = tmp_path / "prog.py"
-        prog.write_text(textwrap.dedent("""
-            import os, time
-            import dpool
-
-            def where(t):
-                time.sleep(t)
-                return os.environ.get("DPOOL_NODE_ID")
-
-            if __name__ == "__main__":
-                with dpool.ProcessPoolExecutor() as ex:
-                    print(len(set(ex.map(where, [0.3] * 24))))
-        """))
-        out = subprocess.run([sys.executable, str(prog)], env={**base_env(), **values},
-                             capture_output=True, text=True, timeout=TIMEOUT)
-        assert out.returncode == 0, out.stderr
-        assert int(out.stdout) >= 2
+        assert nodes_used({**base_env(), **values}, tmp_path) >= 2
         again = _dpool(["up", cfg])  # idempotent
         assert again.returncode == 0, again.stdout + again.stderr
         assert sum("already running" in x for x in again.stdout.splitlines()) == 3
