@@ -48,23 +48,25 @@ from dpool.protocol import messages as m
 from dpool.scheduling import _forkproc
 from dpool.scheduling._group_calls import GroupCalls
 from dpool.scheduling._handlers import WorkerMessages
-from dpool.scheduling._limits import (NO_LIMITS, GroupLimits, LimitWatch,
-                                      take_task_limits_locked)
+from dpool.scheduling._limits import NO_LIMITS, GroupLimits, LimitWatch, take_task_limits_locked
 from dpool.scheduling._lineage import STORED
 from dpool.scheduling._lock import SchedulerLock
 from dpool.scheduling._object_table import ObjectTable
 from dpool.scheduling._policy import BatchPolicy
-from dpool.scheduling._records import (
-    ObjectEntry,
-    Task,
-    WorkerGroup,
-    WorkerGroupConfig,
-    WorkerHandle,
-)
+from dpool.scheduling._records import ObjectEntry, Task, WorkerGroup, WorkerHandle
+from dpool.scheduling._records import WorkerGroupConfig
 from dpool.scheduling._resource_dispatch import ResourceDispatch
 from dpool.scheduling._resources import Request
-from dpool.scheduling._states import (FINISH, NEXT, READY, RETURN, SPILLBACK, WAIT,
-                                      illegal, transition)
+from dpool.scheduling._states import (
+    FINISH,
+    NEXT,
+    READY,
+    RETURN,
+    SPILLBACK,
+    WAIT,
+    illegal,
+    transition,
+)
 from dpool.scheduling._workers import WorkerPool
 
 TYPE_CHECKING = False  # typing's, without importing typing (type checkers know it)
@@ -159,12 +161,11 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
             g.inherited = cfg.inherited
             if cfg.limits is not None and any(cfg.limits):
                 g.limits = GroupLimits(*cfg.limits)
-            g.watch = g.limits is not NO_LIMITS or bool(self.limits.threshold)
             if cfg.actor is not None:
                 from dpool.scheduling import _actors
 
                 g.actor = _actors.new_state_locked(self, cfg.actor, g.group_id)
-            self._groups[g.group_id] = g
+            self.insert_group_locked(g)
             return g
 
     def estimate(self, fn_id: int, default: Any = ...) -> Any:
@@ -331,6 +332,7 @@ class LocalScheduler(GroupCalls, WorkerMessages, WorkerPool, ResourceDispatch, O
 
     def insert_group_locked(self, g: WorkerGroup) -> None:
         self._groups[g.group_id] = g
+        # (its workers are watched for limits: its own, or the host's memory threshold)
         g.watch = g.limits is not NO_LIMITS or bool(self.limits.threshold)
 
     def close_group_locked(self, g: WorkerGroup) -> None:
